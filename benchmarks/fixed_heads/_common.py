@@ -45,12 +45,13 @@ accuracy numbers to put beside ours. Its claim is qualitative: with imbalanced d
 head lets the minority classes' prototypes and features crowd together, which the fixed,
 maximally separated head prevents.
 
-Data caveat: protofl's `spiral` loader draws the angle noise b_i ~ N(0, 1) rad (its
-docstring), so neighbouring arms overlap heavily: a 50-nearest-neighbour classifier on
-the training set reaches only about 37% test accuracy on the balanced spiral (measured
-once), which bounds what any head can show here. The helper in the authors' released code
-(`Spiral` in src/utils.py) instead adds uniform noise in [0, sigma) rad, sigma = 0.5 by
-default, to arms that each cover their own 60-degree sector.
+Data caveat: the paper's noise, b_i ~ N(0, 1) rad (the loader's default, `data.noise=1`),
+makes neighbouring arms overlap heavily: a 50-nearest-neighbour classifier on the training
+set reaches only about 37% test accuracy on the balanced spiral (measured once), which
+bounds what any head can show. `--set data.noise=0.2` gives separable arms on which the
+minority-class effect is visible. The helper in the authors' released code (`Spiral` in
+src/utils.py) instead adds uniform noise in [0, sigma) rad, sigma = 0.5 by default, to
+arms that each cover their own 60-degree sector.
 """
 
 PAPER_NOTE_FMNIST = """\

@@ -18,7 +18,8 @@ does what ``flower-superexec`` and ``flwr-clientapp`` do together, in one loop -
    (message, Context, run, FAB), install the FAB, load the ClientApp named in it, call
    it, ``PushMessages`` the reply and ``PushTaskOutput`` the final status with the
    Context -- the same calls as ``flwr-clientapp``, mostly through flwr's own functions
-   (``push_message``, ``push_task_output``; ``pull_task_input`` is copied, see below);
+   (``push_message``, ``push_task_output``; ``pull_task_input`` is re-done here with a
+   shorter backoff, see below);
 3. back to 1, in the same interpreter.
 
 So Python module state survives between messages: imports happen once, and protofl's

@@ -27,14 +27,13 @@ from typing import Any, Optional
 from flwr.app import ConfigRecord, Context, Message, RecordDict
 from flwr.clientapp import ClientApp
 
-from .project import config_from_run, partition_of
+from .project import NODE_OVERRIDES, config_from_run, partition_of
 
 NODE_KEY = "node"
 
 app = ClientApp()
 
 _CACHE: dict[str, Any] = {}  # {"key": ..., "runtime": ClientRuntime, "cfg": Config}
-_NODE_KEYS = ("data-root", "device")  # the node config entries that change the config
 
 
 def warm_up() -> None:
@@ -69,7 +68,7 @@ def _runtime(context: Context):
     """The process's ClientRuntime for this run and node (built on the first message)."""
     nc = context.node_config
     key = (context.run_id, str(context.run_config.get("protofl-config", "")),
-           tuple(str(nc.get(k, "")) for k in _NODE_KEYS))
+           tuple(str(nc.get(k, "")) for k in NODE_OVERRIDES))
     if _CACHE.get("key") != key:
         from ..engine.client import ClientRuntime
         from ..engine.simulation import build_task

@@ -38,6 +38,8 @@ from ..config import Config, ConfigError, from_dict
 SERVERAPP = "protofl.flower.server_app:app"
 CLIENTAPP = "protofl.flower.client_app:app"
 PUBLISHER = "protofl"
+# node config entries that replace a config value on that machine: key -> (section, field)
+NODE_OVERRIDES = {"data-root": ("data", "root"), "device": ("execution", "device")}
 
 DEFAULTS: dict[str, Any] = {
     "run-dir": "",
@@ -99,10 +101,9 @@ def config_from_run(run_config: Mapping[str, Any], node_config: Optional[Mapping
                                                   "build the app with `protofl flower app`")
     raw = yaml.safe_load(str(text)) or {}
     node_config = node_config or {}
-    if node_config.get("data-root"):
-        raw.setdefault("data", {})["root"] = str(node_config["data-root"])
-    if node_config.get("device"):
-        raw.setdefault("execution", {})["device"] = str(node_config["device"])
+    for key, (section, field) in NODE_OVERRIDES.items():
+        if node_config.get(key):
+            raw.setdefault(section, {})[field] = str(node_config[key])
     return from_dict(raw)
 
 

@@ -87,6 +87,7 @@ def run_grid(cfg, spec: dict, seeds: list[int], runs: Path) -> dict[str, list[Pa
 def stats(dirs: list[Path]) -> dict:
     """Final / last-LAST mean / best GM (%) as mean ± std over seeds, rounds, s/round."""
     from protofl.engine.simulation import METRICS, read_rows
+    from protofl.report.tables import mean_std
 
     final, last, best, rounds, secs = [], [], [], [], []
     for d in dirs:
@@ -98,10 +99,7 @@ def stats(dirs: list[Path]) -> dict:
         rounds.append(s["rounds_completed"])
         secs.append(s["mean_round_s"])
 
-    def ms(v):
-        return float(np.mean(v)), float(np.std(v, ddof=1)) if len(v) > 1 else 0.0
-
-    return {"final": ms(final), "last": ms(last), "best": ms(best), "rounds": min(rounds),
+    return {"final": mean_std(final), "last": mean_std(last), "best": mean_std(best), "rounds": min(rounds),
             "s_per_round": float(np.mean(secs)), "seeds": len(dirs)}
 
 
@@ -111,9 +109,11 @@ def fmt(m_s) -> str:
 
 
 def markdown(rows: dict[str, dict], paper: dict | None) -> str:
+    from protofl.report.tables import markdown as table
+
     head = ["method", *(["paper GM (%)"] if paper else []), "GM final (%)", f"GM last {LAST} (%)",
             "GM best (%)", *(["final − paper"] if paper else []), "rounds", "seeds", "s/round"]
-    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    body = []
     for label, st in rows.items():
         cells = [label]
         if paper:
@@ -122,8 +122,8 @@ def markdown(rows: dict[str, dict], paper: dict | None) -> str:
         if paper:
             cells.append(f"{st['final'][0] - paper[label]:+.2f}")
         cells += [str(st["rounds"]), str(st["seeds"]), f"{st['s_per_round']:.1f}"]
-        lines.append("| " + " | ".join(cells) + " |")
-    return "\n".join(lines) + "\n"
+        body.append(cells)
+    return table(head, body)
 
 
 def comparison(rows: dict[str, dict]) -> str:

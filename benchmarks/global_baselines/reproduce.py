@@ -74,6 +74,9 @@ def table(args, seeds, runs: Path, out: Path, what: str) -> None:
         "rebafl": (REPO / "configs" / "rebafl_pathological.yaml", REBAFL, PAPER, "rebafl_table1.md",
                    "ReBaFL Table 1 setting (FMNIST, pathological 2 classes, m = 20, p = 0.5)"),
     }[what]
+    if args.only:
+        keep = {x.strip() for x in args.only.split(",")}
+        spec = {label: v for label, v in spec.items() if label in keep or v[0] in keep}
     cfg = config(path, args)
     rows = {label: cs.stats(d) for label, d in cs.run_grid(cfg, spec, seeds, runs).items()}
     text = f"#### {title}\n\n" + settings(cfg) + "\n" + cs.markdown(rows, paper) + "\n" + ordering(rows, paper)
@@ -90,6 +93,7 @@ def main(argv=None) -> int:
     ap.add_argument("--data-dir", help="data root holding fashion-mnist/ (default: $PROTOFL_DATA)")
     ap.add_argument("--runs", default="runs/global_baselines", help="folder for the run folders")
     ap.add_argument("--results-dir", default=str(HERE), help="where the markdown tables go")
+    ap.add_argument("--only", help="comma-separated rows to run (labels or registry names), e.g. scaffold,moon")
     ap.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="extra config override")
     args = ap.parse_args(argv)
     if args.rounds < 1 or args.workers < 0:

@@ -53,8 +53,8 @@ class QuadClient:
 
     num_samples = 1
 
-    def __init__(self, a, b, steps, lr):
-        self.a, self.b, self.steps, self._lr = a, b, steps, lr
+    def __init__(self, a, b, steps, lr, momentum=0.0):
+        self.a, self.b, self.steps, self._lr, self.momentum = a, b, steps, lr, momentum
         self.m = nn.Linear(1, 1, bias=False)
 
     def objective(self, model, x, y):
@@ -67,10 +67,13 @@ class QuadClient:
     def lr(self):
         return self._lr
 
+    def step_size(self):
+        return self._lr / (1 - self.momentum)
+
     def train(self, model, loss, params=None):
         x, y = torch.zeros(1, 1), torch.zeros(1, dtype=torch.long)
         return local_train(model, x, y, loss=loss, params=model.parameters() if params is None else params,
-                           lr=self._lr, momentum=0.0, weight_decay=0.0, batch_size=1, epochs=1, steps=self.steps,
+                           lr=self._lr, momentum=self.momentum, weight_decay=0.0, batch_size=1, epochs=1, steps=self.steps,
                            clip_grad=None, generator=torch.Generator().manual_seed(0))
 
 
@@ -82,14 +85,14 @@ def quadratic(cls):
     return Quad
 
 
-def run_rounds(algo, clients, rounds, steps=5, lr=0.1, w0=0.0):
+def run_rounds(algo, clients, rounds, steps=5, lr=0.1, w0=0.0, momentum=0.0):
     server = Server(w0)
     state, states = algo.server_init(server), {}
     for rnd in range(1, rounds + 1):
         replies = []
         for cid, (a, b) in enumerate(clients):
             res = algo.client_update(algo.configure(state, rnd, cid, server), states.get(cid),
-                                     QuadClient(a, b, steps, lr))
+                                     QuadClient(a, b, steps, lr, momentum))
             states[cid] = res.state
             replies.append((cid, res.reply))
         state = algo.aggregate(state, rnd, replies, server)
@@ -119,6 +122,14 @@ def test_scaffold_fixed_point_is_the_global_optimum_fedavgs_is_not():
     assert w_of(s) == pytest.approx(3.0, abs=1e-4)
     # at the fixed point c_i = grad f_i(x) and c = their mean (= 0 at the optimum)
     assert float(s.control["weight"]) == pytest.approx(0.0, abs=1e-4)
+
+
+def test_scaffold_with_momentum_converges_to_the_global_optimum():
+    # heavy-ball local steps: option II divides by lr / (1 - beta), so c_i estimates the
+    # gradient; with lr alone it is 1/(1 - beta) too large and the rounds oscillate away
+    clients = [(1.0, 0.0), (3.0, 4.0)]
+    s = run_rounds(quadratic(Scaffold)(ScaffoldHyper(), info(2)), clients, 200, 10, 0.02, momentum=0.9)
+    assert w_of(s) == pytest.approx(3.0, abs=1e-3)
 
 
 def test_scaffold_corrected_step_and_option_ii_by_hand():

@@ -128,6 +128,11 @@ class ClientContext:
         tc = self.runtime.cfg.training
         return tc.lr * tc.lr_decay ** (self.round - 1)
 
+    def step_size(self) -> float:
+        """The steady-state step of the local optimizer per unit gradient: lr / (1 - momentum)
+        (heavy-ball SGD under a constant gradient g moves by lr g / (1 - momentum) per step)."""
+        return self.lr() / (1.0 - self.runtime.cfg.training.momentum)
+
     def train(self, model: nn.Module, loss: LossFn = cross_entropy_loss,
               params: Optional[Iterable[nn.Parameter]] = None, **overrides) -> TrainStats:
         """Run the configured local training on this client's data.

@@ -61,12 +61,13 @@ def central(args, results: Path) -> str:
     table, panels = [], {}
     for data, head, algo in CENTRAL:
         over = [f"algorithm.name={algo}", f"data.imbalanced={str(data == 'imbalanced').lower()}",
-                f"output.dir={runs}", f"output.name={data}-{algo}", "output.progress=false",
-                f"execution.threads={args.threads}", *args.set]
+                f"output.dir={runs}", "output.progress=false", f"execution.threads={args.threads}", *args.set]
         if args.rounds:
             over.append(f"rounds={args.rounds}")
         cfg = load_config(CONFIGS / "spiral_central.yaml", over)
-        run_dir = runs / f"{data}-{algo}"
+        # the folder names the settings (--set data.noise=... must not reuse another noise's run)
+        cfg.output.name = f"{data}-{algo}-{cfg.fingerprint()}"
+        run_dir = runs / cfg.output.name
         t0 = time.perf_counter()
         if not is_complete(run_dir, cfg.rounds):
             run_one(cfg, resume=True, run_dir=run_dir)

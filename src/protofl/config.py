@@ -586,11 +586,11 @@ def check_device(cfg: "Config") -> None:
     import torch
 
     dev = cfg.execution.device
+    avail = available_devices()
     if dev.startswith("cuda") and not torch.cuda.is_available():
         build = torch.__version__ + ("" if torch.version.cuda else ", a CPU-only build")
-        require(False, "execution.device", dev, f"CUDA is not available to this torch ({build}); "
-                "install a CUDA wheel (make install-cuda) on a machine with an NVIDIA GPU, or use cpu")
-    avail = available_devices()
+        require(False, "execution.device", dev, f"CUDA is not available to this torch ({build}); available: "
+                f"{', '.join(avail)}; on a machine with an NVIDIA GPU install a CUDA wheel (make install-cuda)")
     if dev == "cuda" and len(avail) > 1:
         return
     require(dev in avail, "execution.device", dev, f"not available on this machine; available: {', '.join(avail)}")

@@ -8,7 +8,7 @@ BIN    := $(VENV)/bin
 # the exact CPU wheel first: an open torch range would pull several GB of CUDA packages
 TORCH  ?= torch==2.13.0
 
-.PHONY: demo test docs install install-dev dist bench clean
+.PHONY: demo test docs install install-dev install-cuda dist bench clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -27,6 +27,17 @@ $(VENV)/.dev: $(VENV)/.core
 
 install: $(VENV)/.core
 install-dev: $(VENV)/.dev
+
+# On a machine with an NVIDIA GPU: the CUDA build of the same torch version from the PyTorch
+# index instead of the CPU wheel (several GB), then protofl. CUDA names the index's CUDA
+# version (cu126, cu128, ...: one the machine's driver supports, see pytorch.org).
+# Then: protofl run cfg.yaml execution.device=cuda   (docs/gpu.md)
+CUDA   ?= cu128
+install-cuda: $(BIN)/python
+	$(BIN)/pip install $(TORCH) --index-url https://download.pytorch.org/whl/$(CUDA)
+	$(BIN)/pip install -e .
+	$(BIN)/python -c "import torch; assert torch.cuda.is_available(), 'torch sees no CUDA device'; print(torch.__version__, torch.cuda.get_device_name(0))"
+	touch $(VENV)/.core
 
 demo: install
 	$(BIN)/protofl demo

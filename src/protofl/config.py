@@ -321,8 +321,14 @@ class ExecutionConfig:
     retries: int = 2  # a task whose actor or node died runs again on another actor this often
     state: Literal["driver", "cluster"] = "driver"  # where per-client state lives between rounds
     data: Literal["ship", "node"] = "ship"  # ship: once through the object store; node: each node loads it
+    # how a round's clients train on one device (docs/gpu.md): sequential = one after another;
+    # batched = the sampled clients stacked and trained in one set of kernels (methods that
+    # support it, else sequential with a note); auto = batched on a GPU, sequential on the CPU
+    executor: Literal["auto", "sequential", "batched"] = "auto"
+    batch_clients: int = 0  # batched: at most this many clients per stack (memory); 0 = all of a round
 
     def validate(self, s: str) -> None:
+        require(self.batch_clients >= 0, f"{s}.batch_clients", self.batch_clients, "must be >= 0")
         require(self.workers == "auto" or self.workers >= 0, f"{s}.workers", self.workers, "must be >= 0 or auto")
         require(self.threads >= 0, f"{s}.threads", self.threads, "must be >= 0")
         require(self.device == "cpu" or self.device.startswith("cuda"), f"{s}.device", self.device,
@@ -577,8 +583,14 @@ def check_here(cfg: "Config") -> None:
 def check_device(cfg: "Config") -> None:
     """``execution.device`` must exist on this machine (checked where a run is configured,
     not in :func:`from_dict`: a Flower server reads configs whose device is a node's)."""
+    import torch
+
     dev = cfg.execution.device
     avail = available_devices()
+    if dev.startswith("cuda") and not torch.cuda.is_available():
+        build = torch.__version__ + ("" if torch.version.cuda else ", a CPU-only build")
+        require(False, "execution.device", dev, f"CUDA is not available to this torch ({build}); available: "
+                f"{', '.join(avail)}; on a machine with an NVIDIA GPU install a CUDA wheel (make install-cuda)")
     if dev == "cuda" and len(avail) > 1:
         return
     require(dev in avail, "execution.device", dev, f"not available on this machine; available: {', '.join(avail)}")

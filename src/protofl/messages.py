@@ -46,6 +46,15 @@ class Record:
         n = len(prefix)
         return {k[n:]: v for k, v in self.arrays.items() if k.startswith(prefix)}
 
+    def to(self, device: Union[str, torch.device]) -> "Record":
+        """The same record with its arrays on ``device`` (this record itself when they are
+        all there already): the engine moves messages and client state to the training
+        device and replies back to the CPU."""
+        device = torch.device(device)
+        if all(v.device == device for v in self.arrays.values()):
+            return self
+        return Record({k: v.to(device) for k, v in self.arrays.items()}, dict(self.metrics), dict(self.config))
+
     def nbytes(self) -> int:
         """Payload size: tensor bytes plus 8 bytes per number and the UTF-8 size of settings."""
         size = sum(t.numel() * t.element_size() for t in self.arrays.values())

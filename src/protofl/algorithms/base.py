@@ -54,6 +54,23 @@ class NoHyper:
 
 
 @dataclass
+class BatchPlan:
+    """One client's local update in the form the batched executor (engine/batched.py)
+    runs for many clients at once: ``ctx.train`` of every trainable parameter, starting from
+    ``weights`` (a full state dict), on the objective ``loss(forward, params, x, y, extras)``.
+
+    ``loss`` is a pure function of its arguments: ``forward(x)`` is the model with the
+    client's current parameters, ``params`` those parameters by name, ``extras`` this
+    client's own tensors (e.g. FedProx's anchor w_t). It must be the same function for
+    every client of a round (the per-client parts go in ``extras``).
+    """
+
+    weights: dict[str, torch.Tensor]
+    loss: Callable[..., torch.Tensor]
+    extras: dict[str, torch.Tensor]
+
+
+@dataclass
 class ClientResult:
     reply: Record
     state: Optional[Record] = None  # the client's new persistent state (None = keep none)
@@ -117,6 +134,28 @@ class Algorithm:
 
     def client_update(self, msg: Record, state: Optional[Record], ctx: "ClientContext") -> ClientResult:
         raise NotImplementedError
+
+    # -- batched execution (optional; engine/batched.py) -----------------------------------
+    # the methods whose behaviour ``batch_plan``/``batch_result`` restate: a subclass that
+    # overrides any of them is not batched unless it also defines ``batch_plan`` itself
+    batch_hooks: ClassVar[tuple[str, ...]] = ("client_update", "client_init")
+
+    def batch_plan(self, msg: Record, ctx: "ClientContext") -> Optional[BatchPlan]:
+        """The client update as a :class:`BatchPlan`; None (default): not batchable."""
+        return None
+
+    def batch_result(self, msg: Record, ctx: "ClientContext", model: nn.Module) -> ClientResult:
+        """The client's result once its plan has been trained (``model`` holds the weights)."""
+        raise NotImplementedError
+
+    def batchable(self) -> bool:
+        """Whether this method's clients can be trained together (its class or an ancestor
+        defines ``batch_plan`` and no subclass below that one overrides ``batch_hooks``)."""
+        cls = type(self)
+        owner = next(c for c in cls.__mro__ if "batch_plan" in c.__dict__)
+        if owner is Algorithm:
+            return False
+        return all(getattr(cls, h, None) is getattr(owner, h, None) for h in (*owner.batch_hooks, "batch_result"))
 
 
 # ---------------------------------------------------------------------------------------

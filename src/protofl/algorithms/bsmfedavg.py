@@ -28,6 +28,6 @@ from .fedavg import FedAvg
 class BSMFedAvg(FedAvg):
     name = "bsmfedavg"
 
-    def logit_adjustment(self, ctx):
+    def logit_adjustment_parts(self, ctx):
         prior = relaxed_prior(ctx.class_counts, 0.0).to(ctx.data[1].device)  # (C,) n_kc / n_k
-        return lambda z: balanced_logits(z, prior)  # the balanced softmax
+        return balanced_logits, prior  # the balanced softmax

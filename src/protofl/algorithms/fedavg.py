@@ -10,7 +10,7 @@ like weights; integer buffers take the maximum. Personalized model (for PM/PA
 metrics): the client's model right after local training, as in the FedNH paper.
 
 Subclasses whose clients train with adjusted logits (FedRS, FedLC, BSM-FedAvg) define
-``logit_adjustment``: the local loss is the cross-entropy of the adjusted logits, and the
+``logit_adjustment_parts``: the local loss is the cross-entropy of the adjusted logits, and the
 personalized model predicts with the same adjusted logits (the client's local softmax,
 named ``local``), next to the plain logits (``@logits``).
 """
@@ -24,7 +24,7 @@ from torch import nn
 from torch.nn import functional as F
 
 from ..messages import Record, prefixed
-from .base import Algorithm, ClientResult, cross_entropy_loss, weighted_mean, weights_of
+from .base import Algorithm, BatchPlan, ClientResult, cross_entropy_loss, weighted_mean, weights_of
 
 
 @dataclass
@@ -48,6 +48,20 @@ class AdjustedLogits(nn.Module):
         return self.adjust(self.model(x))
 
 
+def _functional_ce(forward, params, x, y, extras):
+    return F.cross_entropy(forward(x), y)  # = cross_entropy_loss
+
+
+class _AdjustedCE:
+    """``local_loss`` with a logit adjustment, as a pure function of the client's tensor."""
+
+    def __init__(self, fn: Callable) -> None:
+        self.fn = fn
+
+    def __call__(self, forward, params, x, y, extras):
+        return F.cross_entropy(self.fn(forward(x), extras["adjust"]), y)
+
+
 class FedAvg(Algorithm):
     name = "fedavg"
     Hyper = FedAvgHyper
@@ -60,9 +74,19 @@ class FedAvg(Algorithm):
         return Record(arrays=prefixed("w.", state.weights))
 
     # -- client ------------------------------------------------------------------------------
+    def logit_adjustment_parts(self, ctx) -> Optional[tuple[Callable, torch.Tensor]]:
+        """``(fn, t)``: the client's logits are ``fn(z, t)`` with its own (C,) tensor ``t`` (e.g.
+        its label counts) and ``fn`` the same for every client; None = plain softmax. Subclasses
+        define this; the batched executor stacks ``t`` over clients."""
+        return None
+
     def logit_adjustment(self, ctx) -> Optional[Callable[[torch.Tensor], torch.Tensor]]:
         """(B, C) logits -> the logits of the client's local softmax; None = plain softmax."""
-        return None
+        parts = self.logit_adjustment_parts(ctx)
+        if parts is None:
+            return None
+        fn, t = parts
+        return lambda z: fn(z, t)
 
     def local_loss(self, model, msg: Record, ctx):
         """The local objective; FedProx and others override this hook only."""
@@ -78,6 +102,20 @@ class FedAvg(Algorithm):
     def client_update(self, msg: Record, state: Optional[Record], ctx) -> ClientResult:
         model = ctx.model(msg.subarrays("w."))
         ctx.train(model, loss=self.local_loss(model, msg, ctx))
+        return self.batch_result(msg, ctx, model)
+
+    # -- batched execution: the same update for many clients at once (engine/batched.py) --
+    batch_hooks = ("client_update", "client_init", "local_loss", "logit_adjustment")
+
+    def batch_plan(self, msg: Record, ctx) -> Optional[BatchPlan]:
+        """``local_loss`` as a pure function: the cross-entropy of the (adjusted) logits from w_t."""
+        parts = self.logit_adjustment_parts(ctx)
+        if parts is None:
+            return BatchPlan(msg.subarrays("w."), _functional_ce, {})
+        fn, t = parts
+        return BatchPlan(msg.subarrays("w."), _AdjustedCE(fn), {"adjust": t})
+
+    def batch_result(self, msg: Record, ctx, model) -> ClientResult:
         reply = Record(arrays=prefixed("w.", weights_of(model)), metrics={"num_samples": ctx.num_samples})
         adjust = self.logit_adjustment(ctx)
         personal = model if adjust is None else {"local": AdjustedLogits(model, adjust), "logits": model}

@@ -24,6 +24,7 @@ logits are reported as ``@logits``.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import partial
 
 from ..nn.losses import calibrated_logits
 from .fedavg import FedAvg, FedAvgHyper
@@ -43,7 +44,6 @@ class FedLC(FedAvg):
     name = "fedlc"
     Hyper = FedLCHyper
 
-    def logit_adjustment(self, ctx):
+    def logit_adjustment_parts(self, ctx):
         counts = ctx.class_counts.to(ctx.data[1].device)  # (C,) n_kc
-        tau = self.hp.tau
-        return lambda z: calibrated_logits(z, counts, tau)  # the calibrated softmax
+        return partial(calibrated_logits, tau=self.hp.tau), counts  # the calibrated softmax

@@ -120,7 +120,7 @@ class NearestPrototype(nn.Module):
         if len(self.protos) == 0:
             return scores
         # exact distances (the matmul shortcut can mis-rank near ties)
-        dist = torch.cdist(z.float(), self.protos.float(),
+        dist = torch.cdist(z.float(), self.protos.to(z.device).float(),
                            compute_mode="donot_use_mm_for_euclid_dist")  # (B, P)
         idx = self.labels.to(z.device).unsqueeze(0).expand_as(dist)
         return scores.scatter_reduce(1, idx, -dist.to(scores.dtype), reduce="amax", include_self=True)

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 import torch
 
-from .base import cross_entropy_loss
+from .base import BatchPlan, cross_entropy_loss
 from .fedavg import FedAvg, FedAvgHyper
 
 
@@ -39,3 +39,18 @@ class FedProx(FedAvg):
             return cross_entropy_loss(model, x, y) + 0.5 * mu * prox
 
         return loss
+
+    batch_hooks = ("client_update", "client_init", "local_loss", "logit_adjustment", "logit_adjustment_parts")
+
+    def batch_plan(self, msg, ctx):
+        """``local_loss`` as a pure function; the anchor w_t is the client's own extra."""
+        w = msg.subarrays("w.")
+        return BatchPlan(w, _prox_loss(self.hp.mu), {k: v.detach().clone() for k, v in w.items()})
+
+
+def _prox_loss(mu: float):
+    def loss(forward, params, x, y, anchor):
+        prox = sum(torch.sum((p - anchor[k]) ** 2) for k, p in params.items())
+        return torch.nn.functional.cross_entropy(forward(x), y) + 0.5 * mu * prox
+
+    return loss

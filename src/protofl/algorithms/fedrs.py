@@ -24,6 +24,7 @@ classes are reported as ``@logits``.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import partial
 
 from ..nn.losses import restricted_logits
 from .fedavg import FedAvg, FedAvgHyper
@@ -43,7 +44,6 @@ class FedRS(FedAvg):
     name = "fedrs"
     Hyper = FedRSHyper
 
-    def logit_adjustment(self, ctx):
+    def logit_adjustment_parts(self, ctx):
         counts = ctx.class_counts.to(ctx.data[1].device)  # (C,)
-        alpha = self.hp.alpha
-        return lambda z: restricted_logits(z, counts, alpha)  # the restricted softmax
+        return partial(restricted_logits, alpha=self.hp.alpha), counts  # the restricted softmax

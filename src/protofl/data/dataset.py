@@ -63,8 +63,8 @@ class Dataset:
             out.div_(self.scale)
         if self.mean is not None:
             shape = (1, -1) + (1,) * (out.dim() - 2)  # per channel
-            out.sub_(torch.as_tensor(self.mean, dtype=torch.float32).view(shape))
-            out.div_(torch.as_tensor(self.std, dtype=torch.float32).view(shape))
+            out.sub_(torch.as_tensor(self.mean, dtype=torch.float32, device=out.device).view(shape))
+            out.div_(torch.as_tensor(self.std, dtype=torch.float32, device=out.device).view(shape))
         return out
 
     def __repr__(self) -> str:

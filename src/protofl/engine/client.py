@@ -187,9 +187,22 @@ class ClientRuntime:
         probe = self.models.get(arch_kwargs(cfg, 0))
         self.channels_last = use_channels_last(cfg, probe)
         self._test: Optional[tuple[torch.Tensor, torch.Tensor]] = None
+        self._splits: dict[str, tuple[torch.Tensor, torch.Tensor]] = {}
+
+    def split(self, name: str) -> tuple[torch.Tensor, torch.Tensor]:
+        """(x, y) of the dataset's ``train`` or ``test`` split on the device, raw (uint8
+        stays uint8), copied there once per process; on the CPU the dataset's own tensors."""
+        if name not in self._splits:
+            ds = self.fed.dataset
+            x, y = (ds.x_train, ds.y_train) if name == "train" else (ds.x_test, ds.y_test)
+            self._splits[name] = (x.to(self.device), y.to(self.device))
+        return self._splits[name]
+
+    def _index(self, idx) -> torch.Tensor:
+        return torch.from_numpy(idx).to(self.device)
 
     def _prepare(self, x: torch.Tensor) -> torch.Tensor:
-        return self.fed.dataset.normalize(x).to(self.device)
+        return self.fed.dataset.normalize(x.to(self.device))  # on the device, slice by slice
 
     def _client_slice(self, x: torch.Tensor, cid: int, rnd: int, split: str) -> torch.Tensor:
         out = self._prepare(x)
@@ -198,21 +211,21 @@ class ClientRuntime:
         return out
 
     def client_train_data(self, cid: int, rnd: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
-        idx = torch.from_numpy(self.fed.train_idx[cid])
-        ds = self.fed.dataset
-        return self._client_slice(ds.x_train[idx], cid, rnd, "train"), ds.y_train[idx].to(self.device)
+        x, y = self.split("train")
+        idx = self._index(self.fed.train_idx[cid])
+        return self._client_slice(x[idx], cid, rnd, "train"), y[idx]
 
     def client_test_data(self, cid: int, rnd: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
-        idx = torch.from_numpy(self.fed.test_idx[cid])
-        ds = self.fed.dataset
-        return self._client_slice(ds.x_test[idx], cid, rnd, "test"), ds.y_test[idx].to(self.device)
+        x, y = self.split("test")
+        idx = self._index(self.fed.test_idx[cid])
+        return self._client_slice(x[idx], cid, rnd, "test"), y[idx]
 
     @property
     def test_data(self) -> tuple[torch.Tensor, torch.Tensor]:
         """The global test set, normalized once and kept."""
         if self._test is None:
-            ds = self.fed.dataset
-            self._test = (self._prepare(ds.x_test), ds.y_test.to(self.device))
+            x, y = self.split("test")
+            self._test = (self._prepare(x), y)
         return self._test
 
     def run(self, cid: int, rnd: int, msg: Record, state: Optional[Record], evaluate: bool,
@@ -223,12 +236,24 @@ class ClientRuntime:
         ctx = ClientContext(self, cid, rnd)
         if state is None:
             state = self.algorithm.client_init(ctx)
+        if self.device.type != "cpu":  # the method computes on the device; messages stay on the CPU
+            msg, state = msg.to(self.device), (None if state is None else state.to(self.device))
         try:
             result: ClientResult = self.algorithm.client_update(msg, state, ctx)
         except NonFiniteLossError as e:
             if self.cfg.training.on_nonfinite == "stop":
                 raise
             return ClientOutput(reply=Record(), state=None, rejected=str(e))
+        return self.finish(ctx, result, evaluate, full_test, t0)
+
+    def finish(self, ctx: ClientContext, result: ClientResult, evaluate: bool, full_test: bool,
+               t0: float) -> ClientOutput:
+        """A client's output from its method's result: the reply and state on the CPU, the
+        training statistics, and (optionally) its personalized model's metrics."""
+        cid, rnd = ctx.cid, ctx.round
+        if self.device.type != "cpu":
+            result.reply = result.reply.to("cpu")
+            result.state = None if result.state is None else result.state.to("cpu")
         train = {"seconds": time.perf_counter() - t0}
         if ctx.last_train is not None:
             train.update(loss=ctx.last_train.loss, steps=ctx.last_train.steps, samples=ctx.last_train.samples)

@@ -26,20 +26,20 @@ def class_correct(predict: Predictor, x: torch.Tensor, y: torch.Tensor, num_clas
     modes = [m.training for m in modules]
     for m in modules:
         m.eval()
-    correct = torch.zeros(num_classes, dtype=torch.int64)
+    correct = torch.zeros(num_classes, dtype=torch.int64, device=y.device)  # no host sync per batch
     try:
         for i in range(0, len(y), batch_size):
             xb = x[i:i + batch_size]
             if channels_last and xb.dim() == 4:
                 xb = xb.contiguous(memory_format=torch.channels_last)
-            pred = predict(xb).argmax(dim=1).cpu()
-            yb = y[i:i + batch_size].cpu()
+            pred = predict(xb).argmax(dim=1).to(y.device)
+            yb = y[i:i + batch_size]
             correct += torch.bincount(yb[pred == yb], minlength=num_classes)
     finally:
         for m, mode in zip(modules, modes):
             m.train(mode)
     count = torch.bincount(y.cpu(), minlength=num_classes)
-    return correct.numpy().astype(np.int64), count.numpy().astype(np.int64)
+    return correct.cpu().numpy().astype(np.int64), count.numpy().astype(np.int64)
 
 
 def personal_metrics(predictors: Predictors, *, test_x, test_y, local_x, local_y,

@@ -153,16 +153,19 @@ class ProcessExecutor:
         self.pool.shutdown(wait=True, cancel_futures=True)
 
 
-def resolve_workers(workers, clients_per_round: int) -> int:
-    """``auto`` -> one worker per CPU core, at most one per client of a round; 0 if that is 1."""
+def resolve_workers(workers, clients_per_round: int, device: str = "cpu") -> int:
+    """``auto`` -> one worker per CPU core, at most one per client of a round; 0 if that is 1,
+    and 0 on a GPU (one process owns the device and its copy of the data)."""
     if workers != "auto":
         return int(workers)
+    if device != "cpu":
+        return 0
     n = min(os.cpu_count() or 1, clients_per_round)
     return n if n > 1 else 0
 
 
 def make_executor(runtime: ClientRuntime, workers, threads: int, clients_per_round: int):
-    n = resolve_workers(workers, clients_per_round)
+    n = resolve_workers(workers, clients_per_round, runtime.cfg.execution.device)
     if n > 0:
         try:
             shipped = ship_to_workers(runtime)
@@ -195,10 +198,23 @@ def require_ray() -> None:
         raise ConfigError("execution.backend", "ray", RAY_HINT)
 
 
+def use_batched(cfg) -> bool:
+    """``execution.executor``: batched when asked, or (auto) on a GPU; never with worker processes."""
+    ex = cfg.execution
+    if ex.executor == "auto":
+        return ex.device != "cpu" and ex.workers in ("auto", 0)
+    return ex.executor == "batched"
+
+
 @EXECUTORS.register("local")
 def local_executor(sim):
-    """This machine: sequential (``workers: 0``) or a pool of worker processes."""
+    """This machine: sequential (``workers: 0``), a pool of worker processes, or the
+    batched executor (``execution.executor``, engine/batched.py) in this process."""
     ex = sim.cfg.execution
+    if use_batched(sim.cfg):
+        from .batched import BatchedExecutor
+
+        return BatchedExecutor(sim.runtime, ex.batch_clients, ex.threads)
     return make_executor(sim.runtime, ex.workers, ex.threads, sim.participation.m)
 
 

@@ -14,9 +14,12 @@ from .rng import seed_for
 
 
 class ServerContext:
-    def __init__(self, cfg: Config, algorithm: Algorithm, info: TaskInfo) -> None:
+    def __init__(self, cfg: Config, algorithm: Algorithm, info: TaskInfo, device: str = "cpu") -> None:
+        """``device``: where ``model()`` lives. The server half runs on the CPU (its state,
+        the messages and the checkpoints stay there); the simulation evaluates the global
+        predictor through a second context on ``execution.device``."""
         self.cfg, self.algorithm, self.info = cfg, algorithm, info
-        self.device = torch.device(cfg.execution.device)
+        self.device = torch.device(device)
         self._models = ModelCache(cfg, algorithm, info, self.device)
         self.logs: dict[str, float] = {}
 
@@ -25,7 +28,7 @@ class ServerContext:
         return self._models.get(dict(self.cfg.model.params), weights)
 
     def init_weights(self) -> dict[str, torch.Tensor]:
-        return {k: v.detach().clone() for k, v in self.model().state_dict().items()}
+        return {k: v.detach().clone().cpu() for k, v in self.model().state_dict().items()}
 
     def rng(self, rnd: int, *keys: object) -> np.random.Generator:
         """A numpy stream for server-side randomness in round ``rnd``."""

@@ -129,6 +129,9 @@ class Simulation:
                              f"config asks for {cfg.partition.num_clients}")
         self.runtime = ClientRuntime(cfg, self.fed, self.algorithm, self.info)
         self.server = ServerContext(cfg, self.algorithm, self.info)
+        # the global predictor is evaluated where the test set is (execution.device)
+        self.eval_server = (self.server if self.runtime.device.type == "cpu"
+                            else ServerContext(cfg, self.algorithm, self.info, device=cfg.execution.device))
         self.model_bytes = sum(t.numel() * t.element_size() for t in self.server.init_weights().values())
         self.participation = Participation(cfg.participation, self.fed.num_clients, cfg.seed, self.fed.groups)
         # per-client state between rounds: on this driver by default; injectable (a store has
@@ -145,7 +148,7 @@ class Simulation:
         return rnd == self.cfg.rounds or (every > 0 and rnd % every == 0)
 
     def evaluate_global(self, state: Any) -> dict[str, Any]:
-        predictors = self.algorithm.global_predictor(state, self.server)
+        predictors = self.algorithm.global_predictor(state, self.eval_server)
         if predictors is None:
             return {}
         tx, ty = self.runtime.test_data
@@ -370,8 +373,13 @@ class Simulation:
         """How clients ran: the backend, and its workers (local) or actors and nodes (ray)."""
         if self.executor_info.get("backend", "local") != "local":
             return dict(self.executor_info)
-        n = resolve_workers(self.cfg.execution.workers, self.participation.m)
-        return {"backend": "local", "workers": n, "threads": 1 if n else self.cfg.execution.threads}
+        ex = self.cfg.execution
+        if "executor" in self.executor_info:  # the batched executor (or its sequential fallback)
+            return {"backend": "local", "workers": 0, "threads": ex.threads, "device": ex.device,
+                    **self.executor_info}
+        n = resolve_workers(ex.workers, self.participation.m, ex.device)
+        out = {"backend": "local", "workers": n, "threads": 1 if n else ex.threads}
+        return out if ex.device == "cpu" else {**out, "device": ex.device}
 
     def _summary(self, rows: list[dict], status: str, error: Optional[str], seconds: float) -> dict:
         final: dict[str, Any] = {}

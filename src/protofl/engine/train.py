@@ -58,10 +58,10 @@ def local_train(
     model.train()
     opt = torch.optim.SGD(params, lr=lr, momentum=momentum, weight_decay=weight_decay)
     total_steps = steps if steps is not None else epochs * math.ceil(n / batch_size)
-    loss_sum = torch.zeros((), dtype=torch.float64)
+    loss_sum = torch.zeros((), dtype=torch.float64, device=y.device)  # no host sync per step
     seen = step = 0
     while step < total_steps:
-        perm = torch.randperm(n, generator=generator)
+        perm = torch.randperm(n, generator=generator).to(y.device)  # CPU stream: same order on any device
         xp, yp = x[perm], y[perm]  # one gather per epoch; batches below are views
         if channels_last and xp.dim() == 4:
             xp = xp.contiguous(memory_format=torch.channels_last)

@@ -1,0 +1,230 @@
+"""Device-resident data, the batched client executor, and (on a machine with a GPU) every
+method on CUDA. The CPU tests compare the batched executor with the sequential one; the
+``gpu`` tests are skipped where torch sees no CUDA device."""
+import json
+import math
+
+import pytest
+import torch
+from torch import nn
+
+from protofl.api import run
+from protofl.config import ConfigError, load_config
+from protofl.models import MODELS
+from protofl.models.base import FLModel
+
+from conftest import DIGITS, StopAfter, strip_timing
+
+ALL_CLIENTS = ["participation.fraction=1.0"]
+
+
+def _tiny_bn_cnn(input_shape, num_classes):
+    """Conv + BatchNorm + pooling on 8x8 digits: the layers the benchmark models use."""
+    c = input_shape[0]
+    body = nn.Sequential(nn.Conv2d(c, 4, 3, padding=1), nn.BatchNorm2d(4), nn.ReLU(), nn.MaxPool2d(2),
+                         nn.Flatten(), nn.Linear(4 * 4 * 4, 16), nn.ReLU())
+    return FLModel(body, nn.Linear(16, num_classes), 16, num_classes, is_conv=True)
+
+
+@pytest.fixture
+def tiny_bn_cnn():
+    if "tiny_bn_cnn" not in MODELS:
+        MODELS.add("tiny_bn_cnn", _tiny_bn_cnn)
+    yield "tiny_bn_cnn"
+
+
+def cfg_for(tmp_path, *overrides):
+    # 4 clients of different sizes (Dirichlet), all sampled; 2 epochs of batch 24: clients
+    # end their epochs on smaller batches and take different numbers of steps
+    return load_config(DIGITS, [f"output.dir={tmp_path}", "output.progress=false", "execution.threads=1",
+                                "rounds=2", "partition.num_clients=4", "partition.beta=0.2",
+                                "training.batch_size=24", "eval.final_all_clients=false", *ALL_CLIENTS,
+                                *overrides])
+
+
+def both(cfg, tmp_path):
+    seq = run(cfg.replace(**{"execution.executor": "sequential"}), run_dir=tmp_path / "seq")
+    bat = run(cfg.replace(**{"execution.executor": "batched"}), run_dir=tmp_path / "bat")
+    return seq, bat
+
+
+def assert_close_runs(seq, bat, atol=1e-5):
+    a, b = seq.server_state.weights, bat.server_state.weights
+    assert a.keys() == b.keys()
+    for k in a:
+        if a[k].is_floating_point():
+            torch.testing.assert_close(b[k], a[k], atol=atol, rtol=1e-4, msg=k)
+        else:
+            assert torch.equal(a[k], b[k]), k  # BatchNorm's num_batches_tracked: the same steps
+    for ra, rb in zip(seq.rows, bat.rows):
+        assert ra["train_samples"] == rb["train_samples"]
+        assert math.isclose(ra["train_loss"], rb["train_loss"], rel_tol=1e-5)
+        assert abs(ra["gm"] - rb["gm"]) <= 1.0 / 450  # at most one test sample flips
+
+
+def test_clients_differ_in_step_count_and_last_batch(tmp_path):
+    """The setting below exercises clients that stop early and smaller last batches."""
+    from protofl.data.federated import build_federated
+
+    fed = build_federated(cfg_for(tmp_path))
+    sizes = [len(i) for i in fed.train_idx]
+    assert len({math.ceil(n / 24) for n in sizes}) >= 3 and len({n % 24 for n in sizes} - {0}) >= 3
+
+
+@pytest.mark.parametrize("extra", [
+    [],  # FedAvg, MLP, SGD with momentum 0.9
+    ["algorithm.name=fedprox", "algorithm.mu=0.1", "training.weight_decay=0.001", "training.clip_grad=1.0"],
+    ["training.momentum=0", "training.steps=7", "training.lr_decay=0.9"],
+    ["algorithm.name=fedlc"],  # logit adjustments: the client's counts stacked as its own tensor
+    ["algorithm.name=fedrs"],
+])
+def test_batched_equals_sequential_mlp(tmp_path, extra):
+    seq, bat = both(cfg_for(tmp_path, *extra), tmp_path)
+    assert bat.summary["execution"]["executor"] == "batched"
+    assert_close_runs(seq, bat)
+
+
+def test_batched_equals_sequential_conv_batchnorm(tmp_path, tiny_bn_cnn):
+    # lr 0.01: at 0.05 this tiny BatchNorm net amplifies float rounding ~200x a round (chaotic)
+    seq, bat = both(cfg_for(tmp_path, "rounds=3", "training.lr=0.01").replace(**{"model.name": tiny_bn_cnn}), tmp_path)
+    assert bat.summary["execution"]["executor"] == "batched"
+    assert_close_runs(seq, bat)
+    rm = [k for k in seq.server_state.weights if k.endswith("running_var")]
+    assert rm  # the BatchNorm statistics were trained and averaged, and they agree
+
+
+def test_batched_in_chunks_equals_one_stack(tmp_path):
+    cfg = cfg_for(tmp_path)
+    one = run(cfg.replace(**{"execution.executor": "batched"}), run_dir=tmp_path / "one")
+    two = run(cfg.replace(**{"execution.executor": "batched", "execution.batch_clients": 3}), run_dir=tmp_path / "two")
+    assert_close_runs(one, two, atol=1e-6)
+
+
+def test_methods_without_a_batched_form_fall_back_with_a_note(tmp_path, caplog):
+    cfg = cfg_for(tmp_path, "algorithm.name=moon")
+    with caplog.at_level("INFO", logger="protofl"):
+        bat = run(cfg.replace(**{"execution.executor": "batched"}), run_dir=tmp_path / "bat")
+    seq = run(cfg.replace(**{"execution.executor": "sequential"}), run_dir=tmp_path / "seq")
+    notes = [r.message for r in caplog.records if "batched executor not used" in r.message]
+    assert len(notes) == 1 and "moon" in notes[0]
+    assert bat.summary["execution"]["executor"] == "sequential"
+    assert strip_timing(bat.rows) == strip_timing(seq.rows)  # the fallback is the sequential run
+
+
+def test_batchable_follows_the_overridden_hooks():
+    from protofl.algorithms import ALGORITHMS
+    from protofl.algorithms.base import TaskInfo
+
+    info = TaskInfo(10, 4, 16, (1, 8, 8), 0, 2)
+    able = {name for name in ALGORITHMS.names() if ALGORITHMS.get(name)(ALGORITHMS.get(name).Hyper(), info).batchable()}
+    assert {"fedavg", "fedprox", "fedrs", "fedlc", "bsmfedavg"} <= able
+    assert not able & {"moon", "fedper", "rebafl", "fedgen", "ditto", "creff", "fedavg_ft", "fednh", "fedproto",
+                       "scaffold", "feddyn", "mpfedcl", "local", "fesem", "fedgela"}
+    # a subclass that changes the local update without restating it is not batched
+    from protofl.algorithms.fedprox import FedProx
+
+    class Changed(FedProx):
+        def local_loss(self, model, msg, ctx):
+            return super().local_loss(model, msg, ctx)
+
+    assert not Changed(FedProx.Hyper(), info).batchable()
+
+
+def test_auto_is_sequential_on_cpu(tmp_path):
+    res = run(cfg_for(tmp_path, "rounds=1"), run_dir=tmp_path / "auto")
+    assert "executor" not in res.summary["execution"] and res.summary["execution"]["backend"] == "local"
+
+
+def test_cuda_without_a_gpu_is_a_one_line_config_error(tmp_path, monkeypatch):
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    with pytest.raises(ConfigError, match="CUDA is not available") as e:
+        cfg_for(tmp_path, "execution.device=cuda")  # load_config checks the machine
+    assert "\n" not in str(e.value)
+
+
+def test_device_data_path_on_cpu_is_the_loader_path(tmp_path):
+    """The per-process device copy is the dataset itself on the CPU: a client's data is the
+    normalized slice of the raw uint8 tensors, bit for bit, and nothing is copied."""
+    from protofl.engine.simulation import Simulation
+
+    sim = Simulation(cfg_for(tmp_path), run_dir=tmp_path / "r")
+    rt, ds = sim.runtime, sim.fed.dataset
+    assert rt.split("train")[0] is ds.x_train and ds.x_train.dtype == torch.uint8
+    idx = torch.from_numpy(sim.fed.train_idx[2])
+    x, y = rt.client_train_data(2)
+    assert torch.equal(x, ds.normalize(ds.x_train[idx])) and torch.equal(y, ds.y_train[idx])
+    tx, ty = rt.test_data
+    assert torch.equal(tx, ds.normalize(ds.x_test)) and torch.equal(ty, ds.y_test)
+
+
+def test_record_to_moves_arrays_and_keeps_the_rest():
+    from protofl.messages import Record
+
+    r = Record({"a": torch.ones(2)}, {"n": 3}, {"s": "x"})
+    assert r.to("cpu") is r  # already there: no copy
+    meta = r.to("meta")
+    assert meta.arrays["a"].device.type == "meta" and meta.metrics == {"n": 3} and meta.config == {"s": "x"}
+    assert r.arrays["a"].device.type == "cpu"
+
+
+def test_checkpoint_tensors_load_on_the_cpu(tmp_path):
+    """A checkpoint holds CPU tensors (server state and client states live there); loading
+    maps any device to the CPU, so a run written on a GPU resumes on a CPU-only machine."""
+    from protofl.engine.checkpoint import load_torch
+
+    res = run(cfg_for(tmp_path, "rounds=1", "algorithm.name=fedper"), run_dir=tmp_path / "r")
+    ck = load_torch(tmp_path / "r" / "checkpoint.pt")
+    tensors = list(ck["server_state"].weights.values())
+    tensors += [t for st in ck["client_states"].values() if st is not None for t in st.arrays.values()]
+    assert tensors and all(t.device.type == "cpu" for t in tensors)
+    assert res.summary["status"] == "complete"
+
+
+# ---------------------------------------------------------------------------------------
+# on a GPU (skipped elsewhere): every registered method for 2 rounds, sequential and batched
+# ---------------------------------------------------------------------------------------
+needs_gpu = pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device")
+
+
+def _methods():
+    from protofl.algorithms import ALGORITHMS
+
+    return sorted(ALGORITHMS.names())
+
+
+@pytest.mark.gpu
+@needs_gpu
+@pytest.mark.parametrize("method", _methods())
+def test_every_method_runs_on_cuda(tmp_path, method):
+    from protofl.engine.checkpoint import load_torch
+
+    cfg = load_config(DIGITS, [f"output.dir={tmp_path}", "output.progress=false", "rounds=3",
+                               "output.checkpoint_every=1", f"algorithm.name={method}", "execution.device=cuda"])
+    with pytest.raises(KeyboardInterrupt):  # 2 rounds on the GPU, killed in round 3 (checkpoint: round 2)
+        run(cfg, run_dir=tmp_path / "r", callbacks=[StopAfter(3)])
+    summary = json.loads((tmp_path / "r" / "summary.json").read_text())
+    assert summary["execution"]["device"] == "cuda"
+    rows = [json.loads(line) for line in (tmp_path / "r" / "metrics.jsonl").read_text().splitlines()]
+    assert all(math.isfinite(r["train_loss"]) for r in rows if r["train_samples"])
+    assert all(math.isfinite(r["ga"]) for r in rows if "ga" in r)
+    assert load_torch(tmp_path / "r" / "checkpoint.pt")["round"] == 2
+    # the checkpoint written on the GPU resumes on the CPU
+    rest = run(cfg.replace(**{"execution.device": "cpu"}), run_dir=tmp_path / "r", resume=True)
+    assert rest.summary["status"] == "complete" and [r["round"] for r in rest.rows] == [1, 2, 3]
+
+
+@pytest.mark.gpu
+@needs_gpu
+def test_batched_equals_sequential_on_cuda(tmp_path, tiny_bn_cnn):
+    cfg = cfg_for(tmp_path, "execution.device=cuda", "training.lr=0.01").replace(**{"model.name": tiny_bn_cnn})
+    seq, bat = both(cfg, tmp_path)
+    assert_close_runs(seq, bat, atol=1e-4)
+
+
+@pytest.mark.gpu
+@needs_gpu
+def test_cpu_and_cuda_agree(tmp_path):
+    cfg = cfg_for(tmp_path)
+    cpu = run(cfg, run_dir=tmp_path / "cpu")
+    gpu = run(cfg.replace(**{"execution.device": "cuda"}), run_dir=tmp_path / "gpu")
+    assert_close_runs(cpu, gpu, atol=1e-4)

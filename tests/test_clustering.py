@@ -57,6 +57,51 @@ def test_kmeans_fewer_distinct_samples_than_k():
     assert rows(single.centroids) == [(5.0, 6.0)]
 
 
+def test_kmeans_three_separated_blobs_give_their_means():
+    # blobs around (0, 0), (10, 0), (0, 10): every restart ends at the three blob means
+    x = torch.tensor([[0.0, 0.0], [1.0, 0.0], [0.0, 1.0],
+                      [10.0, 0.0], [11.0, 0.0], [10.0, 2.0],
+                      [0.0, 10.0], [0.0, 12.0]])
+    for seed in range(3):
+        res = kmeans(x, 3, np.random.default_rng(seed), n_init=1)
+        assert rows(res.centroids) == rows([[0.0, 11.0], [1 / 3, 1 / 3], [31 / 3, 2 / 3]])
+        # per blob: (2 + 5 + 5)/9, (5 + 8 + 17)/9, 1 + 1
+        assert res.inertia == pytest.approx(4 / 3 + 10 / 3 + 2.0)
+
+
+def test_kmeans_duplicate_points_count_with_their_multiplicity():
+    # three copies of (0, 0) pull their cluster's mean: {(0,0) x3, (0,1)} -> (0, 0.25)
+    x = torch.tensor([[0.0, 0.0], [0.0, 0.0], [0.0, 0.0], [0.0, 1.0], [10.0, 0.0], [10.0, 0.0]])
+    res = kmeans(x, 2, np.random.default_rng(0))
+    assert rows(res.centroids) == [(0.0, 0.25), (10.0, 0.0)]
+    assert res.inertia == pytest.approx(3 * 0.25 ** 2 + 0.75 ** 2)
+    assert res.labels.tolist()[:4] == [res.labels[0].item()] * 4 and res.labels[4] == res.labels[5] != res.labels[0]
+
+
+def test_kmeans_k_equal_to_distinct_points_returns_them_without_drawing():
+    x = torch.tensor([[3.0, 4.0], [1.0, 2.0], [3.0, 4.0], [-0.0, 1.0], [0.0, 1.0]])  # -0.0 == 0.0
+    rng = np.random.default_rng(0)
+    res = kmeans(x, 3, rng)
+    assert rows(res.centroids) == [(0.0, 1.0), (1.0, 2.0), (3.0, 4.0)]
+    assert res.inertia == 0.0
+    assert torch.equal(res.centroids[res.labels], x)  # every point is its own centroid
+    assert rng.integers(1 << 30) == np.random.default_rng(0).integers(1 << 30)  # rng untouched
+
+
+def test_kmeans_same_bits_whatever_the_thread_count():
+    # scikit-learn reduces per-thread partial sums; kmeans runs it on one thread, so an
+    # outer thread setting (a worker process vs the sequential executor) changes nothing
+    from threadpoolctl import threadpool_limits
+
+    x = torch.randn(3000, 16, generator=torch.Generator().manual_seed(0))
+    with threadpool_limits(limits=1):
+        a = kmeans(x, 4, np.random.default_rng(3), n_init=2)
+    with threadpool_limits(limits=2):
+        b = kmeans(x, 4, np.random.default_rng(3), n_init=2)
+    assert torch.equal(a.centroids, b.centroids) and torch.equal(a.labels, b.labels)
+    assert a.inertia == b.inertia
+
+
 def test_kmeans_rejects_bad_input():
     with pytest.raises(ValueError):
         kmeans(torch.zeros(0, 2), 2, np.random.default_rng(0))

@@ -310,6 +310,9 @@ class ExecutionConfig:
     # numbers are the same in every mode and on any number of cores; 0 = torch's default
     threads: int = 1
     channels_last: Union[bool, Literal["auto"]] = "auto"  # auto: the model's measured preference
+    # arithmetic of the clients' local training: bf16 = bfloat16 autocast for the forward
+    # pass, fp32 weights, messages and aggregation (engine/precision.py); changes the results
+    precision: Literal["fp32", "bf16"] = "fp32"
     device: str = "cpu"
     # where client tasks run (engine/executor.py EXECUTORS): local = this machine (the
     # ``workers`` above); ray = actors on a Ray cluster (docs/scale.md). The options below
@@ -426,6 +429,8 @@ class Config:
         for k in ignore:
             d.pop(k, None)
         d["data"].pop("root", None)  # where the files live does not change the results
+        if "execution" in ignore and self.execution.precision != "fp32":
+            d["precision"] = self.execution.precision  # the one execution setting that changes them
         return hashlib.sha256(json.dumps(d, sort_keys=True, default=str).encode()).hexdigest()[:8]
 
     def replace(self, **overrides: Any) -> "Config":

@@ -52,9 +52,11 @@ ambiguously:
 * Prototypes are computed after local training from the embeddings of the client's whole
   training set in eval mode (``ctx.embed``), in the raw (unnormalized) feature space;
   inference eq. (13) uses the raw L2 distance to them.
-* k-means: Lloyd's algorithm with k-means++ seeding and ``n_init`` restarts, all random
-  draws from the (round, client, class) stream ``ctx.rng("kmeans", j)``; a class with fewer
+* k-means (eq. 7's "Clustering"): scikit-learn's Lloyd with greedy k-means++ seeding and
+  ``n_init`` restarts on one thread, seeded from the (round, client, class) stream
+  ``ctx.rng("kmeans", j)`` (:func:`protofl.nn.clustering.kmeans`); a class with fewer
   than K distinct samples yields its distinct embeddings (fewer than K prototypes).
+  protofl 0.1.0 used its own torch loop with other initial centroids: results differ.
 * Padding eq. (10): U_bar_j is the mean of all prototypes of class j in the round's
   replies; every client's group of class j is padded with it to K rows (k-means and
   SP-FedCL; for DP-FedCL, which has no K, to the largest group of that class). Clients

@@ -150,7 +150,8 @@ class ClientContext:
         settings.update(overrides)
         x, y = self.data
         stats = local_train(model, x, y, loss=loss, params=model.parameters() if params is None else params,
-                            generator=self.generator, channels_last=self.channels_last, **settings)
+                            generator=self.generator, channels_last=self.channels_last,
+                            precision=self.runtime.cfg.execution.precision, **settings)
         if not math.isfinite(stats.loss):
             raise NonFiniteLossError(self.round, self.cid, stats.loss)
         self.last_train = stats

@@ -35,6 +35,7 @@ from .evaluate import as_named, class_correct
 from .executor import EXECUTORS, ClientTask, resolve_workers
 from .malloc import tune_malloc
 from .participation import Participation
+from .precision import check_precision
 from .server import ServerContext
 from .store import make_store
 from .train import NonFiniteLossError
@@ -122,6 +123,7 @@ class Simulation:
     def __init__(self, cfg: Config, callbacks: Iterable[Callback] = (), run_dir: Optional[Path] = None,
                  fed: Optional[FederatedData] = None, executor_factory=None, store=None) -> None:
         tune_malloc()
+        check_precision(cfg.execution.precision, cfg.execution.device)  # a warning if bf16 will be slow
         self.cfg = cfg
         self.fed, self.algorithm, self.info = build_task(cfg, fed)
         if len(self.fed.train_idx) != cfg.partition.num_clients:

@@ -3,6 +3,8 @@
 Every method trains through :func:`local_train`; methods change *what* is minimized
 (the ``loss`` callable) and *which* parameters move (``params``), never the loop.
 Batches are slices of a per-epoch permutation of the client's in-memory tensors.
+``precision="bf16"`` runs the loss (the forward pass) under bfloat16 autocast, backward
+and the SGD step on the float32 weights (:mod:`protofl.engine.precision`).
 """
 from __future__ import annotations
 
@@ -12,6 +14,8 @@ from typing import Callable, Iterable, Optional
 
 import torch
 from torch import nn
+
+from .precision import autocast
 
 LossFn = Callable[[nn.Module, torch.Tensor, torch.Tensor], torch.Tensor]
 
@@ -50,6 +54,7 @@ def local_train(
     clip_grad: Optional[float],
     generator: torch.Generator,
     channels_last: bool = False,
+    precision: str = "fp32",
 ) -> TrainStats:
     params = [p for p in params if p.requires_grad]
     n = len(y)
@@ -59,6 +64,7 @@ def local_train(
     opt = torch.optim.SGD(params, lr=lr, momentum=momentum, weight_decay=weight_decay)
     total_steps = steps if steps is not None else epochs * math.ceil(n / batch_size)
     loss_sum = torch.zeros((), dtype=torch.float64, device=y.device)  # no host sync per step
+    device_type = x.device.type
     seen = step = 0
     while step < total_steps:
         perm = torch.randperm(n, generator=generator).to(y.device)  # CPU stream: same order on any device
@@ -69,7 +75,8 @@ def local_train(
             if step == total_steps:
                 break
             xb, yb = xp[i:i + batch_size], yp[i:i + batch_size]
-            value = loss(model, xb, yb)
+            with autocast(precision, device_type):
+                value = loss(model, xb, yb)
             opt.zero_grad(set_to_none=True)
             value.backward()
             if clip_grad is not None:

@@ -1,10 +1,11 @@
 """Clustering of class embeddings into several prototypes (MP-FedCL and its variants).
 
-* :func:`kmeans` -- Lloyd's k-means on a torch tensor with k-means++ seeding and
-  ``n_init`` seeded restarts (the lowest inertia wins). All randomness comes from the
-  numpy ``Generator`` passed in, so a (round, client, class) stream makes it
-  deterministic. A set with fewer than ``k`` distinct points yields those distinct points
-  as its centroids (fewer than ``k``).
+* :func:`kmeans` -- scikit-learn's ``KMeans`` (Lloyd's algorithm, greedy k-means++
+  seeding, ``n_init`` restarts, the lowest inertia wins) on one thread. Its seed is drawn
+  from the numpy ``Generator`` passed in, so a (round, client, class) stream makes it
+  deterministic, and one thread makes it independent of the worker count. A set with
+  fewer than ``k`` distinct points yields those distinct points as its centroids (fewer
+  than ``k``).
 * :func:`dbscan_centroids` -- scikit-learn's DBSCAN (the number of clusters is chosen by
   the data), returning the mean of each cluster.
 * :func:`pad_groups` -- MP-FedCL eq. (10): every client's group of prototypes of a class
@@ -28,60 +29,57 @@ class KMeansResult:
     inertia: float  # sum of squared distances of the points to their centroid
 
 
-def _sq_dists(x: torch.Tensor, c: torch.Tensor) -> torch.Tensor:
-    """(N, k) squared Euclidean distances, exact (no ||x||^2 + ||c||^2 - 2xc cancellation)."""
-    return ((x.unsqueeze(1) - c.unsqueeze(0)) ** 2).sum(-1)
+_ONE_THREAD = None  # a threadpoolctl controller, made on first use (after scikit-learn loaded its libraries)
 
 
-def _kmeans_pp(x: torch.Tensor, k: int, rng: np.random.Generator) -> torch.Tensor:
-    """k-means++ seeding (Arthur & Vassilvitskii, 2007): the next seed is drawn with
-    probability proportional to its squared distance to the nearest seed so far."""
-    n = len(x)
-    idx = [int(rng.integers(n))]
-    d2 = _sq_dists(x, x[idx]).squeeze(1)  # (N,)
-    for _ in range(1, k):
-        p = d2.numpy()
-        total = p.sum()
-        # all remaining points coincide with a seed: take the first unused point
-        nxt = int(rng.choice(n, p=p / total)) if total > 0 else next(i for i in range(n) if i not in idx)
-        idx.append(nxt)
-        d2 = torch.minimum(d2, _sq_dists(x, x[nxt:nxt + 1]).squeeze(1))
-    return x[idx].clone()
+def _one_thread():
+    """A context that runs BLAS and OpenMP on one thread (scikit-learn's k-means reduces
+    per-thread partial sums, so its last bits would depend on the thread count)."""
+    global _ONE_THREAD
+    if _ONE_THREAD is None:
+        from threadpoolctl import ThreadpoolController
+
+        _ONE_THREAD = ThreadpoolController()
+    return _ONE_THREAD.limit(limits=1)
 
 
-def _lloyd(x: torch.Tensor, c: torch.Tensor, max_iter: int, tol: float) -> KMeansResult:
-    for _ in range(max_iter):
-        d2 = _sq_dists(x, c)  # (N, k)
-        labels = d2.argmin(1)
-        err = d2.gather(1, labels[:, None]).squeeze(1)  # (N,) each point's squared error
-        new = c.clone()
-        for j in range(len(c)):
-            members = labels == j
-            if members.any():
-                new[j] = x[members].mean(0)
-            else:
-                # an empty cluster takes the point worst served by its centroid
-                # (deterministic; a point is taken at most once)
-                far = int(err.argmax())
-                new[j] = x[far]
-                err[far] = -1.0
-        shift = float(((new - c) ** 2).sum())
-        c = new
-        if shift <= tol:
-            break
-    d2 = _sq_dists(x, c)
-    labels = d2.argmin(1)
-    inertia = float(d2.gather(1, labels[:, None]).sum())
-    return KMeansResult(c, labels, inertia)
+_GOLDEN = 0x9E3779B97F4A7C15 % (1 << 62)  # a large odd multiplier for the row hash
+
+
+def _at_most_distinct(x: torch.Tensor, k: int) -> bool:
+    """Whether the float64 rows of ``x`` (N, d) take at most ``k`` distinct values.
+
+    Rows with different hashes differ, so more than ``k`` distinct hashes answer no
+    without sorting whole rows (``torch.unique(dim=0)`` costs a quarter of a k-means of
+    6,000 x 256); otherwise the exact count decides. The hash is an integer combination
+    of the rows' bits (exact, the same for equal rows whatever the thread count), with
+    -0.0 turned into 0.0 first as ``torch.unique`` treats them as equal."""
+    if len(x) <= k:
+        return True
+    bits = (x + 0.0).view(torch.int64)  # (N, d)
+    mult = torch.arange(1, 2 * x.shape[1], 2, dtype=torch.int64) * _GOLDEN  # odd, distinct
+    if len(torch.unique((bits * mult).sum(1))) > k:  # int64 arithmetic wraps around: exact
+        return False
+    return len(torch.unique(x, dim=0)) <= k
 
 
 def kmeans(x: torch.Tensor, k: int, rng: np.random.Generator, n_init: int = 5,
-           max_iter: int = 100, tol: float = 1e-10) -> KMeansResult:
+           max_iter: int = 100, tol: float = 0.0) -> KMeansResult:
     """k centroids of the rows of ``x`` (N, d); the best of ``n_init`` seeded restarts.
 
-    Computed in float64 on the CPU (the result does not depend on the device) and
-    returned in ``x``'s dtype and device. With fewer than ``k`` distinct rows, the
-    distinct rows themselves are the centroids (in ``torch.unique`` order).
+    scikit-learn's ``KMeans(algorithm="lloyd", init="k-means++")`` in float64 on the CPU
+    on one thread (the result does not depend on the device or the number of workers),
+    seeded with one integer drawn from ``rng``; returned in ``x``'s dtype and device.
+    ``tol`` is scikit-learn's (relative to the mean variance of the features); the
+    default 0 runs each restart until no label changes (a Lloyd fixed point: every
+    centroid is the mean of its points) or ``max_iter``. With at most ``k`` distinct
+    rows, the distinct rows themselves are the centroids (in ``torch.unique`` order,
+    inertia 0) and ``rng`` is not drawn from.
+
+    In protofl 0.1.0 this was a torch Lloyd loop with plain k-means++ seeding drawn
+    from ``rng`` directly: the same algorithm, 1.6-19x slower (benchmarks/RESULTS.md,
+    section 5), with other initial centroids, so MP-FedCL's numbers changed with the
+    switch.
     """
     if k < 1:
         raise ValueError(f"kmeans: k must be >= 1, got {k}")
@@ -90,17 +88,20 @@ def kmeans(x: torch.Tensor, k: int, rng: np.random.Generator, n_init: int = 5,
     if x.dim() != 2 or len(x) == 0:
         raise ValueError(f"kmeans: expected a non-empty (N, d) tensor, got shape {tuple(x.shape)}")
     xd = x.detach().to("cpu", torch.float64)
-    distinct = torch.unique(xd, dim=0)
-    if len(distinct) <= k:
-        labels = _sq_dists(xd, distinct).argmin(1)
-        best = KMeansResult(distinct, labels, 0.0)
-    else:
-        best = None
-        for _ in range(n_init):
-            res = _lloyd(xd, _kmeans_pp(xd, k, rng), max_iter, tol)
-            if best is None or res.inertia < best.inertia:  # ties: the first restart wins
-                best = res
-    return KMeansResult(best.centroids.to(x.device, x.dtype), best.labels.to(x.device), best.inertia)
+    if _at_most_distinct(xd, k):
+        distinct = torch.unique(xd, dim=0)
+        labels = torch.cdist(xd, distinct, compute_mode="donot_use_mm_for_euclid_dist").argmin(1)  # exact
+        return KMeansResult(distinct.to(x.device, x.dtype), labels.to(x.device), 0.0)
+    from sklearn.cluster import KMeans
+
+    seed = int(rng.integers(2**31 - 1))
+    km = KMeans(n_clusters=k, init="k-means++", n_init=n_init, max_iter=max_iter, tol=tol,
+                algorithm="lloyd", random_state=seed, copy_x=True)
+    with _one_thread():
+        km.fit(xd.numpy())
+    centroids = torch.from_numpy(km.cluster_centers_)
+    labels = torch.from_numpy(km.labels_.astype(np.int64))
+    return KMeansResult(centroids.to(x.device, x.dtype), labels.to(x.device), float(km.inertia_))
 
 
 def dbscan_centroids(x: torch.Tensor, eps: float, min_samples: int,

@@ -321,6 +321,10 @@ class ExecutionConfig:
     retries: int = 2  # a task whose actor or node died runs again on another actor this often
     state: Literal["driver", "cluster"] = "driver"  # where per-client state lives between rounds
     data: Literal["ship", "node"] = "ship"  # ship: once through the object store; node: each node loads it
+    # per-client state (personal models, heads, control variates) kept in memory on the
+    # driver; beyond it, the least recently used states go to <run folder>/client_state/ and
+    # are read back when their client is sampled. null = no limit (state: driver only)
+    state_memory_mb: Optional[float] = 512
 
     def validate(self, s: str) -> None:
         require(self.workers == "auto" or self.workers >= 0, f"{s}.workers", self.workers, "must be >= 0 or auto")
@@ -329,6 +333,10 @@ class ExecutionConfig:
                  "expected cpu or cuda[:N]")
         require(self.actors == "auto" or self.actors >= 1, f"{s}.actors", self.actors, "must be >= 1 or auto")
         require(self.retries >= 0, f"{s}.retries", self.retries, "must be >= 0")
+        if self.state_memory_mb is not None:
+            self.state_memory_mb = coerce(self.state_memory_mb, float, f"{s}.state_memory_mb")
+            require(math.isfinite(self.state_memory_mb) and self.state_memory_mb >= 0, f"{s}.state_memory_mb",
+                    self.state_memory_mb, "must be >= 0 (MB), or null for no limit")
         unknown = set(self.client_resources) - {"num_cpus", "num_gpus"}
         require(not unknown, f"{s}.client_resources", self.client_resources, "allowed keys: num_cpus, num_gpus")
         res = {"num_cpus": 1.0, "num_gpus": 0.0}

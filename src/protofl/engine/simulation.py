@@ -296,6 +296,9 @@ class Simulation:
         tasks, outputs = [t for t, _ in kept], [o for _, o in kept]
         for t, out in zip(tasks, outputs):
             self.store.put(t.cid, out.state)
+            # the store holds the new state now (in memory or on disk): drop the round's own
+            # references, so states it spills leave memory and old states are freed
+            t.state = out.state = None
         t_train = time.perf_counter() - t0
         replies = [(t.cid, out.reply) for t, out in zip(tasks, outputs)]
         state = algo.aggregate(state, rnd, replies, self.server)

@@ -104,12 +104,21 @@ def test_checkpoint_holds_file_names_and_keeps_two_generations(tmp_path):
     assert len(set(files(root))) == len(files(root)) and "0.3.pkl" in files(root)
 
 
-def test_usage_line():
+def test_usage_line_in_the_log_at_the_end(caplog):
+    import logging
+
+    from protofl.engine.callbacks import RoundLogger
+
     assert usage_line({"clients": 0}) is None
-    line = usage_line({"clients": 1200, "memory_clients": 200, "memory_bytes": 512 * 2**20, "disk_clients": 1000,
-                       "disk_bytes": 3 * 2**30, "budget_bytes": 512 * 2**20})
+    usage = {"clients": 1200, "memory_clients": 200, "memory_bytes": 512 * 2**20, "disk_clients": 1000,
+             "disk_bytes": 3 * 2**30, "budget_bytes": 512 * 2**20}
+    line = usage_line(usage)
     assert line == ("client state: 1,200 clients; 512.0 MB in memory (200), 3.00 GB on disk (1,000); "
                     "memory budget 512.0 MB")
+    with caplog.at_level(logging.INFO, logger="protofl"):
+        RoundLogger().on_end({"client_state": usage})
+        RoundLogger().on_end({"client_state": {"clients": 0}})
+    assert [r.getMessage() for r in caplog.records] == [" " + line]
 
 
 # ---------------------------------------------------------------------------------------

@@ -43,6 +43,11 @@ def cmd_run(args) -> int:
     result = api.run(cfg, resume=args.resume)
     print(f"{cfg.algorithm.name}: {result.summary['rounds_completed']} rounds -> {result.dir}")
     print(_summary_line(result.summary))
+    from .engine.store import usage_line
+
+    state = usage_line(result.summary.get("client_state"))
+    if state:
+        print(state)
     return 0
 
 

@@ -329,6 +329,10 @@ class ExecutionConfig:
     # support it, else sequential with a note); auto = batched on a GPU, sequential on the CPU
     executor: Literal["auto", "sequential", "batched"] = "auto"
     batch_clients: int = 0  # batched: at most this many clients per stack (memory); 0 = all of a round
+    # per-client state (personal models, heads, control variates) kept in memory on the
+    # driver; beyond it, the least recently used states go to <run folder>/client_state/ and
+    # are read back when their client is sampled. null = no limit (state: driver only)
+    state_memory_mb: Optional[float] = 512
 
     def validate(self, s: str) -> None:
         require(self.batch_clients >= 0, f"{s}.batch_clients", self.batch_clients, "must be >= 0")
@@ -338,6 +342,10 @@ class ExecutionConfig:
                  "expected cpu or cuda[:N]")
         require(self.actors == "auto" or self.actors >= 1, f"{s}.actors", self.actors, "must be >= 1 or auto")
         require(self.retries >= 0, f"{s}.retries", self.retries, "must be >= 0")
+        if self.state_memory_mb is not None:
+            self.state_memory_mb = coerce(self.state_memory_mb, float, f"{s}.state_memory_mb")
+            require(math.isfinite(self.state_memory_mb) and self.state_memory_mb >= 0, f"{s}.state_memory_mb",
+                    self.state_memory_mb, "must be >= 0 (MB), or null for no limit")
         unknown = set(self.client_resources) - {"num_cpus", "num_gpus"}
         require(not unknown, f"{s}.client_resources", self.client_resources, "allowed keys: num_cpus, num_gpus")
         res = {"num_cpus": 1.0, "num_gpus": 0.0}

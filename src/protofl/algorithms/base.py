@@ -207,8 +207,14 @@ def weight_diversity(models: Sequence[Mapping[str, torch.Tensor]]) -> float:
     n = len(models)
     total = 0.0
     for k in keys:
-        stack = torch.stack([m[k].detach().to(torch.float64) for m in models])  # (|S_t|, ...)
-        total += float(((stack - stack.mean(0)) ** 2).sum())
+        # one (|S_t|, ...) float64 buffer, worked on in place: the values and sums of
+        # ((stack - mean) ** 2).sum() without its three temporaries of the same size
+        stack = torch.empty((n, *models[0][k].shape), dtype=torch.float64)
+        for i, m in enumerate(models):
+            stack[i].copy_(m[k].detach())
+        mean = stack.mean(0)
+        total += float(stack.sub_(mean).pow_(2).sum())
+        del stack
     return total / n
 
 

@@ -154,6 +154,13 @@ class RoundLogger(Callback):
         self.log.info("%s round %d/%d: %s | %.2f s/round, ETA %s", self.name, rnd, self.rounds, metrics,
                       per_round, _clock(per_round * (self.rounds - rnd)))
 
+    def on_end(self, summary: dict[str, Any]) -> None:
+        from .store import usage_line
+
+        line = usage_line(summary.get("client_state"))
+        if line:
+            self.log.info("%s %s", self.name, line)
+
 
 def progress_callback(enabled: bool, log_every: int = 1) -> Optional[Callback]:
     """The per-round progress for this process: a bar on a terminal or in a notebook, else

@@ -37,7 +37,7 @@ from .malloc import tune_malloc
 from .participation import Participation
 from .precision import check_precision
 from .server import ServerContext
-from .store import make_store
+from .store import STATE_DIR, SpillStore, load_spilled, make_store
 from .train import NonFiniteLossError
 from .validate import check_reply
 
@@ -136,11 +136,12 @@ class Simulation:
                             else ServerContext(cfg, self.algorithm, self.info, device=cfg.execution.device))
         self.model_bytes = sum(t.numel() * t.element_size() for t in self.server.init_weights().values())
         self.participation = Participation(cfg.participation, self.fed.num_clients, cfg.seed, self.fed.groups)
-        # per-client state between rounds: on this driver by default; injectable (a store has
-        # get/put/snapshot/restore, see engine/store.py)
-        self.store = store if store is not None else make_store(cfg)
         self.user_callbacks = list(callbacks)
         self.dir = Path(run_dir) if run_dir is not None else run_dir_for(cfg)
+        # per-client state between rounds: on this driver by default, within
+        # execution.state_memory_mb and the rest in the run folder; injectable (a store has
+        # get/put/snapshot/restore, see engine/store.py)
+        self.store = store if store is not None else make_store(cfg, self.dir)
         # how client tasks run: in-process/pool by default; the Flower transport plugs in here
         self.executor_factory = executor_factory or EXECUTORS.get(cfg.execution.backend)
         self.executor_info: dict = {}  # what the executor says about itself (backend, actors, nodes)
@@ -190,6 +191,8 @@ class Simulation:
         save_checkpoint(self.dir / CHECKPOINT, {
             "round": rnd, "server_state": state, "client_states": self.store.snapshot(),
             "rows": n_rows, "fingerprint": self.cfg.fingerprint(), "algorithm": self.cfg.algorithm.name})
+        if hasattr(self.store, "checkpointed"):  # a SpillStore may now drop superseded state files
+            self.store.checkpointed()
 
     def _write_static(self) -> None:
         counts = self.fed.class_counts()
@@ -214,11 +217,16 @@ class Simulation:
                 raise CheckpointError(f"cannot resume {self.dir}: its checkpoint was written by a different "
                                  f"config (fingerprint {ck['fingerprint']} != {cfg.fingerprint()})")
             state = ck["server_state"]
-            self.store.restore(ck["client_states"])
+            states = ck["client_states"]
+            if not isinstance(self.store, SpillStore):  # states spilled to disk: read them back
+                states = load_spilled(states, self.dir / STATE_DIR)
+            self.store.restore(states)
             start = ck["round"] + 1
             rows = read_rows(self.dir / METRICS)[: ck["rows"]]
         else:
             state = algo.server_init(self.server)
+            if hasattr(self.store, "clear"):  # a fresh run: no state files of an earlier one
+                self.store.clear()
         save_text(self.dir / METRICS, "".join(json.dumps(r) + "\n" for r in rows))
         self._write_static()
 
@@ -293,6 +301,9 @@ class Simulation:
         tasks, outputs = [t for t, _ in kept], [o for _, o in kept]
         for t, out in zip(tasks, outputs):
             self.store.put(t.cid, out.state)
+            # the store holds the new state now (in memory or on disk): drop the round's own
+            # references, so states it spills leave memory and old states are freed
+            t.state = out.state = None
         t_train = time.perf_counter() - t0
         replies = [(t.cid, out.reply) for t, out in zip(tasks, outputs)]
         state = algo.aggregate(state, rnd, replies, self.server)
@@ -400,5 +411,7 @@ class Simulation:
             "mean_round_s": float(np.mean([r["wall_s"] for r in rows])) if rows else None,
             "wall_s_this_session": seconds,
             "execution": self.execution_mode(),
+            # per-client state held at the end: in memory, on disk (execution.state_memory_mb)
+            "client_state": self.store.usage() if hasattr(self.store, "usage") else None,
             "torch": torch.__version__,
         }

@@ -207,14 +207,18 @@ def weight_diversity(models: Sequence[Mapping[str, torch.Tensor]]) -> float:
     n = len(models)
     total = 0.0
     for k in keys:
-        # one (|S_t|, ...) float64 buffer, worked on in place: the values and sums of
-        # ((stack - mean) ** 2).sum() without its three temporaries of the same size
-        stack = torch.empty((n, *models[0][k].shape), dtype=torch.float64)
-        for i, m in enumerate(models):
-            stack[i].copy_(m[k].detach())
-        mean = stack.mean(0)
-        total += float(stack.sub_(mean).pow_(2).sum())
-        del stack
+        # two passes over the models, one layer at a time: memory is two float64 copies of
+        # one layer whatever |S_t| is (a stacked (|S_t|, ...) buffer took 420 MB for 100
+        # clients of fedavg_cnn's 1024x512 layer); sums in float64, so the value agrees with
+        # the stacked form to ~1e-15 relative (not bit for bit)
+        mean = torch.zeros(models[0][k].shape, dtype=torch.float64)
+        for m in models:
+            mean.add_(m[k].detach().to(torch.float64))
+        mean.div_(n)
+        diff = torch.empty_like(mean)
+        for m in models:
+            torch.sub(m[k].detach().to(torch.float64), mean, out=diff)
+            total += float(diff.pow_(2).sum())
     return total / n
 
 

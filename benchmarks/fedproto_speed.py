@@ -52,6 +52,7 @@ def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--data-dir", default=os.environ.get("PROTOFL_DATA", "../shared/data"))
     p.add_argument("--rounds", type=int, default=2, help="the clients of rounds 1..R are measured")
+    p.add_argument("--clients", type=int, default=0, help="at most this many clients per round (0: all)")
     p.add_argument("--profile", action="store_true")
     p.add_argument("--tmp", default="/tmp/protofl-fedproto-speed")
     p.add_argument("--out", default=None)
@@ -77,7 +78,7 @@ def main() -> int:
     prof = cProfile.Profile() if args.profile else None
     names, turn = list(variants), 0
     for rnd in range(1, args.rounds + 1):
-        for cid in pro.participation.selected(rnd):
+        for cid in pro.participation.selected(rnd)[:args.clients or None]:
             samples += pro.cfg.training.epochs * len(pro.fed.train_idx[cid])
             replies = {}
             order = names[turn % 3:] + names[:turn % 3]  # who goes first rotates
@@ -101,7 +102,8 @@ def main() -> int:
                   file=sys.stderr, flush=True)
 
     base = "FedAvg"
-    lines = [header(f"One process, one thread; the clients of rounds 1-{args.rounds} "
+    which = f"the first {args.clients} clients" if args.clients else "the clients"
+    lines = [header(f"One process, one thread; {which} of rounds 1-{args.rounds} "
                     f"({samples:,} training samples x epochs per variant), variants alternated client by client."),
              "", "| variant | samples/s (CPU time) | vs FedAvg | samples/s (wall) | vs FedAvg |", "|---|---|---|---|---|"]
     for k in variants:

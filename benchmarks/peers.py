@@ -147,7 +147,9 @@ def report(runs: list[Run], args) -> str:
              ("protofl FedAvg, sequential, 2 threads", "FL-bench, serial"),
              ("protofl FedAvg, 2 workers x 1 thread", "FL-bench, serial"),
              ("protofl FedAvg, 2 workers x 1 thread", "PFLlib"),
-             ("protofl FedAvg, sequential, 2 threads", "PFLlib")]
+             ("protofl FedAvg, sequential, 2 threads", "PFLlib"),
+             ("protofl FedProto, sequential, 2 threads", "protofl FedAvg, sequential, 2 threads"),
+             ("protofl FedProto, 2 workers x 1 thread", "protofl FedAvg, 2 workers x 1 thread")]
     rows = []
     for ev in (True, False):
         for a, b in pairs:
@@ -161,8 +163,8 @@ def report(runs: list[Run], args) -> str:
                 rows.append(f"| {a} | {b} | {'default' if ev else 'off'} | {statistics.median(ratios):.2f}x | "
                             f"{', '.join(f'{x:.2f}' for x in ratios)} |")
     if rows:
-        lines += ["", "Ratios, each from runs of the same repeat (minutes apart):", "",
-                  "| protofl | peer | evaluation | ratio (median) | per repeat |", "|---|---|---|---|---|", *rows]
+        lines += ["", "Ratios A / B of samples/s, each from runs of the same repeat (minutes apart):", "",
+                  "| A | B | evaluation | A / B (median) | per repeat |", "|---|---|---|---|---|", *rows]
     if args.floor:
         lines += ["", "protofl against its bare-loop floor (the same SGD steps with nothing around them, run "
                       "after each round):", "", "| system | evaluation | samples/s | floor samples/s | overhead |",

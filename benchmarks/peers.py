@@ -46,7 +46,7 @@ PEER_ENV = {"RAY_USAGE_STATS_ENABLED": "0", "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER":
 
 
 def workload(method: str, model: str, data_dir: str, rounds: int, workers: int, threads: int,
-             eval_on: bool, out: str, seed: int = 0):
+             eval_on: bool, out: str, seed: int = 0, clients_per_round: int = 10):
     algo = {"name": method}
     if method == "fedproto":
         algo["lam"] = 1.0
@@ -56,7 +56,7 @@ def workload(method: str, model: str, data_dir: str, rounds: int, workers: int, 
         "partition": {"name": "dirichlet", "num_clients": 100, "beta": 0.3, "min_size": 10},
         "model": {"name": model},
         "training": {"lr": 0.01, "epochs": 5, "batch_size": 64},
-        "participation": {"clients_per_round": 10},
+        "participation": {"clients_per_round": clients_per_round},
         "algorithm": algo,
         "eval": {"every": 1 if eval_on else 10_000, "personal": eval_on},
         "execution": {"workers": workers, "threads": threads},
@@ -88,7 +88,8 @@ def log(s: str) -> None:
 
 
 def run_protofl(method: str, workers: int, eval_on: bool, rep: int, args) -> Run:
-    cfg = workload(method, "fedavg_cnn", args.data_dir, args.rounds, workers, 0 if workers else 2, eval_on, args.tmp)
+    cfg = workload(method, "fedavg_cnn", args.data_dir, args.rounds, workers, 0 if workers else 2, eval_on, args.tmp,
+                   clients_per_round=args.clients_per_round)
     mode = f"{workers} workers x 1 thread" if workers else "sequential, 2 threads"
     label = f"{method}-w{workers}-{'eval' if eval_on else 'noeval'}-{rep}"
     m = measure(label, cfg, Path(args.tmp) / label, with_floor=args.floor, log=log)
@@ -99,7 +100,7 @@ def run_protofl(method: str, workers: int, eval_on: bool, rep: int, args) -> Run
 def run_peer(system: str, python: str, driver: str, driver_args: list[str], eval_on: bool, rep: int,
              args) -> Run:
     cmd = [python, str(DRIVERS / driver), "run", *driver_args, "--rounds", str(args.rounds),
-           "--eval", "default" if eval_on else "off"]
+           "--clients-per-round", str(args.clients_per_round), "--eval", "default" if eval_on else "off"]
     log(f"  {system} [{'eval' if eval_on else 'noeval'}]: {' '.join(cmd)}")
     env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "VIRTUAL_ENV")}
     env.update(PEER_ENV)
@@ -125,8 +126,9 @@ def fmt(v: Optional[float]) -> str:
 
 def report(runs: list[Run], args) -> str:
     systems = list(dict.fromkeys(r.system for r in runs))
+    scaled = "" if args.clients_per_round == 10 else f" Scaled down: {args.clients_per_round} clients per round."
     lines = [header(f"{args.rounds} rounds per run, samples/s = median of rounds 2-{args.rounds}; "
-                    f"{args.repeats} repeat(s), systems alternated run by run."), "",
+                    f"{args.repeats} repeat(s), systems alternated run by run.{scaled}"), "",
              "| system | evaluation | samples/s (median over repeats) | per repeat | s/round |", "|---|---|---|---|---|"]
     for ev in (True, False):
         for s in systems:
@@ -181,6 +183,7 @@ def main() -> int:
     p.add_argument("--data-dir", default=os.environ.get("PROTOFL_DATA", "../shared/data"))
     p.add_argument("--rounds", type=int, default=6)
     p.add_argument("--repeats", type=int, default=1)
+    p.add_argument("--clients-per-round", type=int, default=10, help="10 is the workload; fewer for a quick check")
     p.add_argument("--methods", default="fedavg", help="protofl methods (the peers run FedAvg)")
     p.add_argument("--modes", default="0,2", help="protofl: 0 = sequential (2 threads); N = N worker processes")
     p.add_argument("--evals", default="default,off")

@@ -41,10 +41,10 @@ def prepare(root: Path, data_dir: Path) -> None:
                     "-pd", "0", "--use_cuda", "0"], cwd=root, check=True)
 
 
-def overrides(rounds: int, mode: str, workers: int, eval_on: bool, out: str) -> list[str]:
+def overrides(rounds: int, mode: str, workers: int, eval_on: bool, out: str, per_round: int = 10) -> list[str]:
     o = ["method=fedavg", "dataset.name=mnist", "model.name=avgcnn",
          "optimizer.name=sgd", "optimizer.lr=0.01",
-         "common.local_epoch=5", "common.batch_size=64", "common.join_ratio=0.1",
+         "common.local_epoch=5", "common.batch_size=64", f"common.join_ratio={per_round / 100}",
          f"common.global_epoch={rounds}", "common.use_cuda=false",
          "common.save_log=false", "common.save_learning_curve_plot=false", "common.save_metrics=false",
          f"mode={mode}", f"hydra.run.dir={out}"]
@@ -57,7 +57,7 @@ def overrides(rounds: int, mode: str, workers: int, eval_on: bool, out: str) -> 
     return o
 
 
-def run(root: Path, rounds: int, mode: str, workers: int, eval_on: bool, out: str) -> None:
+def run(root: Path, rounds: int, mode: str, workers: int, eval_on: bool, out: str, per_round: int) -> None:
     os.chdir(root)
     sys.path.insert(0, str(root))
     from src.server.fedavg import FedAvgServer
@@ -77,7 +77,7 @@ def run(root: Path, rounds: int, mode: str, workers: int, eval_on: bool, out: st
         starts.append(time.perf_counter())
 
     FedAvgServer.train_one_round, FedAvgServer.train = timed_round, timed_train
-    sys.argv = ["main.py", *overrides(rounds, mode, workers, eval_on, out)]
+    sys.argv = ["main.py", *overrides(rounds, mode, workers, eval_on, out, per_round)]
     import main as flbench_main
 
     flbench_main.main()
@@ -92,6 +92,7 @@ def main() -> None:
     p.add_argument("--root", type=Path, required=True, help="FL-bench checkout at 06e658b")
     p.add_argument("--data-dir", type=Path, help="folder with mnist/*.gz (prepare)")
     p.add_argument("--rounds", type=int, default=6)
+    p.add_argument("--clients-per-round", type=int, default=10, help="of the 100")
     p.add_argument("--mode", choices=["serial", "parallel"], default="serial")
     p.add_argument("--workers", type=int, default=2)
     p.add_argument("--eval", choices=["default", "off"], default="default")
@@ -101,7 +102,7 @@ def main() -> None:
     if a.command == "prepare":
         prepare(root, a.data_dir.resolve())
     else:
-        run(root, a.rounds, a.mode, a.workers, a.eval == "default", a.out)
+        run(root, a.rounds, a.mode, a.workers, a.eval == "default", a.out, a.clients_per_round)
 
 
 if __name__ == "__main__":

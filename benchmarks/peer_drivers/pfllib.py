@@ -50,7 +50,7 @@ def prepare(root: Path, data_dir: Path) -> None:
     generate_MNIST.generate_dataset("MNIST/", 100, True, False, "dir")  # noniid, unbalanced, Dirichlet
 
 
-def run(root: Path, rounds: int, eval_on: bool) -> None:
+def run(root: Path, rounds: int, eval_on: bool, per_round: int = 10) -> None:
     system = root / "system"
     os.chdir(system)
     sys.path.insert(0, str(system))
@@ -74,7 +74,7 @@ def run(root: Path, rounds: int, eval_on: bool) -> None:
 
     Server.select_clients, FedAvg.train = counted_select, kept_train
     sys.argv = ["main.py", "-data", "MNIST", "-m", "CNN", "-algo", "FedAvg", "-gr", str(rounds - 1),
-                "-dev", "cpu", "-nc", "100", "-jr", "0.1", "-ls", "5", "-lbs", "64", "-lr", "0.01",
+                "-dev", "cpu", "-nc", "100", "-jr", str(per_round / 100), "-ls", "5", "-lbs", "64", "-lr", "0.01",
                 "-eg", "1" if eval_on else str(rounds + 1)]
     runpy.run_path("main.py", run_name="__main__")
     for r, (n, s) in enumerate(zip(samples, budget)):
@@ -87,13 +87,14 @@ def main() -> None:
     p.add_argument("--root", type=Path, required=True, help="PFLlib checkout at d832e76")
     p.add_argument("--data-dir", type=Path, help="folder with mnist/*.gz (prepare)")
     p.add_argument("--rounds", type=int, default=6)
+    p.add_argument("--clients-per-round", type=int, default=10, help="of the 100")
     p.add_argument("--eval", choices=["default", "off"], default="default")
     a = p.parse_args()
     root = a.root.resolve()
     if a.command == "prepare":
         prepare(root, a.data_dir.resolve())
     else:
-        run(root, a.rounds, a.eval == "default")
+        run(root, a.rounds, a.eval == "default", a.clients_per_round)
 
 
 if __name__ == "__main__":

@@ -20,12 +20,20 @@ includes PFLlib's own evaluation (every client's test set and training loss, eve
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import json
 import os
 import runpy
 import shutil
 import sys
 from pathlib import Path
+
+# PyPI's torchvision next to the CPU torch (see cpu_torchvision/sitecustomize.py): for
+# this process now, and through PYTHONPATH for its children (Ray's workers, generators)
+SHIM = Path(__file__).resolve().parent / "cpu_torchvision"
+os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [str(SHIM), os.environ.get("PYTHONPATH")]))
+_spec = importlib.util.spec_from_file_location("cpu_torchvision_shim", SHIM / "sitecustomize.py")
+_spec.loader.exec_module(importlib.util.module_from_spec(_spec))
 
 MNIST_FILES = ("train-images-idx3-ubyte.gz", "train-labels-idx1-ubyte.gz",
                "t10k-images-idx3-ubyte.gz", "t10k-labels-idx1-ubyte.gz")

@@ -211,7 +211,7 @@ def main() -> int:
                 name = "FL-bench, serial" if mode == "serial" else "FL-bench, Ray parallel, 2 workers"
                 jobs.append(lambda rep, ev=ev, mode=mode, name=name: run_peer(
                     name, args.flbench_python, "flbench.py",
-                    ["--root", args.flbench, "--mode", mode, "--workers", "2", "--out", f"{args.tmp}/flbench-out"],
+                    ["--root", args.flbench, "--mode", mode, "--workers", "2"],
                     ev, rep, args))
         if args.pfllib:
             jobs.append(lambda rep, ev=ev: run_peer("PFLlib", args.pfllib_python, "pfllib.py",

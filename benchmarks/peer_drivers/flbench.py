@@ -21,6 +21,7 @@ import argparse
 import importlib.util
 import json
 import os
+import runpy
 import shutil
 import subprocess
 import sys
@@ -49,13 +50,13 @@ def prepare(root: Path, data_dir: Path) -> None:
                     "-pd", "0", "--use_cuda", "0"], cwd=root, check=True)
 
 
-def overrides(rounds: int, mode: str, workers: int, eval_on: bool, out: str, per_round: int = 10) -> list[str]:
+def overrides(rounds: int, mode: str, workers: int, eval_on: bool, per_round: int = 10) -> list[str]:
     o = ["method=fedavg", "dataset.name=mnist", "model.name=avgcnn",
          "optimizer.name=sgd", "optimizer.lr=0.01",
          "common.local_epoch=5", "common.batch_size=64", f"common.join_ratio={per_round / 100}",
          f"common.global_epoch={rounds}", "common.use_cuda=false",
          "common.save_log=false", "common.save_learning_curve_plot=false", "common.save_metrics=false",
-         f"mode={mode}", f"hydra.run.dir={out}"]
+         f"mode={mode}"]
     if mode == "parallel":
         # a cluster of its own (never one another process started), 2 CPUs, no GPU
         o += [f"parallel.num_workers={workers}", f"parallel.num_cpus={workers}", "parallel.num_gpus=0",
@@ -65,7 +66,7 @@ def overrides(rounds: int, mode: str, workers: int, eval_on: bool, out: str, per
     return o
 
 
-def run(root: Path, rounds: int, mode: str, workers: int, eval_on: bool, out: str, per_round: int) -> None:
+def run(root: Path, rounds: int, mode: str, workers: int, eval_on: bool, per_round: int) -> None:
     os.chdir(root)
     sys.path.insert(0, str(root))
     from src.server.fedavg import FedAvgServer
@@ -85,10 +86,10 @@ def run(root: Path, rounds: int, mode: str, workers: int, eval_on: bool, out: st
         starts.append(time.perf_counter())
 
     FedAvgServer.train_one_round, FedAvgServer.train = timed_round, timed_train
-    sys.argv = ["main.py", *overrides(rounds, mode, workers, eval_on, out, per_round)]
-    import main as flbench_main
-
-    flbench_main.main()
+    # as a script, as FL-bench is run (hydra finds config/ beside it; its output goes to
+    # FL-bench's own out/ folder, as always)
+    sys.argv = ["main.py", *overrides(rounds, mode, workers, eval_on, per_round)]
+    runpy.run_path("main.py", run_name="__main__")
     for r in range(len(samples)):
         print("PEER_ROUND", json.dumps({"round": r + 1, "seconds": starts[r + 1] - starts[r], "samples": samples[r]}),
               flush=True)
@@ -104,13 +105,12 @@ def main() -> None:
     p.add_argument("--mode", choices=["serial", "parallel"], default="serial")
     p.add_argument("--workers", type=int, default=2)
     p.add_argument("--eval", choices=["default", "off"], default="default")
-    p.add_argument("--out", default="/tmp/flbench-peers-run")
     a = p.parse_args()
     root = a.root.resolve()
     if a.command == "prepare":
         prepare(root, a.data_dir.resolve())
     else:
-        run(root, a.rounds, a.mode, a.workers, a.eval == "default", a.out, a.clients_per_round)
+        run(root, a.rounds, a.mode, a.workers, a.eval == "default", a.clients_per_round)
 
 
 if __name__ == "__main__":

@@ -46,3 +46,34 @@ def test_eval_batch_size_does_not_change_metrics(digits_cfg, tmp_path):
         assert a["train_loss"] == b["train_loss"]  # training is untouched
         for key in ("gm", "acc", "pm_v", "pm_l", "pa"):
             assert abs(a[key] - b[key]) <= 1 / 450 + 1e-12, (key, a[key], b[key])
+
+
+
+def test_embed_batches_subdivide_the_old_blocks():
+    from protofl.engine.client import embed_batches
+
+    assert embed_batches(0, 256) == []
+    assert embed_batches(3, 256) == [(0, 3)]
+    assert embed_batches(700, 256) == [(0, 256), (256, 700)]  # no piece under 256
+    assert embed_batches(1026, 256) == [(0, 256), (256, 512), (512, 768), (768, 1024), (1024, 1026)]
+    assert embed_batches(2100, 1024) == [(0, 1024), (1024, 2048), (2048, 2100)]  # the old batching
+    for n in range(0, 2600, 37):
+        b = embed_batches(n, 256)
+        assert [s for s, _ in b[1:]] == [e for _, e in b[:-1]] and (not b or (b[0][0], b[-1][1]) == (0, n))
+        for s, e in b:  # inside one old block, and tiny only where the old block was
+            assert s // 1024 == (e - 1) // 1024 and e - s >= min(256, n - s // 1024 * 1024)
+
+
+def test_embed_batch_size_does_not_change_prototypes(digits_cfg, tmp_path, monkeypatch):
+    # ClientContext.embed in batches of 256 (measured fastest) vs the earlier 1024: FedProto's
+    # prototypes feed training, so whole runs must agree bit for bit. Two clients of ~650
+    # training samples each, so the batches really are cut.
+    from protofl.engine import client
+
+    cfg = digits_cfg("rounds=2", "algorithm.name=fedproto", "partition.num_clients=2",
+                     "participation.fraction=1.0").replace(**{"model.name": "cnn_fmnist"})
+    rows = {}
+    for bs in (256, 1024):  # (batches of 3 would differ: the tiny-batch kernels)
+        monkeypatch.setattr(client, "EMBED_BATCH_SIZE", bs)
+        rows[bs] = strip_timing(run(cfg, run_dir=tmp_path / str(bs)).rows)
+    assert rows[256] == rows[1024]

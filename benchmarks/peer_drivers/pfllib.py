@@ -1,0 +1,109 @@
+"""Run PFLlib (TsingZ0/PFLlib, commit d832e76) on the peers' workload, unchanged.
+
+Executed by benchmarks/peers.py with PFLlib's own Python (its virtual environment),
+never with protofl's. It imports PFLlib from the checkout given by ``--root`` and
+changes none of its source files: it wraps ``Server.select_clients`` (called once at
+the start of every round) to note the training samples of the round, then
+runs PFLlib's ``system/main.py`` as a script with the workload's arguments; the seconds
+per round are PFLlib's own (``self.Budget``: from client selection to aggregation). One
+line per round on stdout:
+
+    PEER_ROUND {"round": r, "seconds": s, "samples": n}
+
+PFLlib's rounds are numbered 0..gr, so ``--rounds R`` passes ``-gr R-1``. A round
+includes PFLlib's own evaluation (every client's test set and training loss, every
+``eval_gap`` rounds; round 0 always evaluates).
+
+    python pfllib.py prepare --root PFLLIB --data-dir DATA   # MNIST Dir(0.3), 100 clients
+    python pfllib.py run --root PFLLIB --rounds 6 --eval default
+"""
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import json
+import os
+import runpy
+import shutil
+import sys
+from pathlib import Path
+
+# PyPI's torchvision next to the CPU torch (see cpu_torchvision/sitecustomize.py): for
+# this process now, and through PYTHONPATH for its children (Ray's workers, generators)
+SHIM = Path(__file__).resolve().parent / "cpu_torchvision"
+os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [str(SHIM), os.environ.get("PYTHONPATH")]))
+_spec = importlib.util.spec_from_file_location("cpu_torchvision_shim", SHIM / "sitecustomize.py")
+_spec.loader.exec_module(importlib.util.module_from_spec(_spec))
+
+MNIST_FILES = ("train-images-idx3-ubyte.gz", "train-labels-idx1-ubyte.gz",
+               "t10k-images-idx3-ubyte.gz", "t10k-labels-idx1-ubyte.gz")
+
+
+def prepare(root: Path, data_dir: Path) -> None:
+    # generate_MNIST.py reads MNIST with torchvision under MNIST/rawdata; with the official
+    # .gz files in MNIST/rawdata/MNIST/raw it extracts them instead of downloading.
+    # Its client count (20) and Dirichlet alpha (0.1) are module constants: set here.
+    ds = root / "dataset"
+    raw = ds / "MNIST" / "rawdata" / "MNIST" / "raw"
+    raw.mkdir(parents=True, exist_ok=True)
+    for f in MNIST_FILES:
+        shutil.copy(data_dir / "mnist" / f, raw / f)
+    os.chdir(ds)
+    sys.path.insert(0, str(ds))
+    import utils.dataset_utils as du
+
+    du.alpha = 0.3
+    import generate_MNIST  # seeds random and numpy (1) on import, as its script does
+
+    generate_MNIST.generate_dataset("MNIST/", 100, True, False, "dir")  # noniid, unbalanced, Dirichlet
+
+
+def run(root: Path, rounds: int, eval_on: bool, per_round: int = 10) -> None:
+    system = root / "system"
+    os.chdir(system)
+    sys.path.insert(0, str(system))
+    from flcore.servers.serveravg import FedAvg
+    from flcore.servers.serverbase import Server
+
+    samples: list[int] = []
+    budget: list[float] = []
+    select, train = Server.select_clients, FedAvg.train
+
+    def counted_select(self):
+        chosen = select(self)
+        samples.append(sum(c.train_samples * c.local_epochs for c in chosen))
+        return chosen
+
+    def kept_train(self):
+        try:
+            train(self)
+        finally:
+            budget.extend(self.Budget)  # PFLlib's own seconds per round (select .. aggregate)
+
+    Server.select_clients, FedAvg.train = counted_select, kept_train
+    sys.argv = ["main.py", "-data", "MNIST", "-m", "CNN", "-algo", "FedAvg", "-gr", str(rounds - 1),
+                "-dev", "cpu", "-nc", "100", "-jr", str(per_round / 100), "-ls", "5", "-lbs", "64", "-lr", "0.01",
+                "-eg", "1" if eval_on else str(rounds + 1)]
+    runpy.run_path("main.py", run_name="__main__")
+    for r, (n, s) in enumerate(zip(samples, budget)):
+        print("PEER_ROUND", json.dumps({"round": r + 1, "seconds": s, "samples": n}), flush=True)
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("command", choices=["prepare", "run"])
+    p.add_argument("--root", type=Path, required=True, help="PFLlib checkout at d832e76")
+    p.add_argument("--data-dir", type=Path, help="folder with mnist/*.gz (prepare)")
+    p.add_argument("--rounds", type=int, default=6)
+    p.add_argument("--clients-per-round", type=int, default=10, help="of the 100")
+    p.add_argument("--eval", choices=["default", "off"], default="default")
+    a = p.parse_args()
+    root = a.root.resolve()
+    if a.command == "prepare":
+        prepare(root, a.data_dir.resolve())
+    else:
+        run(root, a.rounds, a.eval == "default", a.clients_per_round)
+
+
+if __name__ == "__main__":
+    main()

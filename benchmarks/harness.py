@@ -153,7 +153,8 @@ def measure(label: str, cfg: Config, run_dir: Path, with_floor: bool = True, fed
     try:
         for rnd in range(1, cfg.rounds + 1):
             t0 = time.perf_counter()
-            state, row = sim.run_round(rnd, state, executor)
+            state, part = sim.run_round(rnd, state, executor)
+            row = part.complete()
             m.rounds.append(time.perf_counter() - t0)
             clients = sim.participation.selected(rnd)
             m.samples.append(sum(cfg.training.epochs * len(sim.fed.train_idx[c]) for c in clients))

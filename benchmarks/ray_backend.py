@@ -80,7 +80,8 @@ def main() -> int:
             for label in order:
                 m = modes[label]
                 t0 = time.perf_counter()
-                m["state"], row = m["sim"].run_round(rnd, m["state"], m["ex"])
+                m["state"], part = m["sim"].run_round(rnd, m["state"], m["ex"])
+                row = part.complete()
                 m["rounds"].append(time.perf_counter() - t0)
                 m["rows"].append({k: v for k, v in row.items() if k not in TIMING})
                 log(f"round {rnd} {label}: {m['rounds'][-1]:.2f} s, gm {row.get('gm', float('nan')):.4f}")

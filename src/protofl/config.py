@@ -314,6 +314,10 @@ class ExecutionConfig:
     # pass, fp32 weights, messages and aggregation (engine/precision.py); changes the results
     precision: Literal["fp32", "bf16"] = "fp32"
     device: str = "cpu"
+    # with worker processes: evaluate round t's global model as a pool task while round t+1
+    # trains (same numbers; its row comes when that is done). Not on checkpoint rounds, the
+    # last round, or with a callback that must see each row at once (docs/metrics.md)
+    overlap_eval: bool = True
     # where client tasks run (engine/executor.py EXECUTORS): local = this machine (the
     # ``workers`` above); ray = actors on a Ray cluster (docs/scale.md). The options below
     # apply to ray only.

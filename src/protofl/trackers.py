@@ -78,6 +78,8 @@ def _reports(run_dir: Path) -> list[Path]:
 class TensorBoardTracker(Callback):
     """Event files in the run folder: ``tensorboard --logdir <output.dir>`` shows every run."""
 
+    immediate = False  # records rows only
+
     def __init__(self, cfg) -> None:
         self.cfg = cfg
         self.writer = None
@@ -106,6 +108,8 @@ class TensorBoardTracker(Callback):
 
 class MLflowTracker(Callback):
     """One MLflow run per protofl run: params, per-round metrics, artifacts at the end."""
+
+    immediate = False  # records rows only
 
     def __init__(self, cfg) -> None:
         self.cfg = cfg

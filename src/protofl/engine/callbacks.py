@@ -11,6 +11,18 @@ from typing import Any, Optional
 
 
 class Callback:
+    """Hooks the engine calls: ``on_start`` once, ``on_round`` with each metrics row (in
+    round order), ``on_end`` with the summary.
+
+    ``immediate = True`` (the default, and what a callback that may stop the run needs)
+    guarantees that ``on_round`` sees round t's row before round t+1 starts. A callback
+    that only records rows (a writer, a logger, a tracker) sets it False: it then lets
+    ``execution.overlap_eval`` evaluate round t's global model while round t+1 trains,
+    and receives the row when that evaluation is done, up to one round later.
+    """
+
+    immediate: bool = True
+
     def on_start(self, info: dict[str, Any]) -> None: ...
     def on_round(self, row: dict[str, Any]) -> None: ...
     def on_end(self, summary: dict[str, Any]) -> None: ...
@@ -18,6 +30,8 @@ class Callback:
 
 class JsonlWriter(Callback):
     """Appends one JSON line per round to ``metrics.jsonl`` (flushed every round)."""
+
+    immediate = False  # records rows only
 
     def __init__(self, path: Path) -> None:
         self.path = Path(path)
@@ -86,6 +100,8 @@ def ensure_log_handler() -> None:
 class ProgressBar(Callback):
     """A tqdm bar (``tqdm.auto``: a widget in notebooks) with round, ETA and :data:`SHOW`."""
 
+    immediate = False  # records rows only
+
     def __init__(self, enabled: bool = True, file: Any = None, desc_width: int = 28) -> None:
         self.enabled = enabled
         self.file = file
@@ -129,6 +145,8 @@ class RoundLogger(Callback):
 
     ``<run> round 3/20: loss=0.512 gm=76.89% pa=80.12% | 0.41 s/round, ETA 0:07``
     """
+
+    immediate = False  # records rows only
 
     def __init__(self, every: int = 1, logger: Optional[logging.Logger] = None) -> None:
         self.every = max(1, every)

@@ -12,7 +12,9 @@ is the same whichever backend ran the clients.
 
 ``EXECUTORS`` maps ``execution.backend`` to a factory ``factory(simulation) -> executor``.
 An executor may offer ``describe() -> dict`` (merged into the run summary's
-``execution``) and must offer ``close()``.
+``execution``) and ``evaluate_later(state) -> handle`` (the global-model evaluation as a
+pool task that runs with the next round's clients, ``handle.result()`` its metrics; see
+``execution.overlap_eval``), and must offer ``close()``.
 """
 from __future__ import annotations
 
@@ -21,6 +23,7 @@ import multiprocessing as mp
 import os
 import pickle
 import sys
+import time
 import types
 import warnings
 from concurrent.futures import ProcessPoolExecutor
@@ -32,7 +35,9 @@ import torch
 from ..messages import Record
 from ..registry import Registry
 from .client import ClientOutput, ClientRuntime
+from .evaluate import global_metrics
 from .malloc import tune_malloc
+from .server import ServerContext
 
 
 @dataclass
@@ -59,6 +64,7 @@ class SequentialExecutor:
 
 
 _WORKER: Optional[ClientRuntime] = None
+_SERVER: Optional[ServerContext] = None  # built on a worker's first global evaluation
 _MAIN_MODULES = ("__main__", "__mp_main__")
 
 
@@ -80,6 +86,42 @@ def _run_task(payload: bytes) -> bytes:
     assert _WORKER is not None
     out = _WORKER.run(t.cid, t.rnd, t.msg, t.state, t.evaluate, t.full_test)
     return pickle.dumps(out, protocol=pickle.HIGHEST_PROTOCOL)
+
+
+def _evaluate_global(payload: bytes) -> bytes:
+    """The global model of a pickled server state on the test set: (metrics, seconds)."""
+    global _SERVER
+    assert _WORKER is not None
+    t0 = time.perf_counter()
+    if _SERVER is None:
+        _SERVER = ServerContext(_WORKER.cfg, _WORKER.algorithm, _WORKER.info)
+    out = global_metrics(_WORKER.algorithm, pickle.loads(payload), _SERVER, _WORKER)
+    return pickle.dumps((out, time.perf_counter() - t0), protocol=pickle.HIGHEST_PROTOCOL)
+
+
+class PendingEval:
+    """A global-model evaluation handed to the pool (:meth:`ProcessExecutor.evaluate_later`).
+
+    The server state is pickled at once (the next ``aggregate`` may change it in place);
+    the task is submitted with the next round's client tasks, or when its result is asked
+    for first.
+    """
+
+    def __init__(self, executor: "ProcessExecutor", state) -> None:
+        self.executor = executor
+        self.payload: Optional[bytes] = pickle.dumps(state, protocol=pickle.HIGHEST_PROTOCOL)
+        self.future = None
+
+    def submit(self) -> None:
+        if self.future is None:
+            self.future = self.executor.pool.submit(_evaluate_global, self.payload)
+            self.payload = None
+
+    def result(self) -> dict:
+        self.submit()
+        out, seconds = pickle.loads(self.future.result())
+        self.executor.eval_s = seconds
+        return out
 
 
 def from_main(obj) -> bool:
@@ -139,15 +181,42 @@ class ProcessExecutor:
         self.pool = ProcessPoolExecutor(
             max_workers=workers, mp_context=_NoMainContext(), initializer=_init_worker,
             initargs=(runtime.cfg, fed, shipped, runtime.info))
+        self.queued: list[PendingEval] = []  # evaluations waiting for the next round's tasks
+        # measured, for scheduling only: seconds per training sample, seconds of an evaluation
+        self.sample_s: Optional[float] = None
+        self.eval_s: Optional[float] = None
+
+    def evaluate_later(self, state) -> PendingEval:
+        job = PendingEval(self, state)
+        self.queued.append(job)
+        return job
+
+    def _eval_cost(self) -> float:
+        """A queued evaluation's cost in training samples (first of all while unmeasured)."""
+        if self.sample_s is None or self.eval_s is None:
+            return float("inf")
+        return self.eval_s / max(self.sample_s, 1e-12)
 
     def run(self, tasks: list[ClientTask]) -> list[ClientOutput]:
         # longest tasks first (client size as the cost): idle workers pick up the short
-        # ones at the end, which shortens the round when client sizes are skewed
+        # ones at the end, which shortens the round when client sizes are skewed. A queued
+        # evaluation of the previous round's global model takes its place in that order by
+        # its measured cost, so it fills what would be idle time at the end of the round.
         sizes = [len(self.train_idx[t.cid]) for t in tasks]
-        order = sorted(range(len(tasks)), key=lambda i: -sizes[i])
-        futures = {i: self.pool.submit(_run_task, pickle.dumps(tasks[i], protocol=pickle.HIGHEST_PROTOCOL))
-                   for i in order}
-        return [pickle.loads(futures[i].result()) for i in range(len(tasks))]
+        jobs: list[tuple[float, object]] = [(float(sizes[i]), i) for i in range(len(tasks))]
+        jobs += [(self._eval_cost(), job) for job in self.queued]
+        self.queued = []
+        futures = {}
+        for _, job in sorted(jobs, key=lambda j: -j[0]):
+            if isinstance(job, PendingEval):
+                job.submit()
+            else:
+                futures[job] = self.pool.submit(_run_task, pickle.dumps(tasks[job], protocol=pickle.HIGHEST_PROTOCOL))
+        outs = [pickle.loads(futures[i].result()) for i in range(len(tasks))]
+        seconds = sum(o.train.get("seconds", 0.0) for o in outs if o is not None)
+        if sum(sizes) and seconds > 0:
+            self.sample_s = seconds / sum(sizes)
+        return outs
 
     def close(self) -> None:
         self.pool.shutdown(wait=True, cancel_futures=True)

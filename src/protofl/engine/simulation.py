@@ -6,6 +6,9 @@ For round r = 1..R:
   3. clients (any backend): ``client_update``; personalized evaluation on eval rounds
   4. server: ``aggregate`` the replies that arrived, in client-id order
   5. evaluation of the global model, one metrics row, callbacks, checkpoint
+With worker processes (``execution.overlap_eval``), step 5's evaluation of round t's global
+model runs as a pool task while round t+1 trains, and round t's row is completed (and
+handed to the callbacks, in order) once it is done; see :meth:`Simulation.overlaps`.
 After the last round (``eval.final_all_clients``): every client's personalized model,
 evaluated once (keys ``all_*`` in the last row).
 """
@@ -31,7 +34,7 @@ from ..models import build_model, num_params
 from .callbacks import Callback, JsonlWriter, progress_callback
 from .checkpoint import load_checkpoint, save_checkpoint, save_json, save_text, save_torch
 from .client import ClientRuntime, arch_kwargs
-from .evaluate import as_named, class_correct
+from .evaluate import global_metrics
 from .executor import EXECUTORS, ClientTask, resolve_workers
 from .malloc import tune_malloc
 from .participation import Participation
@@ -119,6 +122,38 @@ def build_task(cfg: Config, fed: Optional[FederatedData] = None) -> tuple[Federa
     return fed, algo_cls(hyper(cfg), info), info
 
 
+@dataclass
+class RoundRow:
+    """A round's metrics row before its global-model evaluation is in: ``head``, then the
+    GM metrics (a dict, or a pool task's handle with ``result()``), then ``tail``, then
+    GA, ``final`` (the ``all_*`` metrics) and the timings."""
+
+    head: dict[str, Any]
+    gm: Any
+    tail: dict[str, Any]
+    final: dict[str, Any]
+    do_eval: bool
+    train_s: float
+    eval_s: float
+    wall_s: float
+
+    def complete(self) -> dict[str, Any]:
+        t = time.perf_counter()
+        gm = self.gm if isinstance(self.gm, dict) else self.gm.result()
+        waited = time.perf_counter() - t  # eval_s, wall_s: the driver's time, waiting included
+        row = {**self.head, **gm, **self.tail}
+        if self.do_eval:
+            if "gm" in row:
+                row["ga"] = row["gm"]
+            elif "acc" in row:
+                row["ga"] = row["acc"]  # no global model: mean of the local models on the test set
+        row.update(self.final)
+        row["train_s"] = self.train_s
+        row["eval_s"] = self.eval_s + waited
+        row["wall_s"] = self.wall_s + waited
+        return row
+
+
 class Simulation:
     def __init__(self, cfg: Config, callbacks: Iterable[Callback] = (), run_dir: Optional[Path] = None,
                  fed: Optional[FederatedData] = None, executor_factory=None, store=None) -> None:
@@ -151,29 +186,7 @@ class Simulation:
         return rnd == self.cfg.rounds or (every > 0 and rnd % every == 0)
 
     def evaluate_global(self, state: Any) -> dict[str, Any]:
-        predictors = self.algorithm.global_predictor(state, self.eval_server)
-        if predictors is None:
-            return {}
-        tx, ty = self.runtime.test_data
-        out: dict[str, Any] = {}
-        groups = self.fed.test_groups
-        for i, (name, predict) in enumerate(as_named(predictors).items()):
-            sfx = f"@{name}" if i > 0 else ""
-            if groups and i == 0:  # feature groups: the primary predictor per test block (gm:rot90)
-                correct = count = 0
-                for g, idx in groups.items():
-                    t = torch.from_numpy(idx)
-                    c, n = class_correct(predict, tx[t], ty[t], self.info.num_classes,
-                                         self.cfg.eval.batch_size, self.runtime.channels_last)
-                    out[f"gm:{g}"] = M.accuracy(c, n)
-                    correct, count = correct + c, count + n
-            else:
-                correct, count = class_correct(predict, tx, ty, self.info.num_classes,
-                                               self.cfg.eval.batch_size, self.runtime.channels_last)
-            out["gm" + sfx] = M.accuracy(correct, count)
-            if i == 0:
-                out["gm_per_class"] = M.per_class_accuracy(correct, count)
-        return out
+        return global_metrics(self.algorithm, state, self.eval_server, self.runtime)
 
     def class_geometry(self, state: Any, last: bool) -> dict[str, Any]:
         """``proto_min_angle`` (degrees) of the method's class vectors, and in the last round
@@ -246,23 +259,33 @@ class Simulation:
         executor = self.executor_factory(self)
         t_run = time.perf_counter()
         status, error = "complete", None
+        pending: Optional[RoundRow] = None  # the previous round's row, its evaluation in the pool
+
+        def emit(part: RoundRow) -> None:
+            row = part.complete()
+            rows.append(row)
+            for cb in callbacks:
+                cb.on_round(row)
+
         try:
             for rnd in range(start, cfg.rounds + 1):
-                state, row = self.run_round(rnd, state, executor)
-                rows.append(row)
-                for cb in callbacks:
-                    cb.on_round(row)
-                every = cfg.output.checkpoint_every
-                if rnd == cfg.rounds or (every and rnd % every == 0):
-                    self._checkpoint(rnd, state, len(rows))
-        except NonFiniteLossError as e:
-            status, error = "failed", str(e)
-            raise
-        except KeyboardInterrupt:
+                overlap = self.overlaps(rnd, executor, callbacks)
+                state, part = self.run_round(rnd, state, executor, overlap)
+                if pending is not None:
+                    emit(pending)
+                pending = part
+                if not overlap:
+                    pending = None
+                    emit(part)
+                    if self._is_checkpoint(rnd):
+                        self._checkpoint(rnd, state, len(rows))
+        except KeyboardInterrupt:  # a pending row is dropped: the checkpoint never counts it
             status, error = "interrupted", "interrupted by the user"
             raise
-        except Exception as e:  # anything else: the run did not finish; say why
-            status, error = "failed", f"{type(e).__name__}: {e}"
+        except Exception as e:  # the run did not finish; say why (NonFiniteLossError says it all)
+            status = "failed"
+            error = str(e) if isinstance(e, NonFiniteLossError) else f"{type(e).__name__}: {e}"
+            self._emit_quietly(emit, pending)  # the last finished round's row, as without overlap
             raise
         finally:
             self.executor_info = executor.describe() if hasattr(executor, "describe") else {}
@@ -276,7 +299,33 @@ class Simulation:
                 cb.on_end(summary)
         return RunResult(self.dir, rows, summary, state)
 
-    def run_round(self, rnd: int, state: Any, executor) -> tuple[Any, dict]:
+    def _is_checkpoint(self, rnd: int) -> bool:
+        every = self.cfg.output.checkpoint_every
+        return rnd == self.cfg.rounds or bool(every and rnd % every == 0)
+
+    def overlaps(self, rnd: int, executor, callbacks: list[Callback]) -> bool:
+        """Whether round ``rnd``'s global model is evaluated in the pool while the next round
+        trains (``execution.overlap_eval``). Only when nothing needs its row before the next
+        round starts: not the last round, not a checkpoint round (the checkpoint waits for
+        its row), and every callback has ``immediate = False`` (one that may stop the run
+        sees each row at once); and only with an executor that offers ``evaluate_later``
+        (worker processes). The numbers are the same either way."""
+        return (self.cfg.execution.overlap_eval and hasattr(executor, "evaluate_later")
+                and self._is_eval(rnd, self.cfg.eval.every) and not self._is_checkpoint(rnd)
+                and not any(getattr(cb, "immediate", True) for cb in callbacks))
+
+    @staticmethod
+    def _emit_quietly(emit, pending: Optional[RoundRow]) -> None:
+        if pending is None:
+            return
+        try:
+            emit(pending)
+        except Exception as e:  # the pool may be gone too; the error being raised matters more
+            log.warning("the row of round %s was not written: %s", pending.head.get("round"), e)
+
+    def run_round(self, rnd: int, state: Any, executor, overlap: bool = False) -> tuple[Any, RoundRow]:
+        """One round; its row is complete once ``RoundRow.complete()`` returns (with
+        ``overlap``, the global model's evaluation then waits in ``executor``'s pool)."""
         cfg, algo = self.cfg, self.algorithm
         t0 = time.perf_counter()
         selected = self.participation.selected(rnd)
@@ -330,26 +379,22 @@ class Simulation:
             if local and all(local):
                 row["weight_diversity"] = weight_diversity(local)
         t1 = time.perf_counter()
+        gm: Any = {}
+        tail: dict[str, Any] = {}
         if do_eval:
-            row.update(self.evaluate_global(state))
-            row.update(self.class_geometry(state, last=rnd == cfg.rounds))
+            gm = executor.evaluate_later(state) if overlap else self.evaluate_global(state)
+            tail.update(self.class_geometry(state, last=rnd == cfg.rounds))
         personal = [o.eval for o in outputs if o.eval]
         if personal:
-            row.update(M.summarize_clients(personal))
-            row["evaluated_clients"] = len(personal)
+            tail.update(M.summarize_clients(personal))
+            tail["evaluated_clients"] = len(personal)
         if full_test:  # the distribution of PA over clients (fairness), on the full evaluations
-            row["pa_clients"] = [[t.cid, o.eval["pa"]] for t, o in zip(tasks, outputs) if "pa" in (o.eval or {})]
-        if do_eval:
-            if "gm" in row:
-                row["ga"] = row["gm"]
-            elif "acc" in row:
-                row["ga"] = row["acc"]  # no global model: mean of the local models on the test set
+            tail["pa_clients"] = [[t.cid, o.eval["pa"]] for t, o in zip(tasks, outputs) if "pa" in (o.eval or {})]
+        final = {}
         if rnd == cfg.rounds and cfg.eval.personal and cfg.eval.final_all_clients:
-            row.update(self.evaluate_all_clients(state, executor))
-        row["train_s"] = t_train
-        row["eval_s"] = time.perf_counter() - t1
-        row["wall_s"] = time.perf_counter() - t0
-        return state, row
+            final = self.evaluate_all_clients(state, executor)
+        return state, RoundRow(row, gm, tail, final, do_eval, train_s=t_train,
+                               eval_s=time.perf_counter() - t1, wall_s=time.perf_counter() - t0)
 
     def check_reply(self, task: ClientTask, out) -> Optional[str]:
         """Why the server refuses this client output (engine/validate.py), or None."""

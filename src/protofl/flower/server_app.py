@@ -105,6 +105,8 @@ def _main(grid: Grid, context: Context, defaults: Optional[dict] = None) -> None
 class _RowLogger(Callback):
     """One log line per round (visible with ``flwr run --stream`` / ``flwr log``)."""
 
+    immediate = False  # records rows only
+
     def on_round(self, row: dict) -> None:
         parts = [f"arrived {row['arrived']}/{row['selected']}", f"lost {row['lost']}"]
         parts += [f"{k}={v}" for k, v in short_metrics(row).items()]

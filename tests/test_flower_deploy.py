@@ -59,35 +59,6 @@ def assert_close(got, want, tol=1e-5, where=""):
         assert got == want, (where, got, want)
 
 
-@pytest.fixture(scope="module")
-def deployment(tmp_path_factory):
-    with LocalDeployment(tmp_path_factory.mktemp("flower"), num_nodes=3) as dep:
-        yield dep
-
-
-@pytest.mark.parametrize("name", METHODS)
-def test_flower_run_equals_in_process_simulation(name, deployment, tmp_path):
-    cfg = digits(tmp_path, f"algorithm.name={name}", "rounds=2")
-    ref = Simulation(cfg, run_dir=tmp_path / "in-process").run()
-    res = deployment.submit(cfg, tmp_path / "flower", timeout=300, round_timeout=150)
-    assert res.returncode == 0, res.stdout[-3000:]
-    summary, rows = run_rows(tmp_path / "flower")
-    assert summary["status"] == "complete" and len(rows) == 2, res.stdout[-3000:]
-    # the run folder has the simulation's layout
-    assert {p.name for p in (tmp_path / "in-process").iterdir()} == {p.name for p in (tmp_path / "flower").iterdir()}
-    for got, want in zip(rows, ref.rows):
-        assert got["lost"] == 0 and got["arrived"] == 3
-        assert set(got) == set(want)
-        for key in set(want) - TIMING_KEYS:
-            assert_close(got[key], want[key], where=f"round {want['round']} {key}")
-    # each SuperNode's messages all ran in its one long-lived ClientApp worker
-    for k in range(3):
-        log = (deployment.workdir / f"supernode-{k}.log").read_text(errors="replace")
-        assert len(re.findall(r"ClientApp worker pid \d+ \(", log)) == 1, log[-2000:]
-        assert len(re.findall(r"\[protofl worker\] task \d+ \(run \d+\) done", log)) >= 3, log[-2000:]
-        assert "failed in" not in log and "Start `flwr-clientapp` process" not in log, log[-2000:]
-
-
 def test_subprocess_isolation_still_works(tmp_path):
     """Flower's default: one flwr-clientapp process per message, no protofl worker."""
     cfg = digits(tmp_path, "algorithm.name=fedavg", "rounds=1", "training.epochs=1")
@@ -185,3 +156,34 @@ def test_tls_run_and_an_insecure_supernode_is_refused(tmp_path):
     assert "is now served by node" not in res.stdout
     log = (tmp_path / "deployment" / "insecure-supernode.log").read_text(errors="replace")
     assert "SuperNode ID" not in log, log[-2000:]
+
+
+# last in the module: the module-scoped deployment lives from its first use to the end of the
+# module, and its idle processes would otherwise poll beside every later test
+@pytest.fixture(scope="module")
+def deployment(tmp_path_factory):
+    with LocalDeployment(tmp_path_factory.mktemp("flower"), num_nodes=3) as dep:
+        yield dep
+
+
+@pytest.mark.parametrize("name", METHODS)
+def test_flower_run_equals_in_process_simulation(name, deployment, tmp_path):
+    cfg = digits(tmp_path, f"algorithm.name={name}", "rounds=2")
+    ref = Simulation(cfg, run_dir=tmp_path / "in-process").run()
+    res = deployment.submit(cfg, tmp_path / "flower", timeout=300, round_timeout=150)
+    assert res.returncode == 0, res.stdout[-3000:]
+    summary, rows = run_rows(tmp_path / "flower")
+    assert summary["status"] == "complete" and len(rows) == 2, res.stdout[-3000:]
+    # the run folder has the simulation's layout
+    assert {p.name for p in (tmp_path / "in-process").iterdir()} == {p.name for p in (tmp_path / "flower").iterdir()}
+    for got, want in zip(rows, ref.rows):
+        assert got["lost"] == 0 and got["arrived"] == 3
+        assert set(got) == set(want)
+        for key in set(want) - TIMING_KEYS:
+            assert_close(got[key], want[key], where=f"round {want['round']} {key}")
+    # each SuperNode's messages all ran in its one long-lived ClientApp worker
+    for k in range(3):
+        log = (deployment.workdir / f"supernode-{k}.log").read_text(errors="replace")
+        assert len(re.findall(r"ClientApp worker pid \d+ \(", log)) == 1, log[-2000:]
+        assert len(re.findall(r"\[protofl worker\] task \d+ \(run \d+\) done", log)) >= 3, log[-2000:]
+        assert "failed in" not in log and "Start `flwr-clientapp` process" not in log, log[-2000:]

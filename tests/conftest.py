@@ -3,6 +3,17 @@ from pathlib import Path
 
 import pytest
 
+
+def pytest_collection_modifyitems(config, items):
+    """``long`` tests (longer variants of what the default suite covers) run only when the
+    ``-m`` expression names them, e.g. ``pytest -m long``."""
+    if "long" in (config.option.markexpr or ""):
+        return
+    skip = pytest.mark.skip(reason="a long variant: run with `pytest -m long`")
+    for item in items:
+        if item.get_closest_marker("long"):
+            item.add_marker(skip)
+
 REPO = Path(__file__).resolve().parents[1]
 DIGITS = REPO / "configs" / "digits.yaml"
 
@@ -65,3 +76,49 @@ def StopAfter(rnd):
                 raise KeyboardInterrupt
 
     return _StopAfter()
+
+
+def worker_path_executor(sim, workers: int = 2):
+    """The process workers' code path, in this process: ``execution.workers`` without the processes.
+
+    What :class:`~protofl.engine.executor.ProcessExecutor` does, minus the spawning: the method
+    is shipped as the pool ships it (``ship_to_workers``), the config, data and task info are
+    pickled, and each of ``workers`` stand-in workers builds its own runtime from them with
+    the workers' initializer. Tasks go largest client first, dealt round-robin to the
+    stand-ins, and every task and reply crosses as pickled bytes through the workers' own
+    entry point. A method that keeps state outside its messages, or whose objects do not
+    survive pickling, gives other results than the sequential executor.
+    """
+    import pickle
+
+    from protofl.engine import executor as ex
+
+    rt = sim.runtime
+    shipped = ex.ship_to_workers(rt)
+    init_args = pickle.dumps((rt.cfg, rt.fed, rt.info), protocol=pickle.HIGHEST_PROTOCOL)
+
+    class WorkerPath:
+        def __init__(self):
+            self.runtimes = []
+            for _ in range(workers):
+                cfg, fed, info = pickle.loads(init_args)
+                ex._init_worker(cfg, fed, shipped, info)  # sets ex._WORKER
+                self.runtimes.append(ex._WORKER)
+            ex._WORKER = None
+
+        def run(self, tasks):
+            sizes = [len(rt.fed.train_idx[t.cid]) for t in tasks]
+            order = sorted(range(len(tasks)), key=lambda i: -sizes[i])
+            outs = {}
+            for k, i in enumerate(order):
+                ex._WORKER = self.runtimes[k % workers]
+                try:
+                    outs[i] = pickle.loads(ex._run_task(pickle.dumps(tasks[i], protocol=pickle.HIGHEST_PROTOCOL)))
+                finally:
+                    ex._WORKER = None
+            return [outs[i] for i in range(len(tasks))]
+
+        def close(self):
+            pass
+
+    return WorkerPath()

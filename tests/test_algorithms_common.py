@@ -8,11 +8,11 @@ import math
 import pytest
 import torch
 
-from protofl import run
 from protofl.algorithms import ALGORITHMS
+from protofl.engine.simulation import Simulation
 from protofl.messages import Record
 
-from conftest import record_run, strip_timing
+from conftest import record_run, strip_timing, worker_path_executor
 
 
 @pytest.mark.parametrize("name", ALGORITHMS.names())
@@ -36,6 +36,8 @@ def test_every_method_two_rounds_on_digits(name, digits_cfg, tmp_path):
         assert state is None or isinstance(state, Record)
         for rec in (msg, reply):
             assert all(isinstance(v, torch.Tensor) for v in rec.arrays.values())
-    # same seed -> identical results
-    again = run(cfg, run_dir=tmp_path / "b")
+    # same seed -> identical results, also through the process workers' code path (the
+    # method shipped and every task and reply pickled, two stand-in workers, largest client
+    # first); tests/test_speed_invariance.py runs real worker processes
+    again = Simulation(cfg, run_dir=tmp_path / "b", executor_factory=worker_path_executor).run()
     assert strip_timing(again.rows) == strip_timing(res.rows)

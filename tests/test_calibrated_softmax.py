@@ -175,7 +175,7 @@ def test_bsmfedavg_single_class_client_returns_the_global_model(tmp_path):
                      "model": {"name": "mlp", "hidden": [16], "feature_dim": 8},
                      "training": {"lr": 0.1, "momentum": 0.9, "batch_size": 32},
                      "algorithm": {"name": "bsmfedavg"}, "eval": {"personal": False},
-                     "execution": {"threads": 1}, "output": {"progress": False}})
+                     "execution": {"threads": 1, "workers": 0}, "output": {"progress": False}})
     sim = Simulation(cfg, run_dir=tmp_path / "r")
     w0 = sim.algorithm.server_init(sim.server).weights
     res = sim.run()

@@ -26,6 +26,9 @@ def test_sequential_and_process_workers_give_identical_results(digits_cfg, tmp_p
     assert same_weights(seq.server_state.weights, par.server_state.weights)
 
 
+@pytest.mark.long  # stateful methods in real workers by default: fedproto (test_speed_invariance.py),
+# fedrep and ditto (test_personalization.py); every method through the workers' code path in
+# test_algorithms_common.py
 def test_stateful_method_identical_with_workers(digits_cfg, tmp_path):
     cfg = digits_cfg("rounds=3", "algorithm.name=local")
     seq = run(cfg, run_dir=tmp_path / "seq")

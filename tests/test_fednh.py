@@ -220,7 +220,7 @@ def test_cifar10_config_runs_on_a_tiny_stand_in(tmp_path):
     out = tmp_path / "runs"
     rc = main(["run", str(DIGITS.parent / "fednh_cifar10.yaml"), "rounds=1", "partition.num_clients=4",
                "partition.min_size=5", "participation.fraction=0.5", "training.epochs=1", f"output.dir={out}",
-               "output.name=r", "execution.threads=1", "--data-dir", str(tmp_path / "data"), "--quiet"])
+               "output.name=r", "execution.threads=1", "execution.workers=0", "--data-dir", str(tmp_path / "data"), "--quiet"])
     assert rc == 0
     W = torch.load(out / "r" / "model.pt")[HEAD_W]
     assert W.shape == (10, 192)  # conv2cifar: d = 192 >= C - 1, the regular simplex

@@ -1,5 +1,6 @@
-"""SuperNode authentication over real Flower processes: registered SuperNodes train, an
-unregistered one is refused (``protofl flower keys|register``, ``superlink --auth``)."""
+"""SuperNode authentication and TLS over real Flower processes: registered SuperNodes train;
+an unregistered one, and a registered one without TLS, are refused (``protofl flower
+keys|register``, ``superlink --auth``)."""
 import subprocess
 
 import pytest
@@ -27,26 +28,36 @@ def test_supernode_keys_are_openssh_ecdsa_p384_pairs(tmp_path):
 
 
 @pytest.mark.flower
-def test_registered_supernodes_train_and_an_unregistered_one_is_refused(tmp_path):
+def test_registered_tls_supernodes_train_and_unregistered_or_insecure_ones_are_refused(tmp_path):
+    """One TLS deployment with SuperNode authentication and two intruders claiming client 0:
+    a node with a key nobody registered (refused by authentication) and a registered node
+    that talks plain HTTP (refused by TLS)."""
     from test_flower_deploy import digits, run_rows
 
     cfg = digits(tmp_path, "algorithm.name=fedavg", "rounds=1", "training.epochs=1")
     stranger, _ = supernode_keys(tmp_path / "stranger", ["stranger"])["stranger"]
-    certs = throwaway_certificates(tmp_path / "certs")  # Flower allows SuperNode auth only with TLS
+    # Flower allows SuperNode auth only with TLS
+    certs = throwaway_certificates(tmp_path / "certs", hosts=("127.0.0.1", "localhost"))
     with LocalDeployment(tmp_path / "deployment", num_nodes=3, tls=certs, auth=True) as dep:
-        # a SuperNode with a key nobody registered, claiming client 0
-        rogue = dep.start_node(0, name="stranger", auth_key=stranger, max_wait_time=15)
+        rogues = {"stranger": dep.start_node(0, name="stranger", auth_key=stranger, max_wait_time=15),
+                  # gets a registered key pair, but no TLS
+                  "insecure-supernode": dep.start_node(0, insecure=True, name="insecure-supernode",
+                                                       max_wait_time=15)}
         res = dep.submit(cfg, tmp_path / "flower", timeout=300, round_timeout=150)
-        try:
-            rogue_rc = rogue.wait(timeout=60)
-        except subprocess.TimeoutExpired:
-            rogue_rc = None
+        rcs = {}
+        for name, rogue in rogues.items():
+            try:
+                rcs[name] = rogue.wait(timeout=60)
+            except subprocess.TimeoutExpired:
+                rcs[name] = None
     assert res.returncode == 0, res.stdout[-3000:]
     summary, rows = run_rows(tmp_path / "flower")
     assert summary["status"] == "complete" and (rows[0]["arrived"], rows[0]["lost"]) == (3, 0)
     assert "is now served by node" not in res.stdout  # client 0 was never taken over
-    log = (tmp_path / "deployment" / "stranger.log").read_text(errors="replace")
-    assert rogue_rc not in (None, 0), log[-2000:]
-    assert "SuperNode ID" not in log and "Failed to activate SuperNode" in log, log[-2000:]
+    logs = {name: (tmp_path / "deployment" / f"{name}.log").read_text(errors="replace") for name in rogues}
+    for name in rogues:  # neither intruder got in: each gave up with an error
+        assert rcs[name] not in (None, 0), (name, logs[name][-2000:])
+        assert "SuperNode ID" not in logs[name], (name, logs[name][-2000:])
+    assert "Failed to activate SuperNode" in logs["stranger"], logs["stranger"][-2000:]
     for k in range(3):  # the registered ones did join
         assert "SuperNode ID" in (tmp_path / "deployment" / f"supernode-{k}.log").read_text(errors="replace")

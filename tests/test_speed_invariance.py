@@ -1,7 +1,8 @@
 """Speed-ups must not change results.
 
 * process workers (one thread each, largest clients first) vs sequential with one thread:
-  bit-identical metrics and weights, for stateless and stateful methods;
+  bit-identical metrics and weights, for stateless and stateful methods (more methods
+  with ``pytest -m long``);
 * channels_last on vs off: the same computation in another memory layout; float
   results differ in the last bits and SGD amplifies that a little, so after 3 rounds the
   weights agree to 2e-4 (absolute; measured: 3e-5) and accuracies to within 2 test samples;
@@ -16,7 +17,11 @@ from protofl import run
 from conftest import strip_timing
 
 
-@pytest.mark.parametrize("method", ["fedproto", "fednh", "rebafl", "mpfedcl"])
+# every method also goes through the workers' code path, in-process, in
+# tests/test_algorithms_common.py; real processes for fedproto by default, for the other
+# three with `pytest -m long`
+@pytest.mark.parametrize("method", ["fedproto", *(pytest.param(m, marks=pytest.mark.long)
+                                                  for m in ("fednh", "rebafl", "mpfedcl"))])
 def test_workers_bit_identical_to_sequential(digits_cfg, tmp_path, method):
     cfg = digits_cfg("rounds=3", f"algorithm.name={method}")
     seq = run(cfg, run_dir=tmp_path / "seq")

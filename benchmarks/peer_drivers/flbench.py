@@ -17,35 +17,22 @@ clients of local epochs x training-set size.
 """
 from __future__ import annotations
 
-import argparse
 import importlib.util
-import json
 import os
 import runpy
-import shutil
 import subprocess
 import sys
 import time
 from pathlib import Path
 
-# PyPI's torchvision next to the CPU torch (see cpu_torchvision/sitecustomize.py): for
-# this process now, and through PYTHONPATH for its children (Ray's workers, generators)
-SHIM = Path(__file__).resolve().parent / "cpu_torchvision"
-os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [str(SHIM), os.environ.get("PYTHONPATH")]))
-_spec = importlib.util.spec_from_file_location("cpu_torchvision_shim", SHIM / "sitecustomize.py")
-_spec.loader.exec_module(importlib.util.module_from_spec(_spec))
-
-MNIST_FILES = ("train-images-idx3-ubyte.gz", "train-labels-idx1-ubyte.gz",
-               "t10k-images-idx3-ubyte.gz", "t10k-labels-idx1-ubyte.gz")
+from _peer import copy_mnist, parser, print_round  # importing it installs the torchvision shim
 
 
 def prepare(root: Path, data_dir: Path) -> None:
     # torchvision's MNIST finds the official .gz files in <root>/MNIST/raw (md5 checked)
     # and extracts them instead of downloading
     raw = root / "data" / "mnist" / "MNIST" / "raw"
-    raw.mkdir(parents=True, exist_ok=True)
-    for f in MNIST_FILES:
-        shutil.copy(data_dir / "mnist" / f, raw / f)
+    copy_mnist(data_dir, raw)
     subprocess.run([sys.executable, "generate_data.py", "-d", "mnist", "-a", "0.3", "-cn", "100",
                     "-pd", "0", "--use_cuda", "0"], cwd=root, check=True)
 
@@ -91,20 +78,13 @@ def run(root: Path, rounds: int, mode: str, workers: int, eval_on: bool, per_rou
     sys.argv = ["main.py", *overrides(rounds, mode, workers, eval_on, per_round)]
     runpy.run_path("main.py", run_name="__main__")
     for r in range(len(samples)):
-        print("PEER_ROUND", json.dumps({"round": r + 1, "seconds": starts[r + 1] - starts[r], "samples": samples[r]}),
-              flush=True)
+        print_round(r + 1, starts[r + 1] - starts[r], samples[r])
 
 
 def main() -> None:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("command", choices=["prepare", "run"])
-    p.add_argument("--root", type=Path, required=True, help="FL-bench checkout at 06e658b")
-    p.add_argument("--data-dir", type=Path, help="folder with mnist/*.gz (prepare)")
-    p.add_argument("--rounds", type=int, default=6)
-    p.add_argument("--clients-per-round", type=int, default=10, help="of the 100")
+    p = parser(__doc__.splitlines()[0], "FL-bench checkout at 06e658b")
     p.add_argument("--mode", choices=["serial", "parallel"], default="serial")
     p.add_argument("--workers", type=int, default=2)
-    p.add_argument("--eval", choices=["default", "off"], default="default")
     a = p.parse_args()
     root = a.root.resolve()
     if a.command == "prepare":

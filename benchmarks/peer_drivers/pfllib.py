@@ -19,24 +19,13 @@ includes PFLlib's own evaluation (every client's test set and training loss, eve
 """
 from __future__ import annotations
 
-import argparse
 import importlib.util
-import json
 import os
 import runpy
-import shutil
 import sys
 from pathlib import Path
 
-# PyPI's torchvision next to the CPU torch (see cpu_torchvision/sitecustomize.py): for
-# this process now, and through PYTHONPATH for its children (Ray's workers, generators)
-SHIM = Path(__file__).resolve().parent / "cpu_torchvision"
-os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [str(SHIM), os.environ.get("PYTHONPATH")]))
-_spec = importlib.util.spec_from_file_location("cpu_torchvision_shim", SHIM / "sitecustomize.py")
-_spec.loader.exec_module(importlib.util.module_from_spec(_spec))
-
-MNIST_FILES = ("train-images-idx3-ubyte.gz", "train-labels-idx1-ubyte.gz",
-               "t10k-images-idx3-ubyte.gz", "t10k-labels-idx1-ubyte.gz")
+from _peer import copy_mnist, parser, print_round  # importing it installs the torchvision shim
 
 
 def prepare(root: Path, data_dir: Path) -> None:
@@ -45,9 +34,7 @@ def prepare(root: Path, data_dir: Path) -> None:
     # Its client count (20) and Dirichlet alpha (0.1) are module constants: set here.
     ds = root / "dataset"
     raw = ds / "MNIST" / "rawdata" / "MNIST" / "raw"
-    raw.mkdir(parents=True, exist_ok=True)
-    for f in MNIST_FILES:
-        shutil.copy(data_dir / "mnist" / f, raw / f)
+    copy_mnist(data_dir, raw)
     os.chdir(ds)
     sys.path.insert(0, str(ds))
     import utils.dataset_utils as du
@@ -86,17 +73,11 @@ def run(root: Path, rounds: int, eval_on: bool, per_round: int = 10) -> None:
                 "-eg", "1" if eval_on else str(rounds + 1)]
     runpy.run_path("main.py", run_name="__main__")
     for r, (n, s) in enumerate(zip(samples, budget)):
-        print("PEER_ROUND", json.dumps({"round": r + 1, "seconds": s, "samples": n}), flush=True)
+        print_round(r + 1, s, n)
 
 
 def main() -> None:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("command", choices=["prepare", "run"])
-    p.add_argument("--root", type=Path, required=True, help="PFLlib checkout at d832e76")
-    p.add_argument("--data-dir", type=Path, help="folder with mnist/*.gz (prepare)")
-    p.add_argument("--rounds", type=int, default=6)
-    p.add_argument("--clients-per-round", type=int, default=10, help="of the 100")
-    p.add_argument("--eval", choices=["default", "off"], default="default")
+    p = parser(__doc__.splitlines()[0], "PFLlib checkout at d832e76")
     a = p.parse_args()
     root = a.root.resolve()
     if a.command == "prepare":

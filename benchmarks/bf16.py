@@ -30,6 +30,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
+from harness import emit  # noqa: E402
 from peers import workload  # noqa: E402
 
 from protofl.config import load_config  # noqa: E402
@@ -119,11 +120,7 @@ def main() -> int:
               "Inference alone (global model after the run, seed 0; seconds per 1,000 test images, best of 2):", "",
               markdown(["setting", "model", "evaluated in", "s / 1,000 images", "accuracy (%)"], inf_rows), "",
               f"Load average at the end: {load[0]:.2f} {load[1]:.2f} {load[2]:.2f}."]
-    text = "\n".join(lines) + "\n"
-    print(text)
-    if args.out:
-        Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-        Path(args.out).write_text(text)
+    emit(lines, args.out)
     return 0
 
 

@@ -29,7 +29,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from harness import header  # noqa: E402
+from harness import emit, header  # noqa: E402
 from peers import workload  # noqa: E402
 
 from protofl.algorithms.fedproto import ProtoState  # noqa: E402
@@ -115,11 +115,7 @@ def main() -> int:
         s = io.StringIO()
         pstats.Stats(prof, stream=s).sort_stats("cumtime").print_stats(25)
         lines += ["", "```", s.getvalue().strip(), "```"]
-    text = "\n".join(lines) + "\n"
-    print(text)
-    if args.out:
-        Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-        Path(args.out).write_text(text)
+    emit(lines, args.out)
     return 0
 
 

@@ -170,6 +170,16 @@ def measure(label: str, cfg: Config, run_dir: Path, with_floor: bool = True, fed
     return m
 
 
+def emit(lines: "list[str] | str", out: Optional[str]) -> None:
+    """A benchmark's markdown (lines, or the text): printed, and written to ``out`` (its
+    folder created) when given."""
+    text = lines if isinstance(lines, str) else "\n".join(lines) + "\n"
+    print(text)
+    if out:
+        Path(out).parent.mkdir(parents=True, exist_ok=True)
+        Path(out).write_text(text)
+
+
 def header(extra: str = "") -> str:
     return (f"Measured {date.today().isoformat()} on {platform.machine()} Linux, {os.cpu_count()} CPU cores, "
             f"torch {torch.__version__}, Python {platform.python_version()}. {extra}")

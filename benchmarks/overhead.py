@@ -17,7 +17,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from harness import header, measure  # noqa: E402
+from harness import emit, header, measure  # noqa: E402
 
 from protofl.config import from_dict  # noqa: E402
 
@@ -66,11 +66,7 @@ def main() -> int:
     for name, eval_on, m in rows:
         lines.append(f"| {name} | {m.mode} | {'default' if eval_on else 'off'} | {m.median_s():.2f} | "
                      f"{m.median_floor_s():.2f} | {m.samples_per_s():,.0f} | {100 * m.overhead():+.1f} % |")
-    text = "\n".join(lines) + "\n"
-    print(text)
-    if args.out:
-        Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-        Path(args.out).write_text(text)
+    emit(lines, args.out)
     return 0
 
 

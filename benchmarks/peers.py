@@ -37,7 +37,7 @@ from typing import Optional
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from harness import header, measure  # noqa: E402
+from harness import emit, header, measure  # noqa: E402
 
 from protofl.config import from_dict  # noqa: E402
 
@@ -217,11 +217,7 @@ def main() -> int:
             jobs.append(lambda rep, ev=ev: run_peer("PFLlib", args.pfllib_python, "pfllib.py",
                                                     ["--root", args.pfllib], ev, rep, args))
     runs = [job(rep) for rep in range(args.repeats) for job in jobs]
-    text = report(runs, args)
-    print(text)
-    if args.out:
-        Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-        Path(args.out).write_text(text)
+    emit(report(runs, args), args.out)
     return 0
 
 

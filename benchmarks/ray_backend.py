@@ -31,7 +31,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from harness import header  # noqa: E402
+from harness import emit, header  # noqa: E402
 from peers import workload  # noqa: E402
 
 from protofl.engine.ray_local import LocalRayCluster, ray_env  # noqa: E402
@@ -115,11 +115,7 @@ def main() -> int:
               f"own time) {ray_info['task_overhead_ms']} ms; bytes per task: "
               f"{row0['bytes_down'] / row0['selected']:,.0f} down, {row0['bytes_up'] / max(1, row0['arrived']):,.0f} up.",
               f"workers=2 and Ray metrics identical in every round: {identical}."]
-    text = "\n".join(lines) + "\n"
-    print(text)
-    if args.out:
-        Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-        Path(args.out).write_text(text)
+    emit(lines, args.out)
     return 0 if identical else 1
 
 

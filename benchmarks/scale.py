@@ -22,7 +22,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from harness import header  # noqa: E402
+from harness import emit, header  # noqa: E402
 
 CHILD = r"""
 import time, json, sys
@@ -118,10 +118,7 @@ def main() -> int:
         lines.append(f"| {'sequential' if not workers else f'{workers} workers'} | {r['round1'] - r['launch']:.2f} s | "
                      f"{r['maxrss_kb'] / mb:.0f} MB | {r['children_maxrss_kb'] / mb:.0f} MB | "
                      f"{rounds[len(rounds) // 2]:.2f} |")
-    text = "\n".join(lines) + "\n"
-    print(text)
-    if args.out:
-        Path(args.out).write_text(text)
+    emit(lines, args.out)
     return 0
 
 

@@ -32,7 +32,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from harness import header  # noqa: E402
+from harness import emit, header  # noqa: E402
 
 CHILD = r"""
 import json, resource, sys, time
@@ -121,10 +121,7 @@ def main() -> int:
              "| in memory | on disk | files written / read | checkpoint.pt |",
              "|---:|---:|---:|---:|---:|---:|---:|---:|", *rows, "",
              f"s/round, 10,000 clients / 100 clients: {per_round[10_000] / per_round[100]:.3f}"]
-    text = "\n".join(lines) + "\n"
-    print(text)
-    if args.out:
-        Path(args.out).write_text(text)
+    emit(lines, args.out)
     return 0
 
 

@@ -58,7 +58,9 @@ def workload(method: str, model: str, data_dir: str, rounds: int, workers: int, 
         "training": {"lr": 0.01, "epochs": 5, "batch_size": 64},
         "participation": {"clients_per_round": clients_per_round},
         "algorithm": algo,
-        "eval": {"every": 1 if eval_on else 10_000, "personal": eval_on},
+        # final_all_clients off: the peers have no end-of-run pass over all 100 clients, and
+        # it is a one-off cost after the last round, not part of a round
+        "eval": {"every": 1 if eval_on else 10_000, "personal": eval_on, "final_all_clients": False},
         "execution": {"workers": workers, "threads": threads},
         "output": {"dir": out, "checkpoint_every": 0, "progress": False, "save_model": False},
     })

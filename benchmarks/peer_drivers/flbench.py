@@ -4,7 +4,9 @@ Executed by benchmarks/peers.py with FL-bench's own Python (its virtual environm
 never with protofl's. It imports FL-bench from the checkout given by ``--root`` and
 changes none of its files: it wraps ``FedAvgServer.train_one_round`` to note the time at
 which each round starts and the training samples it will process, then calls FL-bench's
-own ``main()`` (hydra) with the workload's overrides. One line per round on stdout:
+own ``main()`` (hydra) with the workload's overrides. In ``parallel`` mode it also makes
+``ray.cluster_resources()`` report ``GPU: 0`` when Ray lists no GPU key (FL-bench reads
+that key unconditionally and stops with a KeyError on a CPU-only machine). One line per round on stdout:
 
     PEER_ROUND {"round": r, "seconds": s, "samples": n}
 
@@ -73,6 +75,13 @@ def run(root: Path, rounds: int, mode: str, workers: int, eval_on: bool, per_rou
         starts.append(time.perf_counter())
 
     FedAvgServer.train_one_round, FedAvgServer.train = timed_round, timed_train
+    if mode == "parallel":
+        # FL-bench 06e658b reads ray.cluster_resources()["GPU"], a key Ray leaves out on a
+        # machine without GPUs (KeyError before the first round); report 0 GPUs there
+        import ray
+
+        cluster_resources = ray.cluster_resources
+        ray.cluster_resources = lambda: {"GPU": 0.0, **cluster_resources()}
     # as a script, as FL-bench is run (hydra finds config/ beside it; its output goes to
     # FL-bench's own out/ folder, as always)
     sys.argv = ["main.py", *overrides(rounds, mode, workers, eval_on, per_round)]

@@ -19,7 +19,6 @@ clients of local epochs x training-set size.
 """
 from __future__ import annotations
 
-import importlib.util
 import os
 import runpy
 import subprocess

@@ -19,7 +19,6 @@ includes PFLlib's own evaluation (every client's test set and training loss, eve
 """
 from __future__ import annotations
 
-import importlib.util
 import os
 import runpy
 import sys

@@ -44,7 +44,7 @@ def run(cfg: Config, resume: bool = False, callbacks: Iterable[Callback] = (),
     if resume and not extendable(cfg) and summary.exists():
         import json
 
-        from .config import ConfigError
+        from .errors import ConfigError
 
         old = json.loads(summary.read_text()).get("rounds")
         if old != cfg.rounds:

@@ -16,19 +16,6 @@ SELECT_HELP = ("which value of a run the table reports: final (default), best (t
 EXIT_DIVERGED = 3
 
 
-def _config(args):
-    from .config import load_config
-
-    overrides = list(args.overrides or [])
-    if getattr(args, "data_dir", None):
-        overrides.append(f"data.root={args.data_dir}")
-    if getattr(args, "quiet", False):
-        overrides.append("output.progress=false")
-    if getattr(args, "workers", None) is not None:
-        overrides.append(f"execution.workers={args.workers}")
-    return load_config(args.config, overrides)
-
-
 def _summary_line(summary: dict) -> str:
     f = summary.get("final", {})
     parts = [f"{k}={100 * f[k]:.2f}%" for k in ("gm", "pm_v", "pm_l", "pa", "ga") if k in f]
@@ -38,8 +25,9 @@ def _summary_line(summary: dict) -> str:
 # ---------------------------------------------------------------------------------------
 def cmd_run(args) -> int:
     from . import api
+    from .config import config_from_args
 
-    cfg = _config(args)
+    cfg = config_from_args(args)
     result = api.run(cfg, resume=args.resume)
     print(f"{cfg.algorithm.name}: {result.summary['rounds_completed']} rounds -> {result.dir}")
     print(_summary_line(result.summary))
@@ -53,9 +41,10 @@ def cmd_run(args) -> int:
 
 def cmd_compare(args) -> int:
     from . import api
+    from .config import config_from_args
     from .report import tables
 
-    cfg = _config(args)
+    cfg = config_from_args(args)
     methods = api.parse_methods(args.methods or cfg.algorithm.name)
     seeds = [int(s) for s in args.seeds.split(",") if s.strip()]
     out = Path(args.out) if args.out else Path(cfg.output.dir) / "compare"
@@ -68,10 +57,11 @@ def cmd_compare(args) -> int:
 
 def cmd_sweep(args) -> int:
     from . import api
+    from .config import config_from_args
     from .report import tables
     from .sweeps import parse_grid, sweep
 
-    cfg = _config(args)
+    cfg = config_from_args(args)
     grid = parse_grid(args.grid or [])
     methods = api.parse_methods(args.methods) if args.methods else None
     seeds = [int(s) for s in args.seeds.split(",") if s.strip()] if args.seeds else [cfg.seed]
@@ -90,10 +80,11 @@ def cmd_sweep(args) -> int:
 def cmd_partition(args) -> int:
     import numpy as np
 
+    from .config import config_from_args
     from .data.federated import build_federated
     from .report.plots import partition_heatmap
 
-    cfg = _config(args)
+    cfg = config_from_args(args)
     fed = build_federated(cfg)
     counts = fed.class_counts()
     C = counts.shape[1]

@@ -26,13 +26,7 @@ from typing import Any, Literal, Optional, Union
 
 import yaml
 
-from .errors import InputError
-
-
-class ConfigError(InputError, ValueError):
-    def __init__(self, key: str, value: Any, allowed: str) -> None:
-        self.key, self.value, self.allowed = key, value, allowed
-        super().__init__(f"invalid config: {key}={value!r}: {allowed}")
+from .errors import ConfigError, require  # noqa: F401  (re-exported: protofl.config.ConfigError)
 
 
 # ---------------------------------------------------------------------------------------
@@ -178,11 +172,6 @@ def check_dataclass(cls: type, params: dict, section: str) -> Any:
     if validate is not None:
         validate(section)
     return obj
-
-
-def require(cond: bool, key: str, value: Any, allowed: str) -> None:
-    if not cond:
-        raise ConfigError(key, value, allowed)
 
 
 # ---------------------------------------------------------------------------------------
@@ -651,6 +640,20 @@ def load_config(path: Optional[str | Path] = None, overrides: Optional[list[str]
     cfg = from_dict(apply_overrides(switch_components(raw, ov), ov))
     check_here(cfg)
     return cfg
+
+
+def config_from_args(args: Any) -> Config:
+    """The config of a command line: ``args.config`` + ``args.overrides``, plus the
+    shortcut flags ``--data-dir``, ``--quiet`` and ``--workers`` where the command has them
+    (shared by ``protofl`` and ``protofl flower``)."""
+    overrides = list(getattr(args, "overrides", None) or [])
+    if getattr(args, "data_dir", None):
+        overrides.append(f"data.root={args.data_dir}")
+    if getattr(args, "quiet", False):
+        overrides.append("output.progress=false")
+    if getattr(args, "workers", None) is not None:
+        overrides.append(f"execution.workers={args.workers}")
+    return load_config(args.config, overrides)
 
 
 def ceil_fraction(fraction: float, n: int) -> int:

@@ -5,9 +5,25 @@ value at fault and what would be accepted. Anything else that escapes is a bug.
 """
 from __future__ import annotations
 
+from typing import Any
+
 
 class InputError(Exception):
     """Bad input (config, data file, checkpoint, output folder): one line, exit code 2."""
+
+
+class ConfigError(InputError, ValueError):
+    """A config value is invalid: names the dotted key, the value and what is accepted."""
+
+    def __init__(self, key: str, value: Any, allowed: str) -> None:
+        self.key, self.value, self.allowed = key, value, allowed
+        super().__init__(f"invalid config: {key}={value!r}: {allowed}")
+
+
+def require(cond: bool, key: str, value: Any, allowed: str) -> None:
+    """Raise :class:`ConfigError` for ``key=value`` unless ``cond`` holds."""
+    if not cond:
+        raise ConfigError(key, value, allowed)
 
 
 class DataFileError(InputError, ValueError):

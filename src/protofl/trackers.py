@@ -33,7 +33,7 @@ _BAD = re.compile(r"[^\w\-. /]")
 
 def check_trackers(names: list[str], key: str = "output.trackers") -> None:
     """Known names whose package is installed; else a :class:`~protofl.config.ConfigError`."""
-    from .config import ConfigError
+    from .errors import ConfigError
 
     for i, name in enumerate(names):
         if name not in TRACKERS:

@@ -56,6 +56,7 @@ import torch.nn.functional as F
 from torch import nn
 from torch.func import functional_call
 
+from ..errors import ConfigError, require
 from ..messages import Record, prefixed
 from .base import ClientResult, weights_of
 from .fedavg import FedAvg, WeightsState
@@ -74,8 +75,6 @@ class CReFFHyper:
     weighting: Literal["samples", "uniform"] = "samples"
 
     def validate(self, s: str) -> None:
-        from ..config import require
-
         for key in ("num_features", "retrain_batch", "batch_real", "repeats"):
             require(getattr(self, key) >= 1, f"{s}.{key}", getattr(self, key), "must be >= 1")
         for key in ("match_steps", "retrain_epochs"):
@@ -168,8 +167,6 @@ class CReFF(FedAvg):
         w = ctx.init_weights()
         model = ctx.model(w)
         if not isinstance(model.head, nn.Linear):
-            from ..config import ConfigError
-
             raise ConfigError("algorithm.name", self.name,
                               f"needs a linear classifier head; model's head is {type(model.head).__name__}")
         head = {k: v.detach().clone() for k, v in model.head.state_dict().items()}

@@ -34,6 +34,7 @@ from typing import Mapping, Optional
 import torch
 from torch import nn
 
+from ..errors import require
 from ..messages import Record, prefixed
 from .base import ClientResult, cross_entropy_loss, weights_of
 from .fedavg import FedAvg, FedAvgHyper
@@ -45,8 +46,6 @@ class DittoHyper(FedAvgHyper):
     personal_epochs: Optional[int] = None  # epochs on v (None: training.epochs)
 
     def validate(self, s: str) -> None:
-        from ..config import require
-
         require(self.lam >= 0, f"{s}.lam", self.lam, "must be >= 0")
         require(self.personal_epochs is None or self.personal_epochs >= 1, f"{s}.personal_epochs",
                 self.personal_epochs, "must be >= 1 (or null: training.epochs)")

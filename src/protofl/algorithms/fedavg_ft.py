@@ -33,6 +33,7 @@ from typing import Mapping, Optional
 import torch
 from torch import nn
 
+from ..errors import require
 from ..messages import Record
 from .base import ClientResult
 from .fedavg import FedAvg, FedAvgHyper
@@ -70,8 +71,6 @@ class FedAvgFTHyper(FedAvgHyper):
     finetune_epochs: int = 10  # FedGELA §5
 
     def validate(self, s: str) -> None:
-        from ..config import require
-
         require(self.finetune_epochs >= 1, f"{s}.finetune_epochs", self.finetune_epochs, "must be >= 1")
 
 

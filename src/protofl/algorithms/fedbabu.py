@@ -32,6 +32,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Optional
 
+from ..errors import require
 from ..messages import Record, prefixed
 from .base import ClientResult, cross_entropy_loss, weights_of
 from .fedavg import FedAvgHyper
@@ -44,8 +45,6 @@ class FedBABUHyper(FedAvgHyper):
     finetune_epochs: int = 5  # personalization: full fine-tuning of the received global model
 
     def validate(self, s: str) -> None:
-        from ..config import require
-
         require(self.finetune_epochs >= 1, f"{s}.finetune_epochs", self.finetune_epochs, "must be >= 1")
 
 

@@ -35,6 +35,7 @@ from typing import Literal, Optional
 
 import torch
 
+from ..errors import require
 from ..messages import Record, prefixed
 from .base import Algorithm, ClientResult, cross_entropy_loss, weighted_mean, weights_of
 from .scaffold import trainable_names
@@ -46,8 +47,6 @@ class FedDynHyper:
     weighting: Literal["uniform", "samples"] = "uniform"
 
     def validate(self, s: str) -> None:
-        from ..config import require
-
         require(self.alpha > 0, f"{s}.alpha", self.alpha, "must be > 0")
 
 

@@ -79,6 +79,7 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
+from ..errors import ConfigError, require
 from ..messages import Record, prefixed
 from ..nn.heads import FixedHead, add_projection, simplex_etf
 from .base import Algorithm, ClientResult, weighted_mean, weights_of
@@ -97,8 +98,6 @@ class FedGEHyper:
     clip_grad: Optional[float] = CLIP_DEFAULT  # local gradient-norm clip; null = training.clip_grad
 
     def validate(self, s: str) -> None:
-        from ..config import require
-
         require(self.E_W > 0, f"{s}.E_W", self.E_W, "must be > 0")
         require(self.clip_grad is None or self.clip_grad > 0, f"{s}.clip_grad", self.clip_grad, "must be > 0 or null")
 
@@ -108,8 +107,6 @@ class FedGELAHyper(FedGEHyper):
     gamma: Optional[float] = None  # Phi_{k,c} = n_{k,c} / (n_k gamma); null = 1/C
 
     def validate(self, s: str) -> None:
-        from ..config import require
-
         super().validate(s)
         require(self.gamma is None or self.gamma > 0, f"{s}.gamma", self.gamma, "must be > 0 or null")
 
@@ -159,8 +156,6 @@ class FedGELA(Algorithm):
         super().__init__(hp, info)
         C, d = info.num_classes, info.feature_dim
         if d < C - 1:
-            from ..config import ConfigError
-
             raise ConfigError("algorithm.name", self.name,
                               f"its simplex ETF of {C} classes needs feature_dim >= num_classes - 1 = {C - 1}, "
                               f"but the model's features have {d} dimensions; choose a model with wider "

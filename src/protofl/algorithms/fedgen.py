@@ -52,6 +52,7 @@ from torch import nn
 from torch.func import functional_call
 
 from ..engine.validate import expect_shapes
+from ..errors import require
 from ..messages import Record, prefixed
 from .base import ClientResult, cross_entropy_loss, weights_of
 from .fedavg import FedAvg, WeightsState
@@ -70,8 +71,6 @@ class FedGenHyper:
     weighting: Literal["samples", "uniform"] = "samples"
 
     def validate(self, s: str) -> None:
-        from ..config import require
-
         require(self.alpha >= 0, f"{s}.alpha", self.alpha, "must be >= 0")
         require(self.diversity >= 0, f"{s}.diversity", self.diversity, "must be >= 0")
         require(self.gen_lr > 0, f"{s}.gen_lr", self.gen_lr, "must be > 0")

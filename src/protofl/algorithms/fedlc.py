@@ -26,6 +26,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from functools import partial
 
+from ..errors import require
 from ..nn.losses import calibrated_logits
 from .fedavg import FedAvg, FedAvgHyper
 
@@ -35,8 +36,6 @@ class FedLCHyper(FedAvgHyper):
     tau: float = 1.0  # calibration strength (the ReBaFL authors' baseline and FL-bench use 1.0)
 
     def validate(self, s: str) -> None:
-        from ..config import require
-
         require(self.tau >= 0.0, f"{s}.tau", self.tau, "must be >= 0")
 
 

@@ -59,6 +59,7 @@ import torch
 from torch.nn import functional as F
 
 from ..engine.validate import expect_shapes
+from ..errors import require
 from ..messages import Record, prefixed
 from ..nn.heads import FixedHead, add_projection, max_separated_prototypes, min_pairwise_distance
 from ..nn.prototypes import class_means
@@ -75,8 +76,6 @@ class FedUHHyper:
     projection: bool = False  # linear projection + L2 normalization before the head
 
     def validate(self, s: str) -> None:
-        from ..config import require
-
         require(self.scale > 0, f"{s}.scale", self.scale, "must be > 0")
 
 
@@ -86,8 +85,6 @@ class FedNHHyper(FedUHHyper):
     proto_weighting: Literal["uniform", "counts", "official"] = "uniform"  # alpha_k in eq. (4)
 
     def validate(self, s: str) -> None:
-        from ..config import require
-
         super().validate(s)
         require(0.0 <= self.rho <= 1.0, f"{s}.rho", self.rho, "must be in [0, 1]")
 

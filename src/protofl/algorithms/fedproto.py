@@ -61,6 +61,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from ..engine.validate import expect_indices, expect_shapes
+from ..errors import require
 from ..messages import Record
 from ..nn.prototypes import aggregate_prototypes, class_means
 from .base import Algorithm, ClientResult, weights_of
@@ -73,8 +74,6 @@ class FedProtoHyper:
     weighting: Literal["counts", "uniform"] = "counts"
 
     def validate(self, s: str) -> None:
-        from ..config import require
-
         require(self.lam >= 0, f"{s}.lam", self.lam, "must be >= 0")
 
 

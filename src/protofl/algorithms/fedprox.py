@@ -12,6 +12,7 @@ from dataclasses import dataclass
 
 import torch
 
+from ..errors import require
 from .base import BatchPlan, cross_entropy_loss
 from .fedavg import FedAvg, FedAvgHyper
 
@@ -21,8 +22,6 @@ class FedProxHyper(FedAvgHyper):
     mu: float = 0.01
 
     def validate(self, s: str) -> None:
-        from ..config import require
-
         require(self.mu >= 0, f"{s}.mu", self.mu, "must be >= 0")
 
 

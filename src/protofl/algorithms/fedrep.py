@@ -36,6 +36,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Optional
 
+from ..errors import require
 from ..messages import Record
 from .base import cross_entropy_loss
 from .fedavg import FedAvgHyper
@@ -48,8 +49,6 @@ class FedRepHyper(FedAvgHyper):
     body_epochs: Optional[int] = None  # phase 2: the body, head frozen (None: training.epochs)
 
     def validate(self, s: str) -> None:
-        from ..config import require
-
         require(self.head_epochs >= 1, f"{s}.head_epochs", self.head_epochs, "must be >= 1")
         require(self.body_epochs is None or self.body_epochs >= 1, f"{s}.body_epochs", self.body_epochs,
                 "must be >= 1 (or null: training.epochs)")

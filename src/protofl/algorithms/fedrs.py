@@ -26,6 +26,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from functools import partial
 
+from ..errors import require
 from ..nn.losses import restricted_logits
 from .fedavg import FedAvg, FedAvgHyper
 
@@ -35,8 +36,6 @@ class FedRSHyper(FedAvgHyper):
     alpha: float = 0.5  # scale of the missing classes' logits; 1 = FedAvg
 
     def validate(self, s: str) -> None:
-        from ..config import require
-
         require(0.0 <= self.alpha <= 1.0, f"{s}.alpha", self.alpha, "must be in [0, 1]")
 
 

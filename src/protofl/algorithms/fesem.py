@@ -61,6 +61,7 @@ import numpy as np
 import torch
 
 from ..engine.rng import seed_for
+from ..errors import ConfigError, require
 from ..messages import Record, prefixed
 from .base import Algorithm, ClientResult, cross_entropy_loss, weighted_mean, weights_of
 
@@ -75,8 +76,6 @@ class FeSEMHyper:
     personal: Literal["center", "trained"] = "center"
 
     def validate(self, s: str) -> None:
-        from ..config import require
-
         require(self.centers >= 1, f"{s}.centers", self.centers, "must be >= 1")
         require(self.layers is None or len(self.layers) > 0, f"{s}.layers", self.layers,
                 "must be null (all parameters) or a non-empty list of parameter-name prefixes")
@@ -114,8 +113,6 @@ def distance_keys(param_names: list[str], layers: Optional[list[str]]) -> list[s
         return list(param_names)
     keys = [n for n in param_names if any(n == p or n.startswith(p.rstrip(".") + ".") for p in layers)]
     if not keys:
-        from ..config import ConfigError
-
         raise ConfigError("algorithm.layers", layers, f"matches no parameter; parameters: {', '.join(param_names)}")
     return keys
 

@@ -40,6 +40,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from ..errors import require
 from ..messages import Record, prefixed
 from ..models.base import FLModel
 from .base import ClientResult, weights_of
@@ -54,8 +55,6 @@ class MOONHyper:
     weighting: Literal["samples", "uniform"] = "samples"
 
     def validate(self, s: str) -> None:
-        from ..config import require
-
         require(self.mu >= 0, f"{s}.mu", self.mu, "must be >= 0")
         require(self.tau > 0, f"{s}.tau", self.tau, "must be > 0")
         require(self.proj_dim >= 1, f"{s}.proj_dim", self.proj_dim, "must be >= 1")

@@ -94,6 +94,7 @@ import torch
 import torch.nn.functional as F
 
 from ..engine.validate import expect_indices, expect_shapes
+from ..errors import require
 from ..messages import Record, prefixed
 from ..nn.clustering import dbscan_centroids, kmeans, pad_groups
 from ..nn.contrastive import prototype_supcon_loss
@@ -110,8 +111,6 @@ class FedCLHyper:
     weighting: Literal["samples", "uniform"] = "samples"  # FedAvg weights of the models
 
     def validate(self, s: str) -> None:
-        from ..config import require
-
         require(self.tau > 0, f"{s}.tau", self.tau, "must be > 0")
         require(self.lam >= 0, f"{s}.lam", self.lam, "must be >= 0")
 
@@ -123,8 +122,6 @@ class MPFedCLHyper(FedCLHyper):
     max_iter: int = 100  # Lloyd iterations per restart
 
     def validate(self, s: str) -> None:
-        from ..config import require
-
         super().validate(s)
         require(self.k >= 1, f"{s}.k", self.k, "must be >= 1")
         require(self.n_init >= 1, f"{s}.n_init", self.n_init, "must be >= 1")
@@ -138,8 +135,6 @@ class DPFedCLHyper(FedCLHyper):
     max_clusters: int = 10  # per class and client (bounds the message)
 
     def validate(self, s: str) -> None:
-        from ..config import require
-
         super().validate(s)
         require(self.eps > 0, f"{s}.eps", self.eps, "must be > 0")
         require(self.min_samples >= 1, f"{s}.min_samples", self.min_samples, "must be >= 1")

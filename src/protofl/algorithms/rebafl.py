@@ -65,6 +65,7 @@ import torch
 import torch.nn.functional as F
 
 from ..engine.validate import expect_shapes
+from ..errors import require
 from ..messages import Record, prefixed
 from ..nn.losses import balanced_logits, label_counts, relaxed_prior
 from ..nn.prototypes import aggregate_prototypes, class_means
@@ -82,8 +83,6 @@ class ReBaFLHyper(FedAvgHyper):
     prototype_memory: bool = True  # keep the last global prototype of classes nobody sent
 
     def validate(self, s: str) -> None:
-        from ..config import require
-
         require(0.0 <= self.epsilon <= 1.0, f"{s}.epsilon", self.epsilon, "must be in [0, 1]")
         require(self.mu_aug >= 0.0, f"{s}.mu_aug", self.mu_aug, "must be >= 0")
         require(self.lam >= 0.0, f"{s}.lam", self.lam, "must be >= 0")

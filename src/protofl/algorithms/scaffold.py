@@ -56,6 +56,7 @@ from typing import Literal, Optional
 
 import torch
 
+from ..errors import require
 from ..messages import Record, prefixed
 from .base import Algorithm, ClientResult, cross_entropy_loss, weighted_mean, weights_of
 
@@ -66,8 +67,6 @@ class ScaffoldHyper:
     weighting: Literal["uniform", "samples"] = "uniform"  # mean of Delta y (paper: uniform)
 
     def validate(self, s: str) -> None:
-        from ..config import require
-
         require(self.server_lr > 0, f"{s}.server_lr", self.server_lr, "must be > 0")
 
 

@@ -61,7 +61,7 @@ def make_partition(name: str, labels: np.ndarray, num_clients: int, seed: int, p
     try:
         return fn(labels, num_clients, seed, **kwargs)
     except ValueError as e:  # an impossible request is bad input, not a crash
-        from ..config import ConfigError
+        from ..errors import ConfigError
 
         raise ConfigError(f"partition ({name})", params, str(e)) from None
 
@@ -80,7 +80,7 @@ def build_federated(cfg, dataset: Optional[Dataset] = None) -> FederatedData:
     try:
         return scenario.build(cfg, dataset) if fed is None else scenario.apply(fed, cfg.seed)
     except ValueError as e:  # an impossible request (e.g. rotating token data) is bad input
-        from ..config import ConfigError
+        from ..errors import ConfigError
 
         if isinstance(e, ConfigError):
             raise

@@ -257,7 +257,7 @@ def require_ray() -> None:
     import importlib.util
     import sys
 
-    from ..config import ConfigError
+    from ..errors import ConfigError
 
     try:
         found = sys.modules.get("ray", False) is not None and importlib.util.find_spec("ray") is not None

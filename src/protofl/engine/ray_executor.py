@@ -47,9 +47,9 @@ from typing import Any, Callable, Optional
 import numpy as np
 import torch
 
-from ..config import ConfigError
 from ..data.dataset import Dataset
 from ..data.federated import FederatedData
+from ..errors import ConfigError
 from ..messages import Record
 from .client import ClientOutput, ClientRuntime
 from .executor import ClientTask

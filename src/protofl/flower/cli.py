@@ -97,10 +97,10 @@ def cmd_supernode(args) -> int:
 def cmd_app(args) -> int:
     if not _need_flwr():
         return EXIT_BAD_INPUT
-    from ..cli import _config
+    from ..config import config_from_args
     from .project import write_app
 
-    out = write_app(_config(args), args.out, **_settings(args))
+    out = write_app(config_from_args(args), args.out, **_settings(args))
     print(f"Flower App: {out}\nsubmit it with: flwr run {out} <superlink-connection> --stream")
     return 0
 
@@ -108,11 +108,11 @@ def cmd_app(args) -> int:
 def cmd_run(args) -> int:
     if not _need_flwr():
         return EXIT_BAD_INPUT
-    from ..cli import _config
+    from ..config import config_from_args
     from .launch import flower_env, flwr_run_command
     from .project import write_app
 
-    cfg = _config(args)
+    cfg = config_from_args(args)
     with tempfile.TemporaryDirectory(prefix="protofl-flower-app-") as tmp:
         app = write_app(cfg, tmp, **_settings(args))
         return subprocess.call(flwr_run_command(app, args.connection, stream=args.stream), env=flower_env())
@@ -121,10 +121,10 @@ def cmd_run(args) -> int:
 def cmd_local(args) -> int:
     if not _need_flwr():
         return EXIT_BAD_INPUT
-    from ..cli import _config
+    from ..config import config_from_args
     from .launch import LocalDeployment, throwaway_certificates
 
-    cfg = _config(args)
+    cfg = config_from_args(args)
     work = Path(args.workdir or tempfile.mkdtemp(prefix="protofl-flower-"))
     tls = throwaway_certificates(work / "certs") if args.tls else None
     run_dir = Path(args.run_dir) if args.run_dir else None

@@ -60,7 +60,7 @@ def markdown(header: Sequence[str], rows: Sequence[Sequence[object]]) -> str:
 # ---------------------------------------------------------------------------------------
 def parse_select(select: str) -> tuple[str, int]:
     """``"final"`` -> ("final", 1); ``"best"`` -> ("best", 0); ``"last:5"`` -> ("last", 5)."""
-    from ..config import ConfigError
+    from ..errors import ConfigError
 
     if select in ("final", "best"):
         return select, 1 if select == "final" else 0

@@ -18,6 +18,7 @@ import torch
 
 from protofl.algorithms.base import weighted_mean
 from protofl.algorithms.fedavg import FedAvg, FedAvgHyper, WeightsState
+from protofl.errors import require
 
 
 @dataclass
@@ -26,8 +27,6 @@ class FedAvgMHyper(FedAvgHyper):
     server_lr: float = 1.0  # η_s
 
     def validate(self, s: str) -> None:
-        from protofl.config import require
-
         require(0 <= self.beta < 1, f"{s}.beta", self.beta, "must be in [0, 1)")
         require(self.server_lr > 0, f"{s}.server_lr", self.server_lr, "must be > 0")
 

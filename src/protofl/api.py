@@ -16,6 +16,7 @@ from typing import Iterable, Optional
 from .config import Config
 from .engine.callbacks import Callback, OverallProgress
 from .engine.simulation import RunResult, Simulation, run_dir_for, SUMMARY
+from .errors import ConfigError
 
 
 def fresh_dir(cfg: Config) -> Path:
@@ -43,8 +44,6 @@ def run(cfg: Config, resume: bool = False, callbacks: Iterable[Callback] = (),
     summary = Path(run_dir) / SUMMARY
     if resume and not extendable(cfg) and summary.exists():
         import json
-
-        from .errors import ConfigError
 
         old = json.loads(summary.read_text()).get("rounds")
         if old != cfg.rounds:

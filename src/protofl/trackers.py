@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import Any, Iterator, Optional
 
 from .engine.callbacks import Callback
+from .errors import ConfigError
 
 # tracker name -> (module it needs, the extra that installs it)
 TRACKERS = {"tensorboard": ("tensorboard", "tensorboard"), "mlflow": ("mlflow", "mlflow")}
@@ -32,9 +33,7 @@ _BAD = re.compile(r"[^\w\-. /]")
 
 
 def check_trackers(names: list[str], key: str = "output.trackers") -> None:
-    """Known names whose package is installed; else a :class:`~protofl.config.ConfigError`."""
-    from .errors import ConfigError
-
+    """Known names whose package is installed; else a :class:`~protofl.errors.ConfigError`."""
     for i, name in enumerate(names):
         if name not in TRACKERS:
             raise ConfigError(f"{key}[{i}]", name, f"unknown tracker; known: {', '.join(TRACKERS)}")

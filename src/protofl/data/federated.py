@@ -11,6 +11,7 @@ from typing import Callable, Optional
 
 import numpy as np
 
+from ..errors import ConfigError
 from .dataset import Dataset
 from .datasets import load_dataset
 from .partition import PARTITIONERS, class_counts, client_groups, local_test_indices
@@ -61,8 +62,6 @@ def make_partition(name: str, labels: np.ndarray, num_clients: int, seed: int, p
     try:
         return fn(labels, num_clients, seed, **kwargs)
     except ValueError as e:  # an impossible request is bad input, not a crash
-        from ..errors import ConfigError
-
         raise ConfigError(f"partition ({name})", params, str(e)) from None
 
 
@@ -80,8 +79,6 @@ def build_federated(cfg, dataset: Optional[Dataset] = None) -> FederatedData:
     try:
         return scenario.build(cfg, dataset) if fed is None else scenario.apply(fed, cfg.seed)
     except ValueError as e:  # an impossible request (e.g. rotating token data) is bad input
-        from ..errors import ConfigError
-
         if isinstance(e, ConfigError):
             raise
         raise ConfigError(f"features ({cfg.features.name})", cfg.features.params, str(e)) from None

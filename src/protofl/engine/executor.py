@@ -32,6 +32,7 @@ from typing import Optional
 
 import torch
 
+from ..errors import ConfigError
 from ..messages import Record
 from ..registry import Registry
 from .client import ClientOutput, ClientRuntime
@@ -256,8 +257,6 @@ def require_ray() -> None:
     """Fail in one line (exit 2) if Ray is not importable; does not import it."""
     import importlib.util
     import sys
-
-    from ..errors import ConfigError
 
     try:
         found = sys.modules.get("ray", False) is not None and importlib.util.find_spec("ray") is not None

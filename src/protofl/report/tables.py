@@ -17,6 +17,8 @@ from typing import Iterable, Optional, Sequence
 
 import numpy as np
 
+from ..errors import ConfigError
+
 METRICS = ("gm", "pm_v", "pm_l", "pa", "ga")
 LABELS = {"gm": "GM", "pm_v": "PM(V)", "pm_l": "PM(L)", "pa": "PA", "ga": "GA",
           "pm_v_std": "PM(V) std", "pa_std": "PA std",
@@ -60,8 +62,6 @@ def markdown(header: Sequence[str], rows: Sequence[Sequence[object]]) -> str:
 # ---------------------------------------------------------------------------------------
 def parse_select(select: str) -> tuple[str, int]:
     """``"final"`` -> ("final", 1); ``"best"`` -> ("best", 0); ``"last:5"`` -> ("last", 5)."""
-    from ..errors import ConfigError
-
     if select in ("final", "best"):
         return select, 1 if select == "final" else 0
     if select.startswith("last:") and select[5:].isdigit() and int(select[5:]) >= 1:

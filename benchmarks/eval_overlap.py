@@ -13,7 +13,7 @@ client once). samples/s = epochs x train size of the window's clients / window s
 Part two (``--batch``): the global evaluation alone (10,000 test images, one thread), by
 evaluation batch size and memory layout, to pick the fastest.
 
-    python benchmarks/eval_overlap.py --data-dir ../shared/data --rounds 6 --repeats 2
+    python benchmarks/eval_overlap.py --data-dir ../shared/data --rounds 6 --repeats 2 --out benchmarks/results/eval_overlap.md
     python benchmarks/eval_overlap.py --data-dir ../shared/data --batch
 """
 from __future__ import annotations
@@ -27,7 +27,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from harness import header  # noqa: E402
+from harness import emit, header  # noqa: E402
 from peers import workload  # noqa: E402
 
 import torch  # noqa: E402
@@ -106,9 +106,10 @@ def main() -> int:
     p.add_argument("--reverse", action="store_true", help="start with the reversed order (C B A)")
     p.add_argument("--batch", action="store_true", help="only the eval batch-size/layout table")
     p.add_argument("--tmp", default="/tmp/protofl-eval-overlap")
+    p.add_argument("--out", help="also write the table to this markdown file")
     args = p.parse_args()
     if args.batch:
-        print("\n".join(eval_batches(args)))
+        emit(eval_batches(args), args.out)
         return 0
     fed = build_federated(config(VARIANTS[0], args))
     results: dict[str, list[float]] = {v: [] for v in VARIANTS}
@@ -118,13 +119,14 @@ def main() -> int:
             results[v].append(sps)
             print(f"repeat {rep} {v}: {sps:,.0f} samples/s (gm {gm:.4f})", file=sys.stderr, flush=True)
     off = statistics.median(results[VARIANTS[0]])
-    print(header(f"{args.workers} workers x 1 thread, {args.model}, {args.rounds} rounds per run "
-                 f"(window: rounds 2-{args.rounds - 1}), {args.repeats} runs per variant, alternating."))
-    print("\n| variant | samples/s per run | median | vs eval off |\n|---|---|---|---|")
+    lines = [header(f"{args.workers} workers x 1 thread, {args.model}, {args.rounds} rounds per run "
+                    f"(window: rounds 2-{args.rounds - 1}), {args.repeats} runs per variant, alternating."),
+             "", "| variant | samples/s per run | median | vs eval off |", "|---|---|---|---|"]
     for v in VARIANTS:
         med = statistics.median(results[v])
         runs = ", ".join(f"{x:,.0f}" for x in results[v])
-        print(f"| {v} | {runs} | {med:,.0f} | {100 * (med / off - 1):+.1f} % |")
+        lines.append(f"| {v} | {runs} | {med:,.0f} | {100 * (med / off - 1):+.1f} % |")
+    emit(lines, args.out)
     return 0
 
 

@@ -6,7 +6,8 @@ changes none of its files: it wraps ``FedAvgServer.train_one_round`` to note the
 which each round starts and the training samples it will process, then calls FL-bench's
 own ``main()`` (hydra) with the workload's overrides. In ``parallel`` mode it also makes
 ``ray.cluster_resources()`` report ``GPU: 0`` when Ray lists no GPU key (FL-bench reads
-that key unconditionally and stops with a KeyError on a CPU-only machine). One line per round on stdout:
+that key unconditionally and stops with a KeyError on a CPU-only machine). One line per
+round on stdout:
 
     PEER_ROUND {"round": r, "seconds": s, "samples": n}
 

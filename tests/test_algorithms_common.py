@@ -41,3 +41,65 @@ def test_every_method_two_rounds_on_digits(name, digits_cfg, tmp_path):
     # first); tests/test_speed_invariance.py runs real worker processes
     again = Simulation(cfg, run_dir=tmp_path / "b", executor_factory=worker_path_executor).run()
     assert strip_timing(again.rows) == strip_timing(res.rows)
+
+
+# ---------------------------------------------------------------------------------------
+# both executors: every method's update, stated once, run client by client and as a stack
+# ---------------------------------------------------------------------------------------
+# methods the batched executor runs one client after another on this setting, and the
+# reason its note gives (none today: every registered method batches on a homogeneous model)
+FALLBACKS: dict[str, str] = {}
+
+
+def float_tensors(sim, res) -> dict[str, torch.Tensor]:
+    """Every tensor of the server state and of the clients' stored states, by path."""
+    out: dict[str, torch.Tensor] = {}
+
+    def walk(path, o):
+        if isinstance(o, torch.Tensor):
+            out[path] = o
+        elif isinstance(o, dict):
+            for k, v in o.items():
+                walk(f"{path}.{k}", v)
+        elif isinstance(o, (list, tuple)):
+            for i, v in enumerate(o):
+                walk(f"{path}[{i}]", v)
+        elif hasattr(o, "__dict__"):
+            walk(path, vars(o))
+
+    walk("server", res.server_state)
+    for cid in range(sim.fed.num_clients):
+        state = sim.store.get(cid)
+        if state is not None:
+            walk(f"client{cid}", state.arrays)
+    return out
+
+
+@pytest.mark.parametrize("name", ALGORITHMS.names())
+def test_every_method_batched_equals_sequential(name, digits_cfg, tmp_path):
+    # 4 clients of different sizes, all sampled; batch 24: they take different numbers of
+    # steps and end their epochs on smaller batches, so the stack refills its slots
+    cfg = digits_cfg(f"algorithm.name={name}", "rounds=2", "partition.num_clients=4", "partition.beta=0.2",
+                     "training.batch_size=24", "participation.fraction=1.0", "eval.final_all_clients=false")
+    got = {}
+    for ex in ("sequential", "batched"):
+        sim = Simulation(cfg.replace(**{"execution.executor": ex}), run_dir=tmp_path / ex)
+        res = sim.run()
+        got[ex] = (res, float_tensors(sim, res))
+    (seq, a), (bat, b) = got["sequential"], got["batched"]
+    mode = bat.summary["execution"]
+    if name in FALLBACKS:
+        assert mode["executor"] == "sequential" and FALLBACKS[name] in mode["executor_note"]
+    else:
+        assert mode["executor"] == "batched", mode.get("executor_note")
+        assert 0.0 < mode["occupancy"] <= 1.0
+    assert a.keys() == b.keys() and a
+    for k in a:
+        if a[k].is_floating_point():  # equal up to float rounding: <= 1e-5 relative, tensor by tensor
+            err = float((a[k].double() - b[k].double()).norm() / a[k].double().norm().clamp(min=1e-12))
+            assert err <= 1e-5, (k, err)
+        else:
+            assert torch.equal(a[k], b[k]), k  # counts, BatchNorm's num_batches_tracked
+    assert [r["train_samples"] for r in seq.rows] == [r["train_samples"] for r in bat.rows]
+    for ra, rb in zip(seq.rows, bat.rows):
+        assert math.isclose(ra["train_loss"], rb["train_loss"], rel_tol=1e-5)

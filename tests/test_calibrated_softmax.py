@@ -145,7 +145,8 @@ X, Y = torch.tensor([0, 1]), torch.tensor([1, 0])
 def test_method_local_loss_uses_the_client_counts(name, params, counts, expected):
     algo = method(name, **params)
     model = FixedLogits(Z)
-    loss = algo.local_loss(model, None, fake_ctx(counts))(model, X, Y)
+    loss_fn, extras = algo.objective(None, fake_ctx(counts))
+    loss = loss_fn(model, X, Y, extras)
     assert math.isclose(loss.item(), float(expected(Z)), rel_tol=1e-6)
     assert loss.item() != pytest.approx(float(F.cross_entropy(Z, Y)))  # not plain FedAvg
 
@@ -153,7 +154,8 @@ def test_method_local_loss_uses_the_client_counts(name, params, counts, expected
 @pytest.mark.parametrize("name,params", [("fedrs", {"alpha": 1.0}), ("fedlc", {"tau": 0.0})])
 def test_neutral_settings_reduce_to_fedavg(name, params):
     model = FixedLogits(Z)
-    loss = method(name, **params).local_loss(model, None, fake_ctx([3, 1, 0]))(model, X, Y)
+    loss_fn, extras = method(name, **params).objective(None, fake_ctx([3, 1, 0]))
+    loss = loss_fn(model, X, Y, extras)
     assert math.isclose(loss.item(), float(F.cross_entropy(Z, Y)), rel_tol=1e-6)
 
 

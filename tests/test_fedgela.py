@@ -8,7 +8,7 @@ import torch
 from protofl.algorithms.fedgela import AdaptedETF, FedGELA, gela_loss, local_adaptation
 from protofl.cli import EXIT_BAD_INPUT, main
 from protofl.config import ConfigError
-from protofl.engine.client import ClientContext
+from protofl.engine.client import ClientContext, run_update
 from protofl.engine.simulation import Simulation, build_task
 from protofl.messages import Record
 from protofl.nn.heads import simplex_etf
@@ -75,7 +75,7 @@ def test_client_trains_the_backbone_only_and_returns_its_predictor(name, digits_
     state = algo.server_init(sim.server)
     msg = algo.configure(state, 1, 2, sim.server)
     ctx = ClientContext(sim.runtime, 2, 1)
-    res = algo.client_update(msg, None, ctx)
+    res = run_update(algo, msg, None, ctx)
     personal = res.personal
     model = personal.model if name == "fedgela" else personal
     assert torch.equal(model.head.weight, msg.arrays["w.head.weight"])  # the ETF never moves

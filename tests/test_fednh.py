@@ -8,7 +8,7 @@ import torch
 from protofl.algorithms.fednh import HEAD_W, FedNH, prototype_update
 from protofl.cli import main
 from protofl.config import ConfigError
-from protofl.engine.client import ClientContext
+from protofl.engine.client import ClientContext, run_update
 from protofl.engine.simulation import Simulation
 from protofl.messages import Record
 from protofl.nn.heads import FixedHead, max_separated_prototypes
@@ -106,7 +106,7 @@ def test_client_keeps_the_head_fixed_and_reports_eq3_means(fednh_sim):
     state = algo.server_init(sim.server)
     msg = algo.configure(state, 1, 3, sim.server)
     ctx = ClientContext(sim.runtime, 3, 1)
-    res = algo.client_update(msg, None, ctx)
+    res = run_update(algo, msg, None, ctx)
     model = res.personal
     # W did not move; theta and s did
     assert torch.equal(model.head.weight, msg.arrays["w." + HEAD_W])
@@ -134,7 +134,7 @@ def test_fixed_scale_option(fednh_sim):
     sim = fednh_sim("algorithm.scale=30", "algorithm.learn_scale=false")
     algo = sim.algorithm
     state = algo.server_init(sim.server)
-    res = algo.client_update(algo.configure(state, 1, 0, sim.server), None, ClientContext(sim.runtime, 0, 1))
+    res = run_update(algo, algo.configure(state, 1, 0, sim.server), None, ClientContext(sim.runtime, 0, 1))
     assert float(res.reply.arrays["w.head.scale"]) == 30.0
 
 

@@ -77,15 +77,17 @@ def test_local_loss_is_ce_plus_lambda_times_distance_to_global_prototype(distanc
     y = torch.tensor([0, 1, 2])
     c_bar = torch.tensor([[0.0, 0.0], [1.0, 1.0], [9.0, 9.0]])
     has = torch.tensor([True, True, False])  # class 2 has no global prototype: L_R = 0 for it
-    loss = FedProto(FedProtoHyper(lam=0.5, distance=distance), INFO).local_loss(c_bar, has)(model, x, y)
+    loss_fn, extras = FedProto(FedProtoHyper(lam=0.5, distance=distance), INFO).local_objective(c_bar, has)
+    loss = loss_fn(model, x, y, extras)
     sq = [1.0 + 4.0, 4.0 + 1.0]  # ||z - c||^2 of the first two samples
     per = {"mse": [s / 2 for s in sq], "sq_l2": sq, "l2": [math.sqrt(s) for s in sq]}[distance]
     l_r = (per[0] + per[1] + 0.0) / 3  # batch mean, the third sample counts as 0
     expected = F.cross_entropy(model(x), y) + 0.5 * l_r
     torch.testing.assert_close(loss, expected)
     # before any global prototype exists L_R = 0
-    none = FedProto(FedProtoHyper(lam=0.5, distance=distance), INFO).local_loss(c_bar, torch.zeros(3, dtype=torch.bool))
-    torch.testing.assert_close(none(model, x, y), F.cross_entropy(model(x), y))
+    none, extras = FedProto(FedProtoHyper(lam=0.5, distance=distance), INFO).local_objective(
+        c_bar, torch.zeros(3, dtype=torch.bool))
+    torch.testing.assert_close(none(model, x, y, extras), F.cross_entropy(model(x), y))
 
 
 def test_nearest_global_prototype_rule():
@@ -144,14 +146,14 @@ def test_messages_carry_only_prototypes_and_bytes_are_prototype_sized(digits_cfg
 
 
 def test_own_class_predictor_is_restricted_to_the_clients_classes(digits_cfg, tmp_path):
-    from protofl.engine.client import ClientContext
+    from protofl.engine.client import ClientContext, run_update
     from protofl.engine.simulation import Simulation
 
     sim = Simulation(digits_cfg("algorithm.name=fedproto"), run_dir=tmp_path / "r")
     algo, C, d = sim.algorithm, sim.info.num_classes, sim.info.feature_dim
     glob = ProtoState(torch.randn(C, d), torch.ones(C, dtype=torch.int64))  # every class has one
     ctx = ClientContext(sim.runtime, 3, 2)
-    res = algo.client_update(algo.configure(glob, 2, 3, sim.server), algo.client_init(ctx), ctx)
+    res = run_update(algo, algo.configure(glob, 2, 3, sim.server), algo.client_init(ctx), ctx)
     own = torch.nonzero(ctx.class_counts > 0).flatten()
     assert list(res.personal) == ["proto", "own", "logits"]
     assert res.personal["proto"].labels.tolist() == list(range(C))

@@ -160,7 +160,10 @@ def test_soak_supernodes_killed_and_restarted(tmp_path):
     # who was lost when, from the server's log: exactly the killed clients, 1..3 rounds per kill
     lost_by_round = {int(r): [int(c) for c in re.findall(r"\d+", cs)]
                      for r, cs in re.findall(r"round (\d+): no reply from client\(s\) \[([\d, ]*)\]", res.stdout)}
-    assert {r["round"]: r["lost"] for r in data if r["lost"]} == {r: len(c) for r, c in lost_by_round.items()}
+    # (a node restarted late can miss the pass over every client after the last round, logged as
+    # round R + 1, which has no row of its own)
+    assert {r["round"]: r["lost"] for r in data if r["lost"]} == {r: len(c) for r, c in lost_by_round.items()
+                                                                   if r <= ROUNDS}
     killed = {v for _, v in events}
     lost_clients = [c for cs in lost_by_round.values() for c in cs]
     assert set(lost_clients) == killed, (events, lost_by_round)

@@ -9,7 +9,7 @@ import torch
 from torch import nn
 
 from protofl import run
-from protofl.algorithms.base import TaskInfo
+from protofl.algorithms.base import Fit, Fitted, Pending, TaskInfo, weights_of
 from protofl.algorithms.creff import (class_gradient, linear_class_gradients, matching_loss, retrain_linear,
                                       row_cosine_distance)
 from protofl.algorithms.fedavg import FedAvg, FedAvgHyper
@@ -17,6 +17,7 @@ from protofl.algorithms.feddyn import FedDyn, FedDynHyper, FedDynState, dynamic_
 from protofl.algorithms.fedgen import generator_objective
 from protofl.algorithms.moon import MOON, MOONHyper, model_contrastive_loss
 from protofl.algorithms.scaffold import Scaffold, ScaffoldHyper, ScaffoldState
+from protofl.engine.client import run_update
 from protofl.engine.simulation import Simulation
 from protofl.engine.train import local_train
 from protofl.messages import Record
@@ -49,7 +50,8 @@ class Server:
 
 
 class QuadClient:
-    """Just enough ClientContext: K steps of plain SGD (the engine's loop) on f_i."""
+    """Just enough ClientContext: K steps of plain SGD (the engine's loop) on f_i, which the
+    quadratic methods below read from the extras this client adds to every request."""
 
     num_samples = 1
 
@@ -57,12 +59,15 @@ class QuadClient:
         self.a, self.b, self.steps, self._lr, self.momentum = a, b, steps, lr, momentum
         self.m = nn.Linear(1, 1, bias=False)
 
-    def objective(self, model, x, y):
-        return 0.5 * self.a * (model.weight.sum() - self.b) ** 2
-
     def model(self, weights):
         self.m.load_state_dict(weights)
         return self.m
+
+    def like_model(self, weights):
+        return weights_of(self.model(weights))
+
+    def trainable(self, weights):
+        return {k: weights[k] for k, p in self.m.named_parameters() if p.requires_grad}
 
     def lr(self):
         return self._lr
@@ -70,17 +75,30 @@ class QuadClient:
     def step_size(self):
         return self._lr / (1 - self.momentum)
 
-    def train(self, model, loss, params=None):
+    def fit(self, weights, loss, *, extras=None, trainable=None, grad=None, **settings):
+        return Pending(Fit(weights, loss, {**(extras or {}), "quad": (self.a, self.b)}, trainable, grad))
+
+    def execute(self, req):
+        model = self.model(req.weights)
+        named = [(k, p) for k, p in model.named_parameters() if req.trainable is None or k.startswith(req.trainable)]
+        names = [k for k, _ in named]
+        grad = None if req.grad is None else (lambda gs: list(req.grad(dict(zip(names, gs)), req.extras).values()))
         x, y = torch.zeros(1, 1), torch.zeros(1, dtype=torch.long)
-        return local_train(model, x, y, loss=loss, params=model.parameters() if params is None else params,
-                           lr=self._lr, momentum=self.momentum, weight_decay=0.0, batch_size=1, epochs=1, steps=self.steps,
-                           clip_grad=None, generator=torch.Generator().manual_seed(0))
+        stats = local_train(model, x, y, loss=lambda m, xb, yb: req.loss(m, xb, yb, req.extras),
+                            params=[p for _, p in named], lr=self._lr, momentum=self.momentum, weight_decay=0.0,
+                            batch_size=1, epochs=1, steps=self.steps, clip_grad=None,
+                            generator=torch.Generator().manual_seed(0), grad=grad)
+        return Fitted(weights_of(model), stats)
 
 
 def quadratic(cls):
     class Quad(cls):
-        def local_loss(self, model, msg, ctx):
-            return ctx.objective
+        def task_loss(self, model, x, y, extras):  # f_i(w) = a_i/2 (w - b_i)^2
+            a, b = extras["quad"]
+            return 0.5 * a * (model.weight.sum() - b) ** 2
+
+        def objective(self, msg, ctx):  # FedAvg's local objective
+            return self.task_loss, {}
 
     return Quad
 
@@ -91,8 +109,8 @@ def run_rounds(algo, clients, rounds, steps=5, lr=0.1, w0=0.0, momentum=0.0):
     for rnd in range(1, rounds + 1):
         replies = []
         for cid, (a, b) in enumerate(clients):
-            res = algo.client_update(algo.configure(state, rnd, cid, server), states.get(cid),
-                                     QuadClient(a, b, steps, lr, momentum))
+            res = run_update(algo, algo.configure(state, rnd, cid, server), states.get(cid),
+                             QuadClient(a, b, steps, lr, momentum))
             states[cid] = res.state
             replies.append((cid, res.reply))
         state = algo.aggregate(state, rnd, replies, server)
@@ -137,13 +155,13 @@ def test_scaffold_corrected_step_and_option_ii_by_hand():
     msg = Record(arrays={"w.weight": torch.tensor([[1.0]]), "c.weight": torch.tensor([[0.7]])})
     state = Record(arrays={"c.weight": torch.tensor([[-0.2]])})
     # K = 1: y = x - lr (g(x) - c_i + c) with g(1) = 2 (1 - 3) = -4  ->  1.31
-    res = algo.client_update(msg, state, QuadClient(2.0, 3.0, steps=1, lr=0.1))
+    res = run_update(algo, msg, state, QuadClient(2.0, 3.0, steps=1, lr=0.1))
     assert float(res.reply.arrays["dy.weight"]) == pytest.approx(0.31, abs=1e-6)
     # option II: c_i+ = c_i - c + (x - y) / (K lr) = -0.2 - 0.7 + (-0.31 / 0.1) = -4 (= g(x) when K = 1)
     assert float(res.state.arrays["c.weight"]) == pytest.approx(-4.0, abs=1e-5)
     assert float(res.reply.arrays["dc.weight"]) == pytest.approx(-3.8, abs=1e-5)
     # K = 2: y2 = 1.31 - 0.1 (2 (1.31 - 3) + 0.2 + 0.7) = 1.558; c_i+ = -0.9 + (1 - 1.558) / 0.2 = -3.69
-    res = algo.client_update(msg, state, QuadClient(2.0, 3.0, steps=2, lr=0.1))
+    res = run_update(algo, msg, state, QuadClient(2.0, 3.0, steps=2, lr=0.1))
     assert float(res.reply.arrays["dy.weight"]) == pytest.approx(0.558, abs=1e-6)
     assert float(res.state.arrays["c.weight"]) == pytest.approx(-3.69, abs=1e-5)
 
@@ -186,8 +204,8 @@ def test_feddyn_client_state_and_server_update():
     algo = quadratic(FedDyn)(FedDynHyper(alpha=0.1), info(4))
     msg = Record(arrays={"w.weight": torch.tensor([[1.0]])})
     # one SGD step on f(w) - g w + alpha/2 (w - 1)^2 at w = 1: gradient 2 (1 - 3) - 0.5 = -4.5 -> 1.45
-    res = algo.client_update(msg, Record(arrays={"g.weight": torch.tensor([[0.5]])}),
-                             QuadClient(2.0, 3.0, steps=1, lr=0.1))
+    res = run_update(algo, msg, Record(arrays={"g.weight": torch.tensor([[0.5]])}),
+                     QuadClient(2.0, 3.0, steps=1, lr=0.1))
     assert float(res.reply.arrays["w.weight"]) == pytest.approx(1.45)
     assert float(res.state.arrays["g.weight"]) == pytest.approx(0.5 - 0.1 * 0.45)  # g - alpha (theta_k - theta)
     # server: h = 0.2 - 0.1 / 4 * ((2 - 1) + (4 - 1)) = 0.1; theta = mean(2, 4) - h / alpha = 2

@@ -4,13 +4,17 @@ method on CUDA. The CPU tests compare the batched executor with the sequential o
 import json
 import math
 
+import numpy as np
 import pytest
 import torch
 from torch import nn
 
+from protofl.algorithms.base import ClientResult, weights_of
+from protofl.algorithms.fedavg import FedAvg
 from protofl.api import run
 from protofl.config import ConfigError, load_config
 from protofl.models import MODELS
+from protofl.messages import Record, prefixed
 from protofl.models.base import FLModel
 
 from conftest import DIGITS, StopAfter, strip_timing
@@ -101,34 +105,58 @@ def test_batched_in_chunks_equals_one_stack(tmp_path):
     assert_close_runs(one, two, atol=1e-6)
 
 
-def test_methods_without_a_batched_form_fall_back_with_a_note(tmp_path, caplog):
-    cfg = cfg_for(tmp_path, "algorithm.name=moon")
+class PlainFedAvg(FedAvg):
+    """A method written the imperative way (a plain-function client_update on a live model),
+    as a plugin may be: it still runs, one client after another."""
+
+    name = "plain_fedavg"
+
+    def client_update(self, msg, state, ctx):
+        model = ctx.model(msg.subarrays("w."))
+        ctx.train(model)
+        return ClientResult(Record(arrays=prefixed("w.", weights_of(model)), metrics={"num_samples": ctx.num_samples}),
+                            personal=model)
+
+
+def test_a_plain_function_method_falls_back_with_a_note(tmp_path, caplog, monkeypatch):
+    from protofl.algorithms import ALGORITHMS
+
+    monkeypatch.setitem(ALGORITHMS._items, "plain_fedavg", PlainFedAvg)
+    cfg = cfg_for(tmp_path, "algorithm.name=plain_fedavg")
     with caplog.at_level("INFO", logger="protofl"):
         bat = run(cfg.replace(**{"execution.executor": "batched"}), run_dir=tmp_path / "bat")
     seq = run(cfg.replace(**{"execution.executor": "sequential"}), run_dir=tmp_path / "seq")
     notes = [r.message for r in caplog.records if "batched executor not used" in r.message]
-    assert len(notes) == 1 and "moon" in notes[0]
+    assert len(notes) == 1 and "plain_fedavg" in notes[0]
     assert bat.summary["execution"]["executor"] == "sequential"
     assert strip_timing(bat.rows) == strip_timing(seq.rows)  # the fallback is the sequential run
+    # ... and the imperative form computes what the coroutine form does
+    ref = run(cfg.replace(**{"algorithm.name": "fedavg", "execution.executor": "sequential"}), run_dir=tmp_path / "ref")
+    assert strip_timing(ref.rows) == strip_timing(seq.rows)
 
 
-def test_batchable_follows_the_overridden_hooks():
-    from protofl.algorithms import ALGORITHMS
-    from protofl.algorithms.base import TaskInfo
+def test_heterogeneous_models_fall_back_with_a_note(tmp_path):
+    cfg = cfg_for(tmp_path, "algorithm.name=fedproto", "rounds=1", "model.name=mlp",
+                  "model.per_client={hidden: [[16], [24]]}")
+    bat = run(cfg.replace(**{"execution.executor": "batched"}), run_dir=tmp_path / "bat")
+    assert bat.summary["execution"]["executor"] == "sequential"
+    assert "different architectures" in bat.summary["execution"]["executor_note"]
 
-    info = TaskInfo(10, 4, 16, (1, 8, 8), 0, 2)
-    able = {name for name in ALGORITHMS.names() if ALGORITHMS.get(name)(ALGORITHMS.get(name).Hyper(), info).batchable()}
-    assert {"fedavg", "fedprox", "fedrs", "fedlc", "bsmfedavg"} <= able
-    assert not able & {"moon", "fedper", "rebafl", "fedgen", "ditto", "creff", "fedavg_ft", "fednh", "fedproto",
-                       "scaffold", "feddyn", "mpfedcl", "local", "fesem", "fedgela"}
-    # a subclass that changes the local update without restating it is not batched
-    from protofl.algorithms.fedprox import FedProx
 
-    class Changed(FedProx):
-        def local_loss(self, model, msg, ctx):
-            return super().local_loss(model, msg, ctx)
-
-    assert not Changed(FedProx.Hyper(), info).batchable()
+@pytest.mark.parametrize("name", ["scaffold", "rebafl", "fedrep", "moon", "fednh"])
+def test_methods_batched_equal_sequential_with_batchnorm(tmp_path, tiny_bn_cnn, name):
+    """Conv + BatchNorm through the stack for methods with gradient transforms, phases, extra
+    forwards of other weights (MOON) and features (prototypes)."""
+    cfg = cfg_for(tmp_path, f"algorithm.name={name}", "training.lr=0.01").replace(**{"model.name": tiny_bn_cnn})
+    seq, bat = both(cfg, tmp_path)
+    assert bat.summary["execution"]["executor"] == "batched"
+    a = seq.server_state.weights if hasattr(seq.server_state, "weights") else {}
+    for k, v in a.items():
+        if v.is_floating_point():
+            torch.testing.assert_close(bat.server_state.weights[k], v, atol=1e-5, rtol=1e-4, msg=k)
+    for ra, rb in zip(seq.rows, bat.rows):
+        assert ra["train_samples"] == rb["train_samples"]
+        assert math.isclose(ra["train_loss"], rb["train_loss"], rel_tol=1e-4)
 
 
 def test_auto_is_sequential_on_cpu(tmp_path):
@@ -229,3 +257,66 @@ def test_cpu_and_cuda_agree(tmp_path):
     cpu = run(cfg, run_dir=tmp_path / "cpu")
     gpu = run(cfg.replace(**{"execution.device": "cuda"}), run_dir=tmp_path / "gpu")
     assert_close_runs(cpu, gpu, atol=1e-4)
+
+
+@pytest.mark.long
+def test_compiled_stack_step_equals_eager(tmp_path):
+    """execution.compile: the whole-stack step through torch.compile (minutes on a CPU: a
+    long test) computes what the eager stack computes, up to float rounding."""
+    cfg = cfg_for(tmp_path, "training.batch_size=16", "rounds=2").replace(**{"execution.executor": "batched"})
+    eager = run(cfg, run_dir=tmp_path / "eager")
+    compiled = run(cfg.replace(**{"execution.compile": True}), run_dir=tmp_path / "compiled")
+    assert_close_runs(eager, compiled)
+
+
+# ---------------------------------------------------------------------------------------
+# the slot schedule (engine/batched.py): pure functions on step counts
+# ---------------------------------------------------------------------------------------
+def test_plan_runs_every_client_step_once_in_order_in_one_slot():
+    from protofl.engine.batched import plan_stack
+
+    totals = [7, 3, 0, 5, 5, 1]
+    B = 4
+    sizes = [[B if (t + 1) % 3 else 2 for t in range(n)] for n in totals]  # a short batch every 3rd step
+    rows = [np.arange(n * B).reshape(n, B) + 100 * j for j, n in enumerate(totals)]
+    plan = plan_stack(totals, sizes, rows, slots=2)
+    seen = {j: [] for j in range(len(totals))}
+    flat = plan.rows
+    for groups in plan.steps:
+        in_step = []
+        for g in groups:
+            assert len(set(g.slots)) == len(g.slots) and all(sizes[j][t] == g.b for j, t in zip(g.jobs, g.t))
+            got = flat[g.start:g.start + len(g.slots) * g.b].reshape(len(g.slots), g.b)
+            for k, (j, t) in enumerate(zip(g.jobs, g.t)):
+                assert np.array_equal(got[k], rows[j][t, :g.b])  # the client's own rows of that step
+                seen[j].append(t)
+            in_step += g.jobs
+        assert len(in_step) == len(set(in_step)) <= 2  # a client is in one slot, at most 2 slots busy
+    assert all(seen[j] == list(range(n)) for j, n in enumerate(totals))  # every step, in order
+    assert plan.busy == sum(totals) and plan.slot_steps == 2 * len(plan.steps)
+    loaded = [j for step in plan.loads for _, j in step]
+    assert sorted(loaded) == [0, 1, 3, 4, 5] and loaded[:2] == [0, 3]  # longest first; none without steps
+    finished = [j for step in plan.finishes for _, j in step]
+    assert sorted(finished) == [0, 1, 3, 4, 5]
+
+
+def test_slot_count_ends_the_stack_with_its_longest_client():
+    from protofl.engine.batched import choose_slots, makespan
+
+    rng = np.random.default_rng(0)
+    sizes = np.maximum(10, (rng.dirichlet([0.3] * 100) * 60_000).astype(int))  # MNIST Dir(0.3), 100 clients
+    totals = [5 * int(np.ceil(n / 64)) for n in sizes]  # 5 epochs, batch 64
+    S = choose_slots(totals, cap=1000)
+    longest = max(totals)
+    assert makespan(totals, S) <= longest * 1.05 + 1  # about the longest client's steps
+    assert makespan(totals, S - 1) > longest * 1.05 + 1  # the fewest slots that do
+    assert sum(totals) / (S * makespan(totals, S)) >= 0.9  # occupancy
+    assert sum(totals) / (len(totals) * longest) < 0.5  # lockstep: one slot per client, most idle
+    assert choose_slots(totals, cap=8) == 8  # memory caps it
+    assert choose_slots([0, 0], cap=4) == 1
+
+
+def test_batch_clients_sets_the_slot_count(tmp_path):
+    cfg = cfg_for(tmp_path, "rounds=1").replace(**{"execution.executor": "batched", "execution.batch_clients": 2})
+    res = run(cfg, run_dir=tmp_path / "two")
+    assert res.summary["execution"]["slots"] == 2 and 0 < res.summary["execution"]["occupancy"] <= 1

@@ -11,7 +11,7 @@ from torch import nn
 from protofl import run
 from protofl.algorithms.fedrod import FedRoD, TwoHeads, rod_losses
 from protofl.cli import EXIT_BAD_INPUT, main
-from protofl.engine.client import ClientContext
+from protofl.engine.client import ClientContext, drive, run_update
 from protofl.engine.simulation import Simulation
 from protofl.messages import Record, prefixed
 from protofl.models.base import FLModel
@@ -76,25 +76,41 @@ def test_personal_head_carries_over_between_rounds(digits_cfg, tmp_path):
     sim = Simulation(cfg, run_dir=tmp_path / "x")
     ctx = ClientContext(sim.runtime, 0, 3)
     msg = next(m for rnd, cid, m, _, _ in seen if cid == 0 and rnd == 3)
-    out = sim.algorithm.client_update(msg, states[2], ctx)
+    out = run_update(sim.algorithm, msg, states[2], ctx)
     assert same(out.state.arrays, states[3].arrays)  # same start, same stream -> same head
 
 
 # ---------------------------------------------------------------------------------------
 # FedRep: the two phases
 # ---------------------------------------------------------------------------------------
+def recording(ctx):
+    """ctx.execute that keeps every training request's (start weights, trained weights)."""
+    fits = []
+
+    def execute(req):
+        out = ctx.execute(req)
+        if hasattr(out, "stats"):
+            fits.append(({k: v.clone() for k, v in req.weights.items()}, out.weights))
+        return out
+
+    return execute, fits
+
+
 def test_fedrep_phases_touch_only_their_own_parameters(digits_cfg, tmp_path):
     sim = Simulation(digits_cfg("algorithm.name=fedrep", "algorithm.head_epochs=1", "training.epochs=1"),
                      run_dir=tmp_path / "r")
+    algo = sim.algorithm
     ctx = ClientContext(sim.runtime, 0, 1)
-    model = ctx.model()
-    body0, head0 = params_of(model.body), params_of(model.head)
-    sim.algorithm.train_head(model, ctx)
-    body1, head1 = params_of(model.body), params_of(model.head)
-    assert same(body1, body0) and not any(torch.equal(head1[k], head0[k]) for k in head0)
-    sim.algorithm.train_body(model, ctx)
-    body2, head2 = params_of(model.body), params_of(model.head)
-    assert same(head2, head1) and not any(torch.equal(body2[k], body1[k]) for k in body1)
+    execute, fits = recording(ctx)
+    msg = algo.configure(algo.server_init(sim.server), 1, 0, sim.server)
+    drive(algo.client_update(msg, algo.client_init(ctx), ctx), execute)
+    (w0, w1), (w1_, w2) = fits  # phase 1 (head), then phase 2 (body) from where phase 1 ended
+    part = lambda w, prefix: {k: v for k, v in w.items() if k.startswith(prefix)}  # noqa: E731
+    assert same(w1_, w1)
+    assert same(part(w1, "body."), part(w0, "body."))
+    assert not any(torch.equal(w1[k], w0[k]) for k in part(w0, "head."))
+    assert same(part(w2, "head."), part(w1, "head."))
+    assert not any(torch.equal(w2[k], w1[k]) for k in part(w1, "body.") if k.endswith("weight"))
 
 
 # ---------------------------------------------------------------------------------------
@@ -105,16 +121,23 @@ def test_fedbabu_head_stays_at_its_initialization(digits_cfg, tmp_path):
     algo = sim.algorithm
     state = algo.server_init(sim.server)
     head0 = {k: v for k, v in state.weights.items() if k.startswith("head.")}
-    ctx = ClientContext(sim.runtime, 0, 1)
-    out = algo.client_update(algo.configure(state, 1, 0, sim.server), None, ctx)
-    trained = out.personal.model  # the live model, right after local training
-    assert all(torch.equal(trained.state_dict()[k], v) for k, v in head0.items())  # bit-identical
+    msg = algo.configure(state, 1, 0, sim.server)
+    outs = {}
+    for evaluating in (False, True):
+        ctx = ClientContext(sim.runtime, 0, 1, evaluating=evaluating)
+        execute, fits = recording(ctx)
+        outs[evaluating] = drive(algo.client_update(msg, None, ctx), execute), fits
+    out, fits = outs[False]
+    assert len(fits) == 1 and out.personal is None  # not evaluated: no fine-tuning at all
+    trained = fits[0][1]  # the weights right after local training
+    assert all(torch.equal(trained[k], v) for k, v in head0.items())  # the head: bit-identical
     assert out.state is None and not any(k.startswith("w.head.") for k in out.reply.arrays)
-    reply = {k: v.clone() for k, v in out.reply.arrays.items()}
-    x, _ = ctx.data
-    out.personal(x[:4])  # evaluation: fine-tunes body and head of w_t
-    assert not torch.equal(trained.head.weight, head0["head.weight"])  # the head moves only here
-    assert same(out.reply.arrays, reply)
+    tuned_out, tuned_fits = outs[True]
+    assert len(tuned_fits) == 2  # evaluated: the received global model is fine-tuned too
+    assert same(tuned_out.reply.arrays, out.reply.arrays)  # ... after the reply, which it leaves alone
+    tuned = tuned_fits[1][1]
+    assert not torch.equal(tuned["head.weight"], head0["head.weight"])  # the head moves only here
+    assert torch.equal(tuned_out.personal.head.weight, tuned["head.weight"])
 
 
 @pytest.mark.parametrize("name", ["fedbabu", "fedavg_ft"])
@@ -214,7 +237,7 @@ def test_ditto_one_step_is_sgd_on_ce_plus_proximal_term(digits_cfg, tmp_path):
         return dict(zip(names, (gr.clone() for gr in grads)))
 
     gw, gv = ce_grads(w_t), ce_grads(v)
-    out = sim.algorithm.client_update(Record(arrays=prefixed("w.", w_t)), Record(arrays=v), ctx)
+    out = run_update(sim.algorithm, Record(arrays=prefixed("w.", w_t)), Record(arrays=v), ctx)
     for k in gw:
         # global model: one FedAvg step from w_t
         assert torch.allclose(out.reply.arrays["w." + k], w_t[k] - lr * gw[k], atol=1e-6), k

@@ -7,6 +7,8 @@ from types import SimpleNamespace
 
 import pytest
 import torch
+
+from protofl.nn.prototypes import class_means
 from torch import nn
 
 from protofl.algorithms.base import TaskInfo
@@ -97,7 +99,9 @@ GLOBAL = message(torch.tensor([[1.0, 0.0], [0.0, 1.0], [-1.0, -1.0]]), torch.ten
 def grads(algo, model, msg, ctx):
     model.zero_grad()
     x, y = ctx.data
-    loss = algo.local_loss(model, msg, ctx)(model, x, y)
+    local = class_means(ctx.embed(model.body), y, C) if algo.augments(msg) else None
+    loss_fn, extras = algo.local_objective(msg, ctx, local)
+    loss = loss_fn(model, x, y, extras)
     loss.backward()
     return loss.item(), {k: (p.grad.clone() if p.grad is not None else torch.zeros_like(p))
                          for k, p in model.named_parameters()}

@@ -7,6 +7,7 @@ import numpy as np
 import pytest
 import torch
 
+from protofl.algorithms.base import cross_entropy
 from protofl.algorithms.fedavg import FedAvg
 from protofl.cli import main
 from protofl.engine.checkpoint import previous_generation
@@ -186,8 +187,8 @@ BAD = 3  # the client that misbehaves
 
 
 def corrupt(kind):
-    def client_update(self, msg, state, ctx):
-        res = ORIGINAL(self, msg, state, ctx)
+    async def client_update(self, msg, state, ctx):
+        res = await ORIGINAL(self, msg, state, ctx)
         if ctx.cid != BAD:
             return res
         r = res.reply
@@ -248,13 +249,13 @@ def test_a_bad_client_is_rejected_and_the_run_equals_the_run_without_it(kind, ba
 def test_nonfinite_loss_stops_or_drops(baseline, digits_cfg, tmp_path, monkeypatch):
     cfg, base = baseline
 
-    def local_loss(self, model, msg, ctx):
-        def loss(model, x, y):
-            value = torch.nn.functional.cross_entropy(model(x), y)
-            return value * float("nan") if ctx.cid == BAD else value
-        return loss
+    def nan_loss(model, x, y, extras):
+        return torch.nn.functional.cross_entropy(model(x), y) * float("nan")
 
-    monkeypatch.setattr(FedAvg, "local_loss", local_loss)
+    def objective(self, msg, ctx):
+        return (nan_loss if ctx.cid == BAD else cross_entropy), {}
+
+    monkeypatch.setattr(FedAvg, "objective", objective)
     with pytest.raises(NonFiniteLossError):
         Simulation(cfg, run_dir=tmp_path / "stop").run()
     res = Simulation(cfg.replace(**{"training.on_nonfinite": "drop"}), run_dir=tmp_path / "drop").run()

@@ -41,4 +41,6 @@ def parser(description: str, root_help: str) -> argparse.ArgumentParser:
     p.add_argument("--rounds", type=int, default=6)
     p.add_argument("--clients-per-round", type=int, default=10, help="of the 100")
     p.add_argument("--eval", choices=["default", "off"], default="default")
+    p.add_argument("--epochs", type=int, default=5, help="local epochs (the workload's 5)")
+    p.add_argument("--device", default="cpu", help="cpu, or cuda (PFLlib on a GPU, for benchmarks/gpu.py)")
     return p

@@ -16,6 +16,12 @@ includes PFLlib's own evaluation (every client's test set and training loss, eve
 
     python pfllib.py prepare --root PFLLIB --data-dir DATA   # MNIST Dir(0.3), 100 clients
     python pfllib.py run --root PFLLIB --rounds 6 --eval default
+    python pfllib.py run --root PFLLIB --rounds 3 --eval off --device cuda --clients-per-round 100
+
+PFLlib's ``main.py`` imports ``cvxpy`` and ``calmsize`` at load time, which its FedAvg never
+uses: where they are not installed (a machine that should get nothing beyond torch,
+torchvision and numpy, such as a GPU box without a package index), ``stand_ins/`` is put
+on the path and provides two modules that only say so if anything calls them.
 """
 from __future__ import annotations
 
@@ -44,10 +50,17 @@ def prepare(root: Path, data_dir: Path) -> None:
     generate_MNIST.generate_dataset("MNIST/", 100, True, False, "dir")  # noniid, unbalanced, Dirichlet
 
 
-def run(root: Path, rounds: int, eval_on: bool, per_round: int = 10) -> None:
+STAND_INS = Path(__file__).resolve().parent / "stand_ins"
+
+
+def run(root: Path, rounds: int, eval_on: bool, per_round: int = 10, epochs: int = 5, device: str = "cpu") -> None:
+    import importlib.util
+
     system = root / "system"
     os.chdir(system)
     sys.path.insert(0, str(system))
+    if any(importlib.util.find_spec(m) is None for m in ("cvxpy", "calmsize")):
+        sys.path.append(str(STAND_INS))  # after the real ones: only what is missing comes from here
     from flcore.servers.serveravg import FedAvg
     from flcore.servers.serverbase import Server
 
@@ -68,8 +81,8 @@ def run(root: Path, rounds: int, eval_on: bool, per_round: int = 10) -> None:
 
     Server.select_clients, FedAvg.train = counted_select, kept_train
     sys.argv = ["main.py", "-data", "MNIST", "-m", "CNN", "-algo", "FedAvg", "-gr", str(rounds - 1),
-                "-dev", "cpu", "-nc", "100", "-jr", str(per_round / 100), "-ls", "5", "-lbs", "64", "-lr", "0.01",
-                "-eg", "1" if eval_on else str(rounds + 1)]
+                "-dev", device, "-nc", "100", "-jr", str(per_round / 100), "-ls", str(epochs), "-lbs", "64",
+                "-lr", "0.01", "-eg", "1" if eval_on else str(rounds + 1)]
     runpy.run_path("main.py", run_name="__main__")
     for r, (n, s) in enumerate(zip(samples, budget)):
         print_round(r + 1, s, n)
@@ -82,7 +95,7 @@ def main() -> None:
     if a.command == "prepare":
         prepare(root, a.data_dir.resolve())
     else:
-        run(root, a.rounds, a.eval == "default", a.clients_per_round)
+        run(root, a.rounds, a.eval == "default", a.clients_per_round, a.epochs, a.device)
 
 
 if __name__ == "__main__":

@@ -321,7 +321,10 @@ class ExecutionConfig:
     # batched = the sampled clients stacked and trained in one set of kernels (methods that
     # support it, else sequential with a note); auto = batched on a GPU, sequential on the CPU
     executor: Literal["auto", "sequential", "batched"] = "auto"
-    batch_clients: int = 0  # batched: at most this many clients per stack (memory); 0 = all of a round
+    batch_clients: int = 0  # batched: at most this many clients at a time (slots); 0 = chosen per stack
+    # batched: compile the stack's SGD step with torch.compile (on a GPU with CUDA graphs),
+    # for stacks whose step has one fixed shape; results within float rounding of eager
+    compile: bool = False
     # per-client state (personal models, heads, control variates) kept in memory on the
     # driver; beyond it, the least recently used states go to <run folder>/client_state/ and
     # are read back when their client is sampled. null = no limit (state: driver only)

@@ -5,24 +5,47 @@ A method owns both halves of its algorithm and nothing else:
 server half                                   client half
 -----------                                   -----------
 ``server_init(ctx) -> S``                      ``client_init(ctx) -> Record | None``
-``configure(S, rnd, cid, ctx) -> Record``  ->  ``client_update(msg, state, ctx) -> ClientResult``
+``configure(S, rnd, cid, ctx) -> Record``  ->  ``async client_update(msg, state, ctx) -> ClientResult``
 ``aggregate(S, rnd, replies, ctx) -> S``   <-  (reply Record, new state, personalized predictor)
 ``global_predictor(S, ctx) -> Predictor``
 
 Messages and per-client state are :class:`~protofl.messages.Record` s; server state ``S``
 is the method's own dataclass. The engine owns everything around it: sampling,
-participation, the local training loop (``ctx.train``), execution backends,
-evaluation, checkpoints and logging. A method customizes training through the loss
-function and the parameter list it hands to ``ctx.train``.
+participation, the local training loop, execution backends, evaluation, checkpoints and
+logging.
+
+**The local update, stated once.** ``client_update`` is a coroutine that reads like the
+paper's client step and hands the heavy work to the engine with ``await``:
+
+* ``await ctx.fit(weights, loss, extras=...)`` -> :class:`Fitted`: E epochs (or
+  ``training.steps``) of the run's SGD from ``weights`` on ``loss(model, x, y, extras)``,
+  a pure function of the model (with the client's current parameters), a batch and the
+  client's own tensors ``extras`` (FedProx's anchor, FedGELA's Phi, a prototype table).
+  Options: which parameters move (``trainable``), a gradient transform (``grad``:
+  SCAFFOLD's g + c - c_i), per-step random tensors (``step_extras``) and per-call
+  training settings (``epochs=10``).
+* ``await ctx.features(weights, "body")`` -> (n_k, d): a part of the model applied to the
+  client's training inputs in eval mode (prototypes).
+
+Between the awaits the method computes what it likes (class means, k-means, its
+reply). The sequential executor runs each request at once, for one client; the batched
+executor (``engine/batched.py``) runs the requests of many clients together, in one
+stack of parameters: the method is written once and both executors run it. For that,
+``loss``, ``grad`` and ``step_extras`` must be the same function for every client of a
+round (module-level functions or bound methods of the method; per-client values go in
+``extras``), and must not branch in Python on the values of tensors. A method whose
+``client_update`` is a plain function (``ctx.train(model, ...)`` on a live model) still
+runs, sequentially.
 """
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Callable, ClassVar, Iterable, Mapping, Optional, Sequence, Union
 
 import torch
 from torch import nn
+from torch.nn import functional as F
 
 from ..messages import Record
 
@@ -54,20 +77,83 @@ class NoHyper:
 
 
 @dataclass
-class BatchPlan:
-    """One client's local update in the form the batched executor (engine/batched.py)
-    runs for many clients at once: ``ctx.train`` of every trainable parameter, starting from
-    ``weights`` (a full state dict), on the objective ``loss(forward, params, x, y, extras)``.
+class TrainStats:
+    loss: float  # sample-weighted mean of the minibatch losses
+    steps: int
+    samples: int  # samples processed (epochs x client size, or steps x batch)
 
-    ``loss`` is a pure function of its arguments: ``forward(x)`` is the model with the
-    client's current parameters, ``params`` those parameters by name, ``extras`` this
-    client's own tensors (e.g. FedProx's anchor w_t). It must be the same function for
-    every client of a round (the per-client parts go in ``extras``).
+
+# loss(model, x, y, extras) -> scalar: the objective of one minibatch. ``model`` is the
+# client's architecture holding its current parameters (in the batched executor, one
+# client's slice of the stack), ``extras`` the client's own tensors given to ``ctx.fit``.
+LossFn = Callable[[nn.Module, torch.Tensor, torch.Tensor, Mapping[str, Any]], torch.Tensor]
+# grad(grads, extras) -> grads: a transform of the minibatch gradient by parameter name,
+# applied before clipping and the optimizer step (SCAFFOLD's corrected gradient)
+GradFn = Callable[[dict, Mapping[str, Any]], dict]
+
+
+def cross_entropy(model: nn.Module, x: torch.Tensor, y: torch.Tensor, extras: Mapping[str, Any]) -> torch.Tensor:
+    """The plain objective: cross-entropy of the model's logits."""
+    return F.cross_entropy(model(x), y)
+
+
+@dataclass
+class Fit:
+    """A request for local training (``ctx.fit``); the engine answers with :class:`Fitted`.
+
+    ``weights``: the full state dict to start from. ``loss``: the objective (see
+    :data:`LossFn`). ``extras``: this client's own tensors (nested dicts of tensors).
+    ``trainable``: prefixes of the parameter names that move (None: every trainable
+    parameter). ``grad``: a gradient transform (:data:`GradFn`). ``step_extras``: given the
+    client's minibatch sizes, one step after another, returns tensors (steps, max size, ...)
+    whose row of a step, cut to that step's batch size, joins ``extras`` at that step
+    (random draws the sequential loop would make inside the loss, made up front in the same
+    order). ``settings``: per-call training settings (``epochs``, ``steps``, ``clip_grad``,
+    ``lr``, ...). ``report``: whether its loss and step count are the client's reported
+    training statistics (the last such call's are).
     """
 
+    weights: Mapping[str, torch.Tensor]
+    loss: LossFn = cross_entropy
+    extras: Mapping[str, Any] = field(default_factory=dict)
+    trainable: Optional[tuple[str, ...]] = None
+    grad: Optional[GradFn] = None
+    step_extras: Optional[Callable[[Sequence[int]], dict]] = None
+    settings: Mapping[str, Any] = field(default_factory=dict)
+    report: bool = True
+
+
+@dataclass
+class Fitted:
+    """The answer to a :class:`Fit`: the trained weights (a full state dict, the caller's
+    own copy) and the training statistics."""
+
     weights: dict[str, torch.Tensor]
-    loss: Callable[..., torch.Tensor]
-    extras: dict[str, torch.Tensor]
+    stats: TrainStats
+
+
+@dataclass
+class Features:
+    """A request for features (``ctx.features``): ``model.<part>`` with ``weights`` applied
+    in eval mode to ``x`` (None: the client's training inputs); the answer is (n, d)."""
+
+    weights: Mapping[str, torch.Tensor]
+    part: str = "body"
+    x: Optional[torch.Tensor] = None
+
+
+class Pending:
+    """What ``ctx.fit`` and ``ctx.features`` return: awaiting it hands the request to the
+    executor that drives ``client_update`` and gives back its answer."""
+
+    __slots__ = ("request",)
+
+    def __init__(self, request: Union[Fit, Features]) -> None:
+        self.request = request
+
+    def __await__(self):
+        answer = yield self.request
+        return answer
 
 
 @dataclass
@@ -132,35 +218,21 @@ class Algorithm:
     def client_init(self, ctx: "ClientContext") -> Optional[Record]:
         return None
 
-    def client_update(self, msg: Record, state: Optional[Record], ctx: "ClientContext") -> ClientResult:
+    async def client_update(self, msg: Record, state: Optional[Record], ctx: "ClientContext") -> ClientResult:
+        """The client's turn: ``await ctx.fit(...)`` / ``await ctx.features(...)`` for the
+        engine's work, the rest in plain code; returns the reply, the new state and the
+        personalized predictor."""
         raise NotImplementedError
-
-    # -- batched execution (optional; engine/batched.py) -----------------------------------
-    # the methods whose behaviour ``batch_plan``/``batch_result`` restate: a subclass that
-    # overrides any of them is not batched unless it also defines ``batch_plan`` itself
-    batch_hooks: ClassVar[tuple[str, ...]] = ("client_update", "client_init")
-
-    def batch_plan(self, msg: Record, ctx: "ClientContext") -> Optional[BatchPlan]:
-        """The client update as a :class:`BatchPlan`; None (default): not batchable."""
-        return None
-
-    def batch_result(self, msg: Record, ctx: "ClientContext", model: nn.Module) -> ClientResult:
-        """The client's result once its plan has been trained (``model`` holds the weights)."""
-        raise NotImplementedError
-
-    def batchable(self) -> bool:
-        """Whether this method's clients can be trained together (its class or an ancestor
-        defines ``batch_plan`` and no subclass below that one overrides ``batch_hooks``)."""
-        cls = type(self)
-        owner = next(c for c in cls.__mro__ if "batch_plan" in c.__dict__)
-        if owner is Algorithm:
-            return False
-        return all(getattr(cls, h, None) is getattr(owner, h, None) for h in (*owner.batch_hooks, "batch_result"))
 
 
 # ---------------------------------------------------------------------------------------
 # shared helpers for methods
 # ---------------------------------------------------------------------------------------
+def trainable_names(model: nn.Module) -> list[str]:
+    """The names of the model's trainable parameters, in the model's order."""
+    return [k for k, p in model.named_parameters() if p.requires_grad]
+
+
 def weights_of(model: nn.Module) -> dict[str, torch.Tensor]:
     """A detached copy of the model's state (parameters and buffers)."""
     return {k: v.detach().clone() for k, v in model.state_dict().items()}
@@ -222,5 +294,21 @@ def weight_diversity(models: Sequence[Mapping[str, torch.Tensor]]) -> float:
     return total / n
 
 
+async def fine_tuned(ctx: "ClientContext", weights: Mapping[str, torch.Tensor], epochs: int) -> Optional[nn.Module]:
+    """A personalized model made by fine-tuning: ``weights`` trained for ``epochs`` epochs of
+    the run's SGD on cross-entropy over all parameters, on the client's data.
+
+    Only when the engine evaluates this client (``ctx.evaluating``; None otherwise): the
+    extra epochs cost nothing in the other rounds. It runs after everything the reply and
+    the client's state depend on, and its statistics are not the client's reported
+    training statistics, so turning personalized evaluation on or off leaves training
+    bit-identical."""
+    if not ctx.evaluating:
+        return None
+    tuned = await ctx.fit(weights, epochs=epochs, report=False)
+    return ctx.model(tuned.weights)
+
+
 def cross_entropy_loss(model: nn.Module, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+    """The plain objective in the form of the imperative ``ctx.train(model, loss)``."""
     return nn.functional.cross_entropy(model(x), y)

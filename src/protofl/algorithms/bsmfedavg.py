@@ -28,6 +28,8 @@ from .fedavg import FedAvg
 class BSMFedAvg(FedAvg):
     name = "bsmfedavg"
 
-    def logit_adjustment_parts(self, ctx):
-        prior = relaxed_prior(ctx.class_counts, 0.0).to(ctx.data[1].device)  # (C,) n_kc / n_k
-        return balanced_logits, prior  # the balanced softmax
+    def logit_adjustment(self, ctx):
+        return relaxed_prior(ctx.class_counts, 0.0).to(ctx.data[1].device)  # (C,) pi_kc = n_kc / n_k
+
+    def adjust_logits(self, z, prior):
+        return balanced_logits(z, prior)  # the balanced softmax

@@ -58,7 +58,7 @@ from torch.func import functional_call
 
 from ..errors import ConfigError, require
 from ..messages import Record, prefixed
-from .base import ClientResult, weights_of
+from .base import ClientResult
 from .fedavg import FedAvg, WeightsState
 
 
@@ -251,9 +251,10 @@ class CReFF(FedAvg):
             model.train(was)
         return grads, mask
 
-    def client_update(self, msg: Record, state: Optional[Record], ctx) -> ClientResult:
-        model = ctx.model(msg.subarrays("w."))
-        grads, mask = self.real_gradients(model, msg.subarrays("re."), ctx)
-        ctx.train(model, loss=self.local_loss(model, msg, ctx))
-        arrays = {**prefixed("w.", weights_of(model)), **prefixed("g.", grads), "g_mask": mask}
-        return ClientResult(Record(arrays=arrays, metrics={"num_samples": ctx.num_samples}), personal=model)
+    async def client_update(self, msg: Record, state: Optional[Record], ctx) -> ClientResult:
+        w_t = msg.subarrays("w.")
+        grads, mask = self.real_gradients(ctx.model(w_t), msg.subarrays("re."), ctx)  # before training
+        fitted = await ctx.fit(w_t)  # FedAvg's local update
+        arrays = {**prefixed("w.", fitted.weights), **prefixed("g.", grads), "g_mask": mask}
+        return ClientResult(Record(arrays=arrays, metrics={"num_samples": ctx.num_samples}),
+                            personal=ctx.model(fitted.weights))

@@ -29,14 +29,14 @@ Defaults and deviations:
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Mapping, Optional
+from typing import Optional
 
 import torch
-from torch import nn
+from torch.nn import functional as F
 
 from ..errors import require
 from ..messages import Record, prefixed
-from .base import ClientResult, cross_entropy_loss, weights_of
+from .base import ClientResult, weights_of
 from .fedavg import FedAvg, FedAvgHyper
 
 
@@ -51,17 +51,6 @@ class DittoHyper(FedAvgHyper):
                 self.personal_epochs, "must be >= 1 (or null: training.epochs)")
 
 
-def ditto_objective(model: nn.Module, w_t: Mapping[str, torch.Tensor], lam: float):
-    """h_k(v; w_t) = CE + (lam / 2) sum ||v - w_t||^2 over the trainable parameters (eq. 2)."""
-    anchor = [(p, w_t[name].to(p.device)) for name, p in model.named_parameters() if p.requires_grad]
-
-    def loss(model, x, y):
-        prox = sum(torch.sum((p - a) ** 2) for p, a in anchor)
-        return cross_entropy_loss(model, x, y) + 0.5 * lam * prox
-
-    return loss
-
-
 class Ditto(FedAvg):
     name = "ditto"
     Hyper = DittoHyper
@@ -69,15 +58,17 @@ class Ditto(FedAvg):
     def client_init(self, ctx) -> Record:
         return Record(arrays=weights_of(ctx.model()))  # v_k^0 = w^0
 
-    def client_update(self, msg: Record, state: Optional[Record], ctx) -> ClientResult:
+    async def client_update(self, msg: Record, state: Optional[Record], ctx) -> ClientResult:
         w_t = msg.subarrays("w.")
-        model = ctx.model(w_t)
-        ctx.train(model, loss=cross_entropy_loss)  # the global solver's local update
-        reply = Record(arrays=prefixed("w.", weights_of(model)), metrics={"num_samples": ctx.num_samples})
-        model = ctx.model(state.arrays)  # v_k
-        self.train_personal(model, w_t, ctx)
-        return ClientResult(reply, state=Record(arrays=weights_of(model)), personal=model)
+        w_k = await ctx.fit(w_t)  # the global solver's local update (FedAvg)
+        reply = Record(arrays=prefixed("w.", w_k.weights), metrics={"num_samples": ctx.num_samples})
+        epochs = {} if self.hp.personal_epochs is None else {"epochs": self.hp.personal_epochs}
+        anchor = {k: w_t[k] for k in ctx.trainable(w_t)}
+        v_k = await ctx.fit(state.arrays, self.personal_loss, extras={"w_t": anchor}, **epochs)  # eq. 2, from v_k
+        return ClientResult(reply, state=Record(arrays=v_k.weights), personal=ctx.model(v_k.weights))
 
-    def train_personal(self, model, w_t: Mapping[str, torch.Tensor], ctx) -> None:
-        overrides = {} if self.hp.personal_epochs is None else {"epochs": self.hp.personal_epochs}
-        ctx.train(model, loss=ditto_objective(model, w_t, self.hp.lam), **overrides)
+    def personal_loss(self, model, x, y, extras):
+        """h_k(v; w_t) = CE + (lam / 2) sum ||v - w_t||^2 over the trainable parameters (eq. 2)."""
+        params = dict(model.named_parameters())
+        prox = sum(torch.sum((params[k] - a) ** 2) for k, a in extras["w_t"].items())
+        return F.cross_entropy(model(x), y) + 0.5 * self.hp.lam * prox

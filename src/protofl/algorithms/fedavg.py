@@ -9,22 +9,24 @@ Networks from Decentralized Data"), Algorithm 1.
 like weights; integer buffers take the maximum. Personalized model (for PM/PA
 metrics): the client's model right after local training, as in the FedNH paper.
 
-Subclasses whose clients train with adjusted logits (FedRS, FedLC, BSM-FedAvg) define
-``logit_adjustment_parts``: the local loss is the cross-entropy of the adjusted logits, and the
-personalized model predicts with the same adjusted logits (the client's local softmax,
-named ``local``), next to the plain logits (``@logits``).
+Subclasses change the local objective through :meth:`FedAvg.objective` (FedProx's
+proximal term, ReBaFL's balanced softmax, ...). Those whose clients train with adjusted
+logits (FedRS, FedLC, BSM-FedAvg) define ``adjust_logits(z, t)`` and the client's own
+(C,) tensor ``t`` (``logit_adjustment``): the local loss is the cross-entropy of the
+adjusted logits, and the personalized model predicts with the same adjusted logits (the
+client's local softmax, named ``local``), next to the plain logits (``@logits``).
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Callable, Literal, Optional
+from typing import Any, Callable, Literal, Optional
 
 import torch
 from torch import nn
 from torch.nn import functional as F
 
 from ..messages import Record, prefixed
-from .base import Algorithm, BatchPlan, ClientResult, cross_entropy_loss, weighted_mean, weights_of
+from .base import Algorithm, ClientResult, Fitted, LossFn, cross_entropy, weighted_mean
 
 
 @dataclass
@@ -48,20 +50,6 @@ class AdjustedLogits(nn.Module):
         return self.adjust(self.model(x))
 
 
-def _functional_ce(forward, params, x, y, extras):
-    return F.cross_entropy(forward(x), y)  # = cross_entropy_loss
-
-
-class _AdjustedCE:
-    """``local_loss`` with a logit adjustment, as a pure function of the client's tensor."""
-
-    def __init__(self, fn: Callable) -> None:
-        self.fn = fn
-
-    def __call__(self, forward, params, x, y, extras):
-        return F.cross_entropy(self.fn(forward(x), extras["adjust"]), y)
-
-
 class FedAvg(Algorithm):
     name = "fedavg"
     Hyper = FedAvgHyper
@@ -74,52 +62,38 @@ class FedAvg(Algorithm):
         return Record(arrays=prefixed("w.", state.weights))
 
     # -- client ------------------------------------------------------------------------------
-    def logit_adjustment_parts(self, ctx) -> Optional[tuple[Callable, torch.Tensor]]:
-        """``(fn, t)``: the client's logits are ``fn(z, t)`` with its own (C,) tensor ``t`` (e.g.
-        its label counts) and ``fn`` the same for every client; None = plain softmax. Subclasses
-        define this; the batched executor stacks ``t`` over clients."""
+    async def client_update(self, msg: Record, state: Optional[Record], ctx) -> ClientResult:
+        loss, extras = self.objective(msg, ctx)
+        fitted = await ctx.fit(msg.subarrays("w."), loss, extras=extras)  # E epochs of SGD from w_t
+        return self.result(fitted, ctx)
+
+    def objective(self, msg: Record, ctx) -> tuple[LossFn, dict[str, Any]]:
+        """The local objective and the client's own tensors it reads: plain cross-entropy, or
+        the cross-entropy of the adjusted logits. FedProx and others override this hook only."""
+        t = self.logit_adjustment(ctx)
+        return (cross_entropy, {}) if t is None else (self.adjusted_cross_entropy, {"adjust": t})
+
+    def result(self, fitted: Fitted, ctx) -> ClientResult:
+        """The reply (the trained weights) and the personalized model (the trained model)."""
+        reply = Record(arrays=prefixed("w.", fitted.weights), metrics={"num_samples": ctx.num_samples})
+        model = ctx.model(fitted.weights)
+        t = self.logit_adjustment(ctx)
+        personal = model if t is None else {"local": AdjustedLogits(model, lambda z: self.adjust_logits(z, t)),
+                                            "logits": model}
+        return ClientResult(reply, personal=personal)
+
+    # -- adjusted logits (FedRS, FedLC, BSM-FedAvg) -------------------------------------------
+    def logit_adjustment(self, ctx) -> Optional[torch.Tensor]:
+        """The client's own (C,) tensor ``t`` of its adjusted logits (e.g. its label counts);
+        None (FedAvg) = plain softmax."""
         return None
 
-    def logit_adjustment(self, ctx) -> Optional[Callable[[torch.Tensor], torch.Tensor]]:
-        """(B, C) logits -> the logits of the client's local softmax; None = plain softmax."""
-        parts = self.logit_adjustment_parts(ctx)
-        if parts is None:
-            return None
-        fn, t = parts
-        return lambda z: fn(z, t)
+    def adjust_logits(self, z: torch.Tensor, t: torch.Tensor) -> torch.Tensor:
+        """(B, C) logits -> the logits of the client's local softmax, given its ``t``."""
+        return z
 
-    def local_loss(self, model, msg: Record, ctx):
-        """The local objective; FedProx and others override this hook only."""
-        adjust = self.logit_adjustment(ctx)
-        if adjust is None:
-            return cross_entropy_loss
-
-        def loss(model, x, y):
-            return F.cross_entropy(adjust(model(x)), y)
-
-        return loss
-
-    def client_update(self, msg: Record, state: Optional[Record], ctx) -> ClientResult:
-        model = ctx.model(msg.subarrays("w."))
-        ctx.train(model, loss=self.local_loss(model, msg, ctx))
-        return self.batch_result(msg, ctx, model)
-
-    # -- batched execution: the same update for many clients at once (engine/batched.py) --
-    batch_hooks = ("client_update", "client_init", "local_loss", "logit_adjustment")
-
-    def batch_plan(self, msg: Record, ctx) -> Optional[BatchPlan]:
-        """``local_loss`` as a pure function: the cross-entropy of the (adjusted) logits from w_t."""
-        parts = self.logit_adjustment_parts(ctx)
-        if parts is None:
-            return BatchPlan(msg.subarrays("w."), _functional_ce, {})
-        fn, t = parts
-        return BatchPlan(msg.subarrays("w."), _AdjustedCE(fn), {"adjust": t})
-
-    def batch_result(self, msg: Record, ctx, model) -> ClientResult:
-        reply = Record(arrays=prefixed("w.", weights_of(model)), metrics={"num_samples": ctx.num_samples})
-        adjust = self.logit_adjustment(ctx)
-        personal = model if adjust is None else {"local": AdjustedLogits(model, adjust), "logits": model}
-        return ClientResult(reply, personal=personal)
+    def adjusted_cross_entropy(self, model, x, y, extras) -> torch.Tensor:
+        return F.cross_entropy(self.adjust_logits(model(x), extras["adjust"]), y)
 
     # -- server ------------------------------------------------------------------------------
     def aggregation_weight(self, reply: Record) -> float:

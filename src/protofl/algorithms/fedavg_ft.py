@@ -9,9 +9,8 @@ client test datasets".
         v_k = w_t fine-tuned for ``finetune_epochs`` epochs of SGD on CE over all
               parameters, on client k's training data (the run's optimizer settings)
 
-The fine-tuning happens only when the personalized model is evaluated (the first time
-the evaluator asks it for a prediction), after the reply and the client's state have
-been fixed: nothing that training reads -- the reply, the global model, the random
+The fine-tuning happens only when the personalized model is evaluated
+(``base.fine_tuned``), after the reply and the client's state have been fixed: nothing that training reads -- the reply, the global model, the random
 streams of later rounds -- depends on it, so turning personalized evaluation on or off
 leaves the training run bit-identical (tested).
 
@@ -28,42 +27,12 @@ Deviations:
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Mapping, Optional
-
-import torch
-from torch import nn
+from typing import Optional
 
 from ..errors import require
 from ..messages import Record
-from .base import ClientResult
+from .base import ClientResult, fine_tuned
 from .fedavg import FedAvg, FedAvgHyper
-
-
-class FineTuned:
-    """A predictor: ``model`` loaded with ``weights`` and fine-tuned on the client's data
-    for ``epochs`` epochs (all parameters, CE) on its first call; predictions in eval mode.
-
-    Lazy on purpose: the engine evaluates the personalized model right after
-    ``client_update`` returns and only in evaluation rounds, so the extra epochs cost
-    nothing in the other rounds. ``weights`` must not be modified by the caller.
-    """
-
-    def __init__(self, model: nn.Module, weights: Mapping[str, torch.Tensor], ctx, epochs: int) -> None:
-        self.model, self.weights, self.ctx, self.epochs = model, weights, ctx, epochs
-        self.ready = False
-
-    def tune(self) -> None:
-        # the evaluator runs under inference mode; training needs autograd back
-        with torch.inference_mode(False), torch.enable_grad():
-            self.model.load_state_dict(self.weights)
-            self.ctx.train(self.model, epochs=self.epochs)
-        self.model.eval()
-        self.ready = True
-
-    def __call__(self, x: torch.Tensor) -> torch.Tensor:
-        if not self.ready:
-            self.tune()
-        return self.model(x)
 
 
 @dataclass
@@ -78,7 +47,8 @@ class FedAvgFT(FedAvg):
     name = "fedavg_ft"
     Hyper = FedAvgFTHyper
 
-    def client_update(self, msg: Record, state: Optional[Record], ctx) -> ClientResult:
-        result = super().client_update(msg, state, ctx)  # FedAvg; the reply is a copy
-        result.personal = FineTuned(result.personal, msg.subarrays("w."), ctx, self.hp.finetune_epochs)
+    async def client_update(self, msg: Record, state: Optional[Record], ctx) -> ClientResult:
+        fitted = await ctx.fit(msg.subarrays("w."))  # FedAvg's local update
+        result = self.result(fitted, ctx)
+        result.personal = await fine_tuned(ctx, msg.subarrays("w."), self.hp.finetune_epochs)  # v_k from w_t
         return result

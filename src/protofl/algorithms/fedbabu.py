@@ -14,8 +14,9 @@ never in a message, never in an optimizer during federated training, so it stays
 bit-identical to its initialization (tested). Clients keep no state. Global model (GM,
 GA): the averaged body with H_0.
 
-The fine-tuning is lazy and happens after the reply is fixed (``fedavg_ft.FineTuned``):
-it changes nothing that training reads, and costs nothing outside evaluation rounds.
+The fine-tuning runs only for a client the engine evaluates, after the reply is fixed
+(``base.fine_tuned``): it changes nothing that training reads, and costs nothing outside
+evaluation rounds.
 
 Defaults and deviations:
 * ``finetune_epochs`` = 5, the fine-tuning length of the paper's main results and the
@@ -34,9 +35,8 @@ from typing import Optional
 
 from ..errors import require
 from ..messages import Record, prefixed
-from .base import ClientResult, cross_entropy_loss, weights_of
+from .base import ClientResult, fine_tuned, weights_of
 from .fedavg import FedAvgHyper
-from .fedavg_ft import FineTuned
 from .fedper import FedPer
 
 
@@ -56,11 +56,11 @@ class FedBABU(FedPer):
     def client_init(self, ctx) -> None:
         return None  # no personal state: the head is the same fixed H_0 everywhere
 
-    def client_update(self, msg: Record, state: Optional[Record], ctx) -> ClientResult:
+    async def client_update(self, msg: Record, state: Optional[Record], ctx) -> ClientResult:
         head0 = self.personal_part(weights_of(ctx.model()))  # H_0: the run's initial head
         w_t = {**head0, **msg.subarrays("w.")}
-        model = ctx.model(w_t)
-        ctx.train(model, loss=cross_entropy_loss, params=model.body.parameters())  # head fixed
-        reply = Record(arrays=prefixed("w.", self.shared_part(weights_of(model))),
+        fitted = await ctx.fit(w_t, trainable=("body.",))  # the head stays fixed
+        reply = Record(arrays=prefixed("w.", self.shared_part(fitted.weights)),
                        metrics={"num_samples": ctx.num_samples})
-        return ClientResult(reply, personal=FineTuned(model, w_t, ctx, self.hp.finetune_epochs))
+        # personalized model: the received global model fine-tuned (body and head, paper §3.3)
+        return ClientResult(reply, personal=await fine_tuned(ctx, w_t, self.hp.finetune_epochs))

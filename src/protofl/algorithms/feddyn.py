@@ -37,8 +37,7 @@ import torch
 
 from ..errors import require
 from ..messages import Record, prefixed
-from .base import Algorithm, ClientResult, cross_entropy_loss, weighted_mean, weights_of
-from .scaffold import trainable_names
+from .base import Algorithm, ClientResult, cross_entropy, trainable_names, weighted_mean
 
 
 @dataclass
@@ -102,24 +101,22 @@ class FedDyn(Algorithm):
         return ctx.model(state.weights)
 
     # -- client ------------------------------------------------------------------------------
-    def local_loss(self, model, msg: Record, ctx):
-        """The task loss L_k (the dynamic regularizer is added to it)."""
-        return cross_entropy_loss
-
-    def client_update(self, msg: Record, state: Optional[Record], ctx) -> ClientResult:
-        model = ctx.model(msg.subarrays("w."))
-        anchor = weights_of(model)  # theta^{t-1}
-        named = dict(model.named_parameters())
-        keys = [k for k in trainable_names(model)]
+    async def client_update(self, msg: Record, state: Optional[Record], ctx) -> ClientResult:
+        anchor = ctx.like_model(msg.subarrays("w."))  # theta^{t-1}
+        keys = list(ctx.trainable(anchor))
         grad_k = state.subarrays("g.") if state is not None else {k: torch.zeros_like(anchor[k]) for k in keys}
-        params = {k: named[k] for k in keys}
-        task, alpha = self.local_loss(model, msg, ctx), self.hp.alpha
-
-        def loss(model, x, y):
-            return task(model, x, y) + dynamic_regularizer(params, grad_k, anchor, alpha)
-
-        ctx.train(model, loss=loss, params=params.values())
-        theta = weights_of(model)
-        new_grad = {k: grad_k[k] - alpha * (theta[k] - anchor[k]) for k in keys}
+        fitted = await ctx.fit(anchor, self.regularized_loss, trainable=tuple(keys),
+                               extras={"grad_k": grad_k, "anchor": {k: anchor[k] for k in keys}})
+        theta = fitted.weights
+        new_grad = {k: grad_k[k] - self.hp.alpha * (theta[k] - anchor[k]) for k in keys}
         reply = Record(arrays=prefixed("w.", theta), metrics={"num_samples": ctx.num_samples})
-        return ClientResult(reply, state=Record(arrays=prefixed("g.", new_grad)), personal=model)
+        return ClientResult(reply, state=Record(arrays=prefixed("g.", new_grad)), personal=ctx.model(theta))
+
+    task_loss = staticmethod(cross_entropy)  # L_k, the client's own objective
+
+    def regularized_loss(self, model, x, y, extras):
+        """L_k(theta) - <grad_k, theta - theta^{t-1}> + alpha/2 ||theta - theta^{t-1}||^2."""
+        task = self.task_loss(model, x, y, extras)  # first: the order of the terms is the order the
+        params = dict(model.named_parameters())  # gradient contributions are summed in
+        return task + dynamic_regularizer({k: params[k] for k in extras["grad_k"]}, extras["grad_k"],
+                                          extras["anchor"], self.hp.alpha)

@@ -85,7 +85,7 @@ from torch.nn import functional as F
 from ..errors import ConfigError, require
 from ..messages import Record, prefixed
 from ..nn.heads import FixedHead, add_projection, simplex_etf
-from .base import Algorithm, ClientResult, weighted_mean, weights_of
+from .base import Algorithm, ClientResult, weighted_mean
 
 
 E_W_DEFAULT = 1000.0  # the low end of the paper's sweep (Fig. 4: 10^3 .. 10^6); see the docstring
@@ -181,22 +181,22 @@ class FedGELA(Algorithm):
         return Record(arrays=prefixed("w.", state.weights))
 
     # -- client -------------------------------------------------------------------------------
-    def client_update(self, msg: Record, state: Optional[Record], ctx) -> ClientResult:
-        model = ctx.model(msg.subarrays("w."))
+    async def client_update(self, msg: Record, state: Optional[Record], ctx) -> ClientResult:
+        clip = self.train_overrides()
         if self.adapt_locally:
-            phi = local_adaptation(ctx.class_counts, self.hp.gamma).to(ctx.data[1].device)  # (C,)
-
-            def loss(m, x, y):  # eq. (5)
-                return gela_loss(m(x), y, phi)
-
-            ctx.train(model, loss=loss, **self.train_overrides())  # the head has no parameters: only theta moves
-            personal: nn.Module = AdaptedETF(model, phi)
-        else:
-            ctx.train(model, **self.train_overrides())  # FedGE: plain cross-entropy over all classes
-            personal = model
-        body = {k: v for k, v in weights_of(model).items() if not k.startswith("head.")}
+            phi = local_adaptation(ctx.class_counts, self.hp.gamma).to(ctx.data[1].device)  # (C,) Phi_k
+            # eq. (5); the head has no parameters: only theta moves
+            fitted = await ctx.fit(msg.subarrays("w."), self.adapted_loss, extras={"phi": phi}, **clip)
+        else:  # FedGE: plain cross-entropy over all classes
+            fitted = await ctx.fit(msg.subarrays("w."), **clip)
+        model = ctx.model(fitted.weights)
+        body = {k: v for k, v in fitted.weights.items() if not k.startswith("head.")}
         reply = Record(arrays=prefixed("w.", body), metrics={"num_samples": ctx.num_samples})
-        return ClientResult(reply, personal=personal)
+        return ClientResult(reply, personal=AdaptedETF(model, phi) if self.adapt_locally else model)
+
+    @staticmethod
+    def adapted_loss(model, x, y, extras):
+        return gela_loss(model(x), y, extras["phi"])  # eq. (5)
 
     def train_overrides(self) -> dict:
         return {} if self.hp.clip_grad is None else {"clip_grad": self.hp.clip_grad}

@@ -54,7 +54,7 @@ from torch.func import functional_call
 from ..engine.validate import expect_shapes
 from ..errors import require
 from ..messages import Record, prefixed
-from .base import ClientResult, cross_entropy_loss, weights_of
+from .base import ClientResult
 from .fedavg import FedAvg, WeightsState
 
 
@@ -196,28 +196,41 @@ class FedGen(FedAvg):
                            trained=state.trained or self.hp.gen_steps > 0, optimizer=opt.state_dict())
 
     # -- client ------------------------------------------------------------------------------
-    def local_loss(self, model, msg: Record, ctx):
-        if "prior" not in msg.arrays:
-            return cross_entropy_loss
-        gen = self.generator(model.feature_dim).to(msg.arrays["prior"].device)
+    async def client_update(self, msg: Record, state: Optional[Record], ctx) -> ClientResult:
+        w_t = msg.subarrays("w.")
+        if "prior" not in msg.arrays:  # round 1 (no trained generator yet) or alpha = 0: FedAvg
+            fitted = await ctx.fit(w_t)
+        else:
+            fitted = await ctx.fit(w_t, self.distilled_loss, step_extras=self.generated(msg, ctx))
+        reply = Record(arrays={**prefixed("w.", fitted.weights), "counts": ctx.class_counts},
+                       metrics={"num_samples": ctx.num_samples})
+        return ClientResult(reply, personal=ctx.model(fitted.weights))
+
+    def generated(self, msg: Record, ctx):
+        """The features G_w(z | y) the client's steps distill from: per step, as many labels
+        y ~ p^(y) and noise draws as the step has samples, from the client's own stream, then
+        G's features (G fixed, no gradient)."""
+        prior, nd = msg.arrays["prior"], self.hp.noise_dim
+        gen = self.generator(ctx.architecture().feature_dim).to(prior.device)
         gen.load_state_dict(msg.subarrays("gen."))
         gen.eval()
-        prior, alpha = msg.arrays["prior"], self.hp.alpha
         g = torch.Generator(device=prior.device)
         g.manual_seed(int(ctx.rng("fedgen").integers(2**62)))
 
-        def loss(model, x, y):
-            value = cross_entropy_loss(model, x, y)
+        def draw(sizes) -> dict[str, torch.Tensor]:
+            B = max(sizes, default=0)
+            y_gen = torch.zeros(len(sizes), B, dtype=torch.int64, device=prior.device)
+            z = torch.zeros(len(sizes), B, gen.net[-1].out_features, device=prior.device)
             with torch.no_grad():
-                y_gen = torch.multinomial(prior, len(y), replacement=True, generator=g)
-                z = gen(torch.randn(len(y), self.hp.noise_dim, generator=g, device=prior.device), y_gen)
-            return value + alpha * F.cross_entropy(model.head(z.to(x.device)), y_gen.to(y.device))
+                for s, b in enumerate(sizes):  # one step after another, as the loss would draw them
+                    y_gen[s, :b] = torch.multinomial(prior, b, replacement=True, generator=g)
+                    z[s, :b] = gen(torch.randn(b, nd, generator=g, device=prior.device), y_gen[s, :b])
+            return {"z": z, "y_gen": y_gen}
 
-        return loss
+        return draw
 
-    def client_update(self, msg: Record, state: Optional[Record], ctx) -> ClientResult:
-        model = ctx.model(msg.subarrays("w."))
-        ctx.train(model, loss=self.local_loss(model, msg, ctx))
-        reply = Record(arrays={**prefixed("w.", weights_of(model)), "counts": ctx.class_counts},
-                       metrics={"num_samples": ctx.num_samples})
-        return ClientResult(reply, personal=model)
+    def distilled_loss(self, model, x, y, extras):
+        """L_k + alpha * CE(g(z; theta^p), y) on the step's generated features."""
+        value = F.cross_entropy(model(x), y)
+        z, y_gen = extras["z"], extras["y_gen"]
+        return value + self.hp.alpha * F.cross_entropy(model.head(z.to(x.device)), y_gen.to(y.device))

@@ -24,8 +24,6 @@ logits are reported as ``@logits``.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from functools import partial
-
 from ..errors import require
 from ..nn.losses import calibrated_logits
 from .fedavg import FedAvg, FedAvgHyper
@@ -43,6 +41,8 @@ class FedLC(FedAvg):
     name = "fedlc"
     Hyper = FedLCHyper
 
-    def logit_adjustment_parts(self, ctx):
-        counts = ctx.class_counts.to(ctx.data[1].device)  # (C,) n_kc
-        return partial(calibrated_logits, tau=self.hp.tau), counts  # the calibrated softmax
+    def logit_adjustment(self, ctx):
+        return ctx.class_counts.to(ctx.data[1].device)  # (C,) n_kc
+
+    def adjust_logits(self, z, counts):
+        return calibrated_logits(z, counts, tau=self.hp.tau)  # the calibrated softmax

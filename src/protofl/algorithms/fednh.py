@@ -65,7 +65,7 @@ from ..errors import require
 from ..messages import Record, prefixed
 from ..nn.heads import FixedHead, add_projection, max_separated_prototypes, min_pairwise_distance
 from ..nn.prototypes import class_means
-from .base import Algorithm, ClientResult, weighted_mean, weights_of
+from .base import Algorithm, ClientResult, weighted_mean
 
 HEAD_W = "head.weight"  # the prototypes W (C, d) inside the model's state dict
 
@@ -161,21 +161,15 @@ class FedNH(Algorithm):
         return expect_shapes(reply, proto=(C, d), counts=(C,))
 
     # -- client -------------------------------------------------------------------------------
-    def client_update(self, msg: Record, state: Optional[Record], ctx) -> ClientResult:
-        model = ctx.model(msg.subarrays("w."))
-        ctx.train(model)  # theta and s are the only parameters; W is a buffer and stays fixed
-        arrays = prefixed("w.", {k: v for k, v in weights_of(model).items() if k != HEAD_W})
-        if self.updates_head:
-            mu, n = self.client_prototypes(model, ctx)
-            arrays["proto"], arrays["counts"] = mu, n
+    async def client_update(self, msg: Record, state: Optional[Record], ctx) -> ClientResult:
+        fitted = await ctx.fit(msg.subarrays("w."))  # theta and s move; W is a buffer and stays fixed
+        arrays = prefixed("w.", {k: v for k, v in fitted.weights.items() if k != HEAD_W})
+        if self.updates_head:  # eq. (3): class means of the normalized features after training
+            f = F.normalize(await ctx.features(fitted.weights, "body"), dim=1)  # (n_k, d)
+            mu, n = class_means(f, ctx.data[1], ctx.num_classes)  # (C, d), (C,)
+            arrays["proto"], arrays["counts"] = mu.cpu(), n.cpu()
         reply = Record(arrays=arrays, metrics={"num_samples": ctx.num_samples})
-        return ClientResult(reply, personal=model)
-
-    def client_prototypes(self, model, ctx) -> tuple[torch.Tensor, torch.Tensor]:
-        """Eq. (3): per-class means of the normalized features over the client's training data."""
-        f = F.normalize(ctx.embed(model.body), dim=1)  # (n_k, d)
-        mu, n = class_means(f, ctx.data[1], ctx.num_classes)  # (C, d), (C,)
-        return mu.cpu(), n.cpu()
+        return ClientResult(reply, personal=ctx.model(fitted.weights))
 
     # -- server -------------------------------------------------------------------------------
     def aggregate(self, state: FedNHState, rnd, replies, ctx) -> FedNHState:

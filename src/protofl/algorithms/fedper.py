@@ -33,7 +33,7 @@ from typing import ClassVar, Mapping, Optional
 import torch
 
 from ..messages import Record, prefixed
-from .base import ClientResult, cross_entropy_loss, weights_of
+from .base import ClientResult, Fitted, weights_of
 from .fedavg import FedAvg, WeightsState
 
 
@@ -69,17 +69,16 @@ class FedPer(FedAvg):
     def client_init(self, ctx) -> Record:
         return Record(arrays=self.personal_part(weights_of(ctx.model())))  # the initial head
 
-    def local_training(self, model, msg: Record, ctx) -> None:
+    async def local_training(self, weights: dict[str, torch.Tensor], msg: Record, ctx) -> Fitted:
         """FedPer: body and head trained together on CE (the FedAvg local update)."""
-        ctx.train(model, loss=cross_entropy_loss)
+        return await ctx.fit(weights)
 
     def personalized(self, model, msg: Record, ctx):
         return model
 
-    def client_update(self, msg: Record, state: Optional[Record], ctx) -> ClientResult:
-        model = ctx.model({**msg.subarrays("w."), **state.arrays})
-        self.local_training(model, msg, ctx)
-        w = weights_of(model)
+    async def client_update(self, msg: Record, state: Optional[Record], ctx) -> ClientResult:
+        fitted = await self.local_training({**msg.subarrays("w."), **state.arrays}, msg, ctx)
+        w = fitted.weights
         reply = Record(arrays=prefixed("w.", self.shared_part(w)), metrics={"num_samples": ctx.num_samples})
         return ClientResult(reply, state=Record(arrays=self.personal_part(w)),
-                            personal=self.personalized(model, msg, ctx))
+                            personal=self.personalized(ctx.model(w), msg, ctx))

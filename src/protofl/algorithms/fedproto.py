@@ -29,7 +29,7 @@ module; the remarks on the paper's wording could not be re-checked against its t
   the 1/d; ``l2`` is the Euclidean distance ||f(x) - C_bar^(y)||_2. The nearest-prototype
   rule is the same for all three.
 * Local prototypes: as in the paper, the mean embedding per class over the client's
-  whole training set *after* local training, in eval mode (``ctx.embed``). The code
+  whole training set *after* local training, in eval mode (``ctx.features``). The code
   averages the embeddings of the last local epoch in training mode (dropout on, the
   model changing during the epoch).
 * Aggregation (``weighting``): ``counts`` (default) weights client i by |D_ij| / N_j as
@@ -64,7 +64,7 @@ from ..engine.validate import expect_indices, expect_shapes
 from ..errors import require
 from ..messages import Record
 from ..nn.prototypes import aggregate_prototypes, class_means
-from .base import Algorithm, ClientResult, weights_of
+from .base import Algorithm, ClientResult, cross_entropy, weights_of
 
 
 @dataclass
@@ -184,40 +184,40 @@ class FedProto(Algorithm):
     def client_init(self, ctx) -> Record:
         return Record(arrays=weights_of(ctx.model()))
 
-    def local_loss(self, c_bar: torch.Tensor, has: torch.Tensor):
-        """L_S + lambda * L_R with the global prototypes c_bar (C, d) where has (C,) is true."""
-        lam, distance, any_proto = self.hp.lam, self.hp.distance, bool(has.any())
+    def local_objective(self, c_bar: torch.Tensor, has: torch.Tensor):
+        """(loss, extras): L_S + lambda * L_R with the global prototypes c_bar (C, d) where has
+        (C,) is true; L_S alone while no class has a global prototype (round 1) or lambda = 0."""
+        if not bool(has.any()) or self.hp.lam == 0:
+            return cross_entropy, {}
+        return self.prototype_loss, {"c_bar": c_bar, "has": has}
 
-        def loss(model, x, y):
-            z = model.body(x)  # (B, d)
-            l_s = F.cross_entropy(model.head(z), y)
-            if not any_proto or lam == 0:
-                return l_s  # before any global prototype exists, L_R = 0
-            m = has[y]  # (B,) samples whose class has a global prototype
-            target = torch.where(m.unsqueeze(1), c_bar[y], z.detach())  # own embedding: distance 0
-            l_r = torch.where(m, prototype_distance(z, target, distance), torch.zeros_like(l_s)).mean()
-            return l_s + lam * l_r
+    def prototype_loss(self, model, x, y, extras):
+        c_bar, has = extras["c_bar"], extras["has"]
+        z = model.body(x)  # (B, d)
+        l_s = F.cross_entropy(model.head(z), y)
+        m = has[y]  # (B,) samples whose class has a global prototype
+        target = torch.where(m.unsqueeze(1), c_bar[y], z.detach())  # own embedding: distance 0
+        l_r = torch.where(m, prototype_distance(z, target, self.hp.distance), torch.zeros_like(l_s)).mean()
+        return l_s + self.hp.lam * l_r
 
-        return loss
-
-    def client_update(self, msg: Record, state: Optional[Record], ctx) -> ClientResult:
+    async def client_update(self, msg: Record, state: Optional[Record], ctx) -> ClientResult:
         C = self.info.num_classes
-        model = ctx.model(state.arrays)
-        dev = next(model.parameters()).device
+        _, y = ctx.data
         c_bar, n_bar = dense(msg, C, self.info.feature_dim)
-        c_bar, has = c_bar.to(dev), (n_bar > 0).to(dev)
-        ctx.train(model, loss=self.local_loss(c_bar, has))
+        c_bar, has = c_bar.to(y.device), (n_bar > 0).to(y.device)
+        loss, extras = self.local_objective(c_bar, has)
+        fitted = await ctx.fit(state.arrays, loss, extras=extras)  # from the client's own model
 
         # local prototypes: class means of the embeddings after training (eval mode)
-        _, y = ctx.data
         # (N, d) embeddings; a client without data has none
-        z = ctx.embed(model.body) if len(y) else torch.zeros(0, self.info.feature_dim, device=y.device)
+        z = await ctx.features(fitted.weights) if len(y) else torch.zeros(0, self.info.feature_dim, device=y.device)
         protos, counts = class_means(z, y, C)
         reply = Record(arrays=sparse(protos.detach().cpu(), counts.cpu()),
                        metrics={"num_samples": ctx.num_samples})
+        model = ctx.model(fitted.weights)
         present = torch.nonzero(has).flatten()
         # "own": the paper's evaluation rule, the argmin restricted to the client's own classes
         own = torch.nonzero(has & (counts.to(has.device) > 0)).flatten()
         personal = {"proto": NearestPrototype(model.body, c_bar[present], present, C),
                     "own": NearestPrototype(model.body, c_bar[own], own, C), "logits": model}
-        return ClientResult(reply, state=Record(arrays=weights_of(model)), personal=personal)
+        return ClientResult(reply, state=Record(arrays=fitted.weights), personal=personal)

@@ -13,7 +13,6 @@ from dataclasses import dataclass
 import torch
 
 from ..errors import require
-from .base import BatchPlan, cross_entropy_loss
 from .fedavg import FedAvg, FedAvgHyper
 
 
@@ -29,27 +28,11 @@ class FedProx(FedAvg):
     name = "fedprox"
     Hyper = FedProxHyper
 
-    def local_loss(self, model, msg, ctx):
-        anchor = [(p, p.detach().clone()) for p in model.parameters() if p.requires_grad]  # w_t
-        mu = self.hp.mu
+    def objective(self, msg, ctx):
+        """Eq. (2); the anchor w_t is the client's own tensors (its trainable parameters)."""
+        return self.proximal_loss, {"anchor": ctx.trainable(ctx.like_model(msg.subarrays("w.")))}
 
-        def loss(model, x, y):
-            prox = sum(torch.sum((p - p0) ** 2) for p, p0 in anchor)
-            return cross_entropy_loss(model, x, y) + 0.5 * mu * prox
-
-        return loss
-
-    batch_hooks = ("client_update", "client_init", "local_loss", "logit_adjustment", "logit_adjustment_parts")
-
-    def batch_plan(self, msg, ctx):
-        """``local_loss`` as a pure function; the anchor w_t is the client's own extra."""
-        w = msg.subarrays("w.")
-        return BatchPlan(w, _prox_loss(self.hp.mu), {k: v.detach().clone() for k, v in w.items()})
-
-
-def _prox_loss(mu: float):
-    def loss(forward, params, x, y, anchor):
-        prox = sum(torch.sum((p - anchor[k]) ** 2) for k, p in params.items())
-        return torch.nn.functional.cross_entropy(forward(x), y) + 0.5 * mu * prox
-
-    return loss
+    def proximal_loss(self, model, x, y, extras):
+        anchor, params = extras["anchor"], dict(model.named_parameters())
+        prox = sum(torch.sum((params[k] - w) ** 2) for k, w in anchor.items())
+        return torch.nn.functional.cross_entropy(model(x), y) + 0.5 * self.hp.mu * prox

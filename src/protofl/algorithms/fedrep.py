@@ -15,7 +15,7 @@ client's state Record, the run's initial head for a client that was never sample
 Personalized model: phi_k + h_k after the two phases. As FedPer, no global model (GA =
 mean of the personalized models on the global test set).
 
-Each phase is one call of the engine's training loop with ``params=`` set to its own
+Each phase is one ``ctx.fit`` with ``trainable=`` set to its own
 parameters, so an optimizer never holds the other part (no weight decay or momentum on
 it either). BatchNorm running statistics of the body (models with BatchNorm only) are
 buffers, not parameters: they follow the batches in both phases, as in the authors'
@@ -38,7 +38,6 @@ from typing import Optional
 
 from ..errors import require
 from ..messages import Record
-from .base import cross_entropy_loss
 from .fedavg import FedAvgHyper
 from .fedper import FedPer
 
@@ -58,15 +57,9 @@ class FedRep(FedPer):
     name = "fedrep"
     Hyper = FedRepHyper
 
-    def train_head(self, model, ctx) -> None:
-        """Phase 1: only the head's parameters move."""
-        ctx.train(model, loss=cross_entropy_loss, params=model.head.parameters(), epochs=self.hp.head_epochs)
-
-    def train_body(self, model, ctx) -> None:
-        """Phase 2: only the body's parameters move."""
+    async def local_training(self, weights, msg: Record, ctx):
+        # phase 1: only the head's parameters move, the body frozen at phi_t
+        head = await ctx.fit(weights, trainable=("head.",), epochs=self.hp.head_epochs)
+        # phase 2: only the body's parameters move, the new head frozen
         overrides = {} if self.hp.body_epochs is None else {"epochs": self.hp.body_epochs}
-        ctx.train(model, loss=cross_entropy_loss, params=model.body.parameters(), **overrides)
-
-    def local_training(self, model, msg: Record, ctx) -> None:
-        self.train_head(model, ctx)
-        self.train_body(model, ctx)
+        return await ctx.fit(head.weights, trainable=("body.",), **overrides)

@@ -59,6 +59,12 @@ def rod_losses(model: nn.Module, x: torch.Tensor, y: torch.Tensor,
     return generic, personal
 
 
+def rod_loss(model: nn.Module, x: torch.Tensor, y: torch.Tensor, extras) -> torch.Tensor:
+    """L_G + L_P: one SGD step moves theta and g by L_G and p_k by L_P."""
+    generic, personal = rod_losses(model, x, y, extras["prior"])
+    return generic + personal
+
+
 class TwoHeads(nn.Module):
     """FedRoD's personalized predictor: g(theta(x)) + p(theta(x))."""
 
@@ -80,14 +86,9 @@ class FedRoD(FedPer):
         model.phead = copy.deepcopy(model.head)  # the personal head, same initialization
         return model
 
-    def local_training(self, model, msg: Record, ctx) -> None:
+    async def local_training(self, weights, msg: Record, ctx):
         prior = relaxed_prior(ctx.class_counts, 0.0).to(ctx.data[1].device)  # (C,) n_kc / n_k
-
-        def loss(model, x, y):
-            generic, personal = rod_losses(model, x, y, prior)
-            return generic + personal
-
-        ctx.train(model, loss=loss)
+        return await ctx.fit(weights, rod_loss, extras={"prior": prior})
 
     def personalized(self, model, msg: Record, ctx) -> Optional[nn.Module]:
         return TwoHeads(model)

@@ -24,8 +24,6 @@ classes are reported as ``@logits``.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from functools import partial
-
 from ..errors import require
 from ..nn.losses import restricted_logits
 from .fedavg import FedAvg, FedAvgHyper
@@ -43,6 +41,8 @@ class FedRS(FedAvg):
     name = "fedrs"
     Hyper = FedRSHyper
 
-    def logit_adjustment_parts(self, ctx):
-        counts = ctx.class_counts.to(ctx.data[1].device)  # (C,)
-        return partial(restricted_logits, alpha=self.hp.alpha), counts  # the restricted softmax
+    def logit_adjustment(self, ctx):
+        return ctx.class_counts.to(ctx.data[1].device)  # (C,) n_kc
+
+    def adjust_logits(self, z, counts):
+        return restricted_logits(z, counts, alpha=self.hp.alpha)  # the restricted softmax

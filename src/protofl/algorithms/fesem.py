@@ -63,7 +63,7 @@ import torch
 from ..engine.rng import seed_for
 from ..errors import ConfigError, require
 from ..messages import Record, prefixed
-from .base import Algorithm, ClientResult, cross_entropy_loss, weighted_mean, weights_of
+from .base import Algorithm, ClientResult, weighted_mean, weights_of
 
 
 @dataclass
@@ -186,11 +186,10 @@ class FeSEM(Algorithm):
         return ctx.model(state.weights)
 
     # -- client --------------------------------------------------------------------------
-    def client_update(self, msg: Record, state: Optional[Record], ctx) -> ClientResult:
+    async def client_update(self, msg: Record, state: Optional[Record], ctx) -> ClientResult:
         center = msg.subarrays("w.")
-        model = ctx.model(center)
-        ctx.train(model, loss=cross_entropy_loss)
-        reply = Record(arrays=prefixed("w.", weights_of(model)), metrics={"num_samples": ctx.num_samples})
-        if self.hp.personal == "center":  # the personalized model is the client's centre
-            model.load_state_dict(center)
-        return ClientResult(reply, personal=model)
+        fitted = await ctx.fit(center)  # W_i <- local SGD from its centre
+        reply = Record(arrays=prefixed("w.", fitted.weights), metrics={"num_samples": ctx.num_samples})
+        # the personalized model: the client's centre (default) or its trained model
+        personal = ctx.model(center if self.hp.personal == "center" else fitted.weights)
+        return ClientResult(reply, personal=personal)

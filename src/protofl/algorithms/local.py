@@ -28,11 +28,10 @@ class Local(Algorithm):
     def client_init(self, ctx) -> Record:
         return Record(arrays=weights_of(ctx.model()))
 
-    def client_update(self, msg: Record, state: Optional[Record], ctx) -> ClientResult:
-        model = ctx.model(state.arrays)
-        ctx.train(model)
+    async def client_update(self, msg: Record, state: Optional[Record], ctx) -> ClientResult:
+        fitted = await ctx.fit(state.arrays)  # continues from the client's own model
         return ClientResult(Record(metrics={"num_samples": ctx.num_samples}),
-                            state=Record(arrays=weights_of(model)), personal=model)
+                            state=Record(arrays=fitted.weights), personal=ctx.model(fitted.weights))
 
     def aggregate(self, state, rnd, replies, ctx) -> None:
         return None

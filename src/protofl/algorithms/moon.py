@@ -18,7 +18,7 @@ Linear(proj_dim, C) on top of it (the original head is dropped). ``proj_dim`` de
 
 Choices where the paper is silent, and details:
 * The frozen global and previous models compute their representations in eval mode
-  (BatchNorm running statistics, no dropout).
+  (BatchNorm running statistics, no dropout), without gradient.
 * A client's previous local model w_i^{t-1} is the model it returned at its last
   participation (kept in its state). At its first participation it has none: the global
   model stands in, so both similarities are equal, l_con = log 2 and its gradient is 0
@@ -32,18 +32,18 @@ The code's aggregation weights are n_i, as here.
 """
 from __future__ import annotations
 
-import copy
 from dataclasses import dataclass
 from typing import Literal, Optional
 
 import torch
 import torch.nn.functional as F
 from torch import nn
+from torch.func import functional_call
 
 from ..errors import require
 from ..messages import Record, prefixed
 from ..models.base import FLModel
-from .base import ClientResult, weights_of
+from .base import ClientResult
 from .fedavg import FedAvg
 
 
@@ -69,15 +69,15 @@ def model_contrastive_loss(z: torch.Tensor, z_glob: torch.Tensor, z_prev: torch.
     return F.cross_entropy(logits, torch.zeros(len(z), dtype=torch.long, device=z.device))
 
 
-def frozen(model: nn.Module, weights: Optional[dict] = None) -> nn.Module:
-    """A detached copy in eval mode (optionally with other weights)."""
-    m = copy.deepcopy(model)
-    if weights is not None:
-        m.load_state_dict(weights)
-    m.eval()
-    for p in m.parameters():
-        p.requires_grad_(False)
-    return m
+def representation(model: nn.Module, weights: dict[str, torch.Tensor], x: torch.Tensor) -> torch.Tensor:
+    """z = R_w(x) of a frozen model: ``model.body`` with other weights, in eval mode, no grad."""
+    was = model.body.training
+    model.body.eval()
+    try:
+        with torch.no_grad():
+            return functional_call(model.body, weights, (x,))
+    finally:
+        model.body.train(was)
 
 
 class MOON(FedAvg):
@@ -90,23 +90,23 @@ class MOON(FedAvg):
         return FLModel(nn.Sequential(model.body, projection), nn.Linear(k, model.num_classes), k,
                        model.num_classes, is_conv=model.is_conv, channels_last=model.channels_last)
 
-    def client_update(self, msg: Record, state: Optional[Record], ctx) -> ClientResult:
-        model = ctx.model(msg.subarrays("w."))
-        glob = frozen(model)
-        prev = frozen(model, state.subarrays("prev.")) if state is not None else glob
-        mu, tau = self.hp.mu, self.hp.tau
-
-        def loss(model, x, y):
-            z = model.body(x)
-            value = F.cross_entropy(model.head(z), y)
-            if mu == 0:
-                return value
-            with torch.no_grad():
-                z_glob = glob.body(x)
-                z_prev = z_glob if prev is glob else prev.body(x)
-            return value + mu * model_contrastive_loss(z, z_glob, z_prev, tau)
-
-        ctx.train(model, loss=loss)
-        w = weights_of(model)
+    async def client_update(self, msg: Record, state: Optional[Record], ctx) -> ClientResult:
+        glob = ctx.like_model(msg.subarrays("w."))  # w^t, frozen
+        prev = ctx.like_model(state.subarrays("prev.")) if state is not None else glob  # w_i^{t-1}, frozen
+        body = {k[len("body."):]: v for k, v in glob.items() if k.startswith("body.")}
+        prev_body = {k[len("body."):]: v for k, v in prev.items() if k.startswith("body.")}
+        fitted = await ctx.fit(glob, self.contrastive_loss, extras={"glob": body, "prev": prev_body})
+        w = fitted.weights
         reply = Record(arrays=prefixed("w.", w), metrics={"num_samples": ctx.num_samples})
-        return ClientResult(reply, state=Record(arrays=prefixed("prev.", w)), personal=model)
+        return ClientResult(reply, state=Record(arrays=prefixed("prev.", w)), personal=ctx.model(w))
+
+    def contrastive_loss(self, model, x, y, extras):
+        """Eq. 3: l_sup + mu * l_con, the frozen representations computed with the global and
+        the previous weights (equal for a client's first participation: l_con = log 2, no gradient)."""
+        z = model.body(x)
+        value = F.cross_entropy(model.head(z), y)
+        if self.hp.mu == 0:
+            return value
+        z_glob = representation(model, extras["glob"], x)
+        z_prev = representation(model, extras["prev"], x)
+        return value + self.hp.mu * model_contrastive_loss(z, z_glob, z_prev, self.hp.tau)

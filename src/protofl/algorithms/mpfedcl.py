@@ -50,7 +50,7 @@ ambiguously:
   contribute no L_R. ``lam`` (default 1, the plain sum of the paper) weights it.
   Before the first pool exists (round 1) L_R = 0.
 * Prototypes are computed after local training from the embeddings of the client's whole
-  training set in eval mode (``ctx.embed``), in the raw (unnormalized) feature space;
+  training set in eval mode (``ctx.features``), in the raw (unnormalized) feature space;
   inference eq. (13) uses the raw L2 distance to them.
 * k-means (eq. 7's "Clustering"): scikit-learn's Lloyd with greedy k-means++ seeding and
   ``n_init`` restarts on one thread, seeded from the (round, client, class) stream
@@ -98,7 +98,7 @@ from ..errors import require
 from ..messages import Record, prefixed
 from ..nn.clustering import dbscan_centroids, kmeans, pad_groups
 from ..nn.contrastive import prototype_supcon_loss
-from .base import ClientResult, weights_of
+from .base import ClientResult, cross_entropy
 from .fedavg import FedAvg, WeightsState
 from .fedproto import NearestPrototype
 
@@ -222,28 +222,28 @@ class MPFedCL(FedAvg):
                 "logits": model}
 
     # -- client ------------------------------------------------------------------------------
-    def local_loss(self, pool: torch.Tensor, labels: torch.Tensor):
-        tau, lam, positives = self.hp.tau, self.hp.lam, self.hp.positives
+    def local_objective(self, pool: torch.Tensor, labels: torch.Tensor):
+        """(loss, extras): eq. (12), L_S + lambda * L_R against the pool; L_S alone while the
+        pool is empty (round 1) or lambda = 0."""
+        if len(pool) == 0 or self.hp.lam == 0:
+            return cross_entropy, {}
+        return self.contrastive_loss, {"pool": pool, "labels": labels}
 
-        def loss(model, x, y):
-            z = model.body(x)  # (B, d)
-            l_ce = F.cross_entropy(model.head(z), y)
-            if len(pool) == 0 or lam == 0:
-                return l_ce  # no pool yet (round 1)
-            return l_ce + lam * prototype_supcon_loss(z, y, pool, labels, tau, positives)
+    def contrastive_loss(self, model, x, y, extras):
+        z = model.body(x)  # (B, d)
+        l_ce = F.cross_entropy(model.head(z), y)
+        return l_ce + self.hp.lam * prototype_supcon_loss(z, y, extras["pool"], extras["labels"], self.hp.tau,
+                                                          self.hp.positives)
 
-        return loss
-
-    def client_update(self, msg: Record, state: Optional[Record], ctx) -> ClientResult:
+    async def client_update(self, msg: Record, state: Optional[Record], ctx) -> ClientResult:
         C = self.info.num_classes
-        model = ctx.model(msg.subarrays("w."))
-        dev = next(model.parameters()).device
-        pool, labels = msg.arrays["pool.protos"].to(dev), msg.arrays["pool.labels"].to(dev)
-        ctx.train(model, loss=self.local_loss(pool, labels))
+        _, y = ctx.data
+        pool, labels = msg.arrays["pool.protos"].to(y.device), msg.arrays["pool.labels"].to(y.device)
+        loss, extras = self.local_objective(pool, labels)
+        fitted = await ctx.fit(msg.subarrays("w."), loss, extras=extras)
 
         # prototypes of every class the client holds, from its embeddings after training
-        _, y = ctx.data
-        z = ctx.embed(model.body)  # (N, d)
+        z = await ctx.features(fitted.weights)  # (N, d)
         protos, proto_labels = [], []
         for j in torch.unique(y).tolist():
             p = self.class_prototypes(z[y == j], ctx.rng("kmeans", j))
@@ -252,9 +252,10 @@ class MPFedCL(FedAvg):
         if not protos:  # a client without data has no prototype to send
             protos = [torch.zeros(0, self.info.feature_dim)]
             proto_labels = [torch.zeros(0, dtype=torch.int64)]
-        reply = Record(arrays={**prefixed("w.", weights_of(model)), "protos": torch.cat(protos),
+        reply = Record(arrays={**prefixed("w.", fitted.weights), "protos": torch.cat(protos),
                                "labels": torch.cat(proto_labels)},
                        metrics={"num_samples": ctx.num_samples})
+        model = ctx.model(fitted.weights)
         personal = {"proto": NearestPrototype(model.body, pool, labels, C), "logits": model}
         return ClientResult(reply, personal=personal)
 

@@ -69,7 +69,7 @@ from ..errors import require
 from ..messages import Record, prefixed
 from ..nn.losses import balanced_logits, label_counts, relaxed_prior
 from ..nn.prototypes import aggregate_prototypes, class_means
-from .base import ClientResult, weighted_mean, weights_of
+from .base import ClientResult, weighted_mean
 from .fedavg import FedAvg, FedAvgHyper
 
 
@@ -99,14 +99,18 @@ class ReBaFLState:
 # the math, on plain tensors
 # ---------------------------------------------------------------------------------------
 def augment_features(h: torch.Tensor, y: torch.Tensor, prototypes: torch.Tensor,
-                     available: torch.Tensor, lam: float) -> tuple[torch.Tensor, torch.Tensor]:
+                     available: torch.Tensor, lam: float,
+                     count: Optional[torch.Tensor] = None) -> tuple[torch.Tensor, torch.Tensor]:
     """Eq. 15: h~ = p_j + lam (h - p_i) for each sample (h, i), with label j.
 
     h (B, d) features, y (B,) their classes i, prototypes (C, d), available (A,) the
     classes that have a prototype (must include every class in y). The i-th sample of
-    the batch gets target j = available[i mod A]. Returns h~ (B, d) and j (B,).
+    the batch gets target j = available[i mod A]. ``count``: A as a 0-dim tensor, for an
+    ``available`` padded to a fixed length (what the batched executor stacks). Returns
+    h~ (B, d) and j (B,).
     """
-    j = available[torch.arange(len(y), device=y.device) % len(available)]  # (B,)
+    A = len(available) if count is None else count
+    j = available[torch.arange(len(y), device=y.device) % A]  # (B,)
     return prototypes[j] + lam * (h - prototypes[y]), j
 
 
@@ -166,38 +170,50 @@ class ReBaFL(FedAvg):
         return state.prototypes if self.hp.faug else None  # the global prototypes p_c of eq. 23
 
     # -- client ------------------------------------------------------------------------------
-    def local_loss(self, model, msg: Record, ctx):
-        hp, C = self.hp, self.info.num_classes
-        y_all = ctx.data[1]
-        dev = y_all.device
-        prior = relaxed_prior(ctx.class_counts, hp.epsilon).to(dev)  # (C,) eq. 10
-
-        def objective(z: torch.Tensor, y: torch.Tensor, pi: torch.Tensor) -> torch.Tensor:
-            return F.cross_entropy(balanced_logits(z, pi) if hp.rbsm else z, y)  # eq. 9
-
-        P = available = None
-        if hp.faug and bool((msg.arrays["proto_counts"] > 0).any()):
-            local, n = class_means(ctx.embed(model.body), y_all, C)  # (C, d), (C,) received model
-            P, available = client_prototypes(local.clone(), n, msg.arrays["proto"].to(dev),
-                                             msg.arrays["proto_counts"].to(dev))  # eq. 18
-
-        def loss(model, x, y):
-            h = model.body(x)  # (B, d)
-            value = objective(model.head(h), y, prior)
-            if P is None or hp.mu_aug == 0:
-                return value
-            h_aug, y_aug = augment_features(h.detach(), y, P, available, hp.lam)  # eq. 15
-            pi_aug = relaxed_prior(label_counts(y_aug, C), hp.epsilon).to(dev)
-            return value + hp.mu_aug * objective(model.head(h_aug), y_aug, pi_aug)  # eq. 16
-
-        return loss
-
-    def client_update(self, msg: Record, state: Optional[Record], ctx) -> ClientResult:
-        model = ctx.model(msg.subarrays("w."))
-        ctx.train(model, loss=self.local_loss(model, msg, ctx))
-        arrays = prefixed("w.", weights_of(model))
+    async def client_update(self, msg: Record, state: Optional[Record], ctx) -> ClientResult:
+        w_t, y, C = msg.subarrays("w."), ctx.data[1], self.info.num_classes
+        # eq. 18 uses the class means of the received model's features, before local training
+        local = class_means(await ctx.features(w_t), y, C) if self.augments(msg) else None
+        loss, extras = self.local_objective(msg, ctx, local)
+        fitted = await ctx.fit(w_t, loss, extras=extras)
+        arrays = prefixed("w.", fitted.weights)
         if self.hp.faug:  # local prototypes of the trained body, for eq. 23
-            protos, counts = class_means(ctx.embed(model.body), ctx.data[1], self.info.num_classes)
+            protos, counts = class_means(await ctx.features(fitted.weights), y, C)
             arrays.update(proto=protos.clone(), counts=counts.clone())
         reply = Record(arrays=arrays, metrics={"num_samples": ctx.num_samples})
-        return ClientResult(reply, personal=model)
+        return ClientResult(reply, personal=ctx.model(fitted.weights))
+
+    def augments(self, msg: Record) -> bool:
+        """Whether the client augments features this round: only once global prototypes exist."""
+        return self.hp.faug and self.hp.mu_aug != 0 and bool((msg.arrays["proto_counts"] > 0).any())
+
+    def local_objective(self, msg: Record, ctx, local: Optional[tuple[torch.Tensor, torch.Tensor]] = None):
+        """(loss, extras): eq. 9 with the client's relaxed prior (eq. 10), plus eq. 16 on the
+        augmented features when ``local`` (its class means and counts, eq. 18) is given."""
+        hp, y = self.hp, ctx.data[1]
+        extras = {"prior": relaxed_prior(ctx.class_counts, hp.epsilon).to(y.device)}  # (C,) eq. 10
+        if local is None:
+            return self.balanced_loss, extras
+        means, n = local
+        P, available = client_prototypes(means.clone(), n, msg.arrays["proto"].to(y.device),
+                                         msg.arrays["proto_counts"].to(y.device))  # eq. 18
+        targets = torch.zeros(len(n), dtype=torch.int64, device=y.device)  # padded to C: one shape for all
+        targets[:len(available)] = available
+        extras.update(prototypes=P, targets=targets, n_targets=torch.tensor(len(available), device=y.device))
+        return self.augmented_loss, extras
+
+    def balance(self, z: torch.Tensor, y: torch.Tensor, pi: torch.Tensor) -> torch.Tensor:
+        """Eq. 9 (relaxed balanced softmax with the prior pi), or plain CE for the ablation."""
+        return F.cross_entropy(balanced_logits(z, pi) if self.hp.rbsm else z, y)
+
+    def balanced_loss(self, model, x, y, extras):
+        return self.balance(model.head(model.body(x)), y, extras["prior"])
+
+    def augmented_loss(self, model, x, y, extras):
+        hp = self.hp
+        h = model.body(x)  # (B, d)
+        value = self.balance(model.head(h), y, extras["prior"])
+        h_aug, y_aug = augment_features(h.detach(), y, extras["prototypes"], extras["targets"], hp.lam,
+                                        extras["n_targets"])  # eq. 15
+        pi_aug = relaxed_prior(label_counts(y_aug, self.info.num_classes), hp.epsilon).to(y.device)
+        return value + hp.mu_aug * self.balance(model.head(h_aug), y_aug, pi_aug)  # eq. 16

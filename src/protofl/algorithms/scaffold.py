@@ -10,13 +10,10 @@ Stochastic Controlled Averaging for Federated Learning"), Algorithm 1 with optio
             c <- c + (1/N) sum_{i in S} Delta c_i      (N = all clients)
     identical to FedAvg when every client has the same objective (then c = c_i)
 
-The corrected step goes through the engine's one training loop: the loss hook adds
-
-    sum_p < c_p - c_i,p , p - sg(p) >      (sg = stop-gradient; the term's value is 0)
-
-whose gradient with respect to every parameter p is the constant c - c_i, so plain SGD
-(momentum 0, weight decay 0) takes exactly y <- y - eta_l (g(y) - c_i + c), and the
-reported training loss is the task loss alone. With the engine's other settings:
+The corrected step is the engine's training loop with a gradient transform (``grad`` of
+``ctx.fit``): each minibatch gradient g becomes g - c_i + c before the optimizer step, so
+plain SGD (momentum 0, weight decay 0) takes exactly y <- y - eta_l (g(y) - c_i + c), and
+the reported training loss is the task loss alone. With the engine's other settings:
 * momentum beta: the correction enters the momentum buffer with the gradient, so a
   constant correction is amplified like the gradient (by 1/(1 - beta) in steady state).
   Option II therefore divides by the steady-state step of heavy-ball SGD,
@@ -58,7 +55,7 @@ import torch
 
 from ..errors import require
 from ..messages import Record, prefixed
-from .base import Algorithm, ClientResult, cross_entropy_loss, weighted_mean, weights_of
+from .base import Algorithm, ClientResult, cross_entropy, trainable_names, weighted_mean
 
 
 @dataclass
@@ -76,16 +73,6 @@ class ScaffoldState:
     control: dict[str, torch.Tensor]  # c, one tensor per trainable parameter
 
 
-def trainable_names(model) -> list[str]:
-    return [k for k, p in model.named_parameters() if p.requires_grad]
-
-
-def control_correction(params: dict[str, torch.Tensor], correction: dict[str, torch.Tensor]) -> torch.Tensor:
-    """sum_p <c_p - c_i,p, p - sg(p)> for correction = c - c_i: value 0, gradient c - c_i."""
-    terms = [torch.sum(correction[k] * (p - p.detach())) for k, p in params.items()]
-    return torch.stack(terms).sum()
-
-
 def option_ii(c_i: dict[str, torch.Tensor], c: dict[str, torch.Tensor], x: dict[str, torch.Tensor],
               y: dict[str, torch.Tensor], steps: int, lr: float) -> dict[str, torch.Tensor]:
     """c_i+ = c_i - c + (x - y) / (K eta_l)  (Algorithm 1, option II; ``lr`` = the step size)."""
@@ -101,9 +88,8 @@ class Scaffold(Algorithm):
 
     # -- server ------------------------------------------------------------------------------
     def server_init(self, ctx) -> ScaffoldState:
-        model = ctx.model()
         w = ctx.init_weights()
-        return ScaffoldState(w, {k: torch.zeros_like(w[k]) for k in trainable_names(model)})
+        return ScaffoldState(w, {k: torch.zeros_like(w[k]) for k in trainable_names(ctx.model())})
 
     def configure(self, state: ScaffoldState, rnd, cid, ctx) -> Record:
         return Record(arrays={**prefixed("w.", state.weights), **prefixed("c.", state.control)})
@@ -126,27 +112,23 @@ class Scaffold(Algorithm):
         return ctx.model(state.weights)
 
     # -- client ------------------------------------------------------------------------------
-    def local_loss(self, model, msg: Record, ctx):
-        """The uncorrected local objective F_i (the control correction is added to it)."""
-        return cross_entropy_loss
+    task_loss = staticmethod(cross_entropy)  # F_i, the client's own objective
 
-    def client_update(self, msg: Record, state: Optional[Record], ctx) -> ClientResult:
-        model = ctx.model(msg.subarrays("w."))
-        x = weights_of(model)
+    async def client_update(self, msg: Record, state: Optional[Record], ctx) -> ClientResult:
+        x = ctx.like_model(msg.subarrays("w."))
         c = msg.subarrays("c.")
         c_i = state.subarrays("c.") if state is not None else {k: torch.zeros_like(v) for k, v in c.items()}
-        named = dict(model.named_parameters())
-        params = {k: named[k] for k in c}
-        task = self.local_loss(model, msg, ctx)
-        correction = {k: c[k] - c_i[k] for k in c}
-
-        def loss(model, xb, yb):
-            return task(model, xb, yb) + control_correction(params, correction)
-
-        stats = ctx.train(model, loss=loss, params=params.values())
-        y = weights_of(model)
-        c_new = option_ii(c_i, c, x, y, stats.steps, ctx.step_size())
+        # K local steps y <- y - eta_l (g(y) - c_i + c) on the trainable parameters
+        fitted = await ctx.fit(x, self.task_loss, trainable=tuple(c), grad=corrected, extras={"c": c, "c_i": c_i})
+        y = fitted.weights
+        c_new = option_ii(c_i, c, x, y, fitted.stats.steps, ctx.step_size())
         dy = {k: (y[k] - x[k] if v.is_floating_point() else y[k]) for k, v in x.items()}
         reply = Record(arrays={**prefixed("dy.", dy), **prefixed("dc.", {k: c_new[k] - c_i[k] for k in c})},
                        metrics={"num_samples": ctx.num_samples})
-        return ClientResult(reply, state=Record(arrays=prefixed("c.", c_new)), personal=model)
+        return ClientResult(reply, state=Record(arrays=prefixed("c.", c_new)), personal=ctx.model(y))
+
+
+def corrected(grads: dict[str, torch.Tensor], extras) -> dict[str, torch.Tensor]:
+    """The SCAFFOLD step direction: g - c_i + c for every trainable parameter."""
+    c, c_i = extras["c"], extras["c_i"]
+    return {k: g + (c[k] - c_i[k]) for k, g in grads.items()}

@@ -3,27 +3,33 @@
 A :class:`ClientRuntime` lives once per process (the simulator, each pool worker, each
 Flower SuperNode). For one (round, client) it builds a :class:`ClientContext` -- the
 client's data, its model architecture, the training recipe and its random streams --
-calls the method's ``client_update`` and evaluates the personalized model it returns.
+runs the method's ``client_update`` and evaluates the personalized model it returns.
+
+``client_update`` is a coroutine (``algorithms/base.py``): here it is driven for one
+client, each request it awaits (``ctx.fit``, ``ctx.features``) run at once by
+:meth:`ClientContext.execute`; the batched executor drives many at a time.
 """
 from __future__ import annotations
 
+import inspect
 import math
 import time
 from dataclasses import dataclass, field
-from typing import Callable, Iterable, Optional
+from typing import Any, Callable, Iterable, Mapping, Optional, Sequence
 
 import numpy as np
 import torch
 from torch import nn
 
-from ..algorithms.base import Algorithm, ClientResult, TaskInfo, cross_entropy_loss
+from ..algorithms.base import (Algorithm, ClientResult, Features, Fit, Fitted, GradFn, LossFn as FitLoss, Pending,
+                               TaskInfo, cross_entropy, cross_entropy_loss, weights_of)
 from ..config import Config
 from ..data.federated import FederatedData
 from ..messages import Record
 from ..models import build_model
 from .evaluate import personal_metrics
 from .rng import seed_for, torch_gen
-from .train import LossFn, NonFiniteLossError, TrainStats, local_train
+from .train import LossFn, NonFiniteLossError, TrainStats, batch_sizes, local_train, total_steps
 
 
 # Inference batches of ClientContext.embed. Cache-sized batches are the fastest on CPU: for
@@ -82,6 +88,13 @@ class ModelCache:
         self._models: dict[str, tuple[nn.Module, dict]] = {}
 
     def get(self, kwargs: dict, weights: Optional[dict] = None) -> nn.Module:
+        model, init = self.live(kwargs)
+        model.load_state_dict(weights if weights is not None else init)
+        return model
+
+    def live(self, kwargs: dict) -> tuple[nn.Module, dict]:
+        """The live model of this architecture (its weights whatever was loaded last) and its
+        initial weights."""
         key = repr(sorted(kwargs.items()))
         if key not in self._models:
             # every architecture starts from the run's init stream: homogeneous clients
@@ -94,9 +107,7 @@ class ModelCache:
                 model = model.to(memory_format=torch.channels_last)
             init = {k: v.detach().clone() for k, v in model.state_dict().items()}
             self._models[key] = (model, init)
-        model, init = self._models[key]
-        model.load_state_dict(weights if weights is not None else init)
-        return model
+        return self._models[key]
 
 
 @dataclass
@@ -111,10 +122,13 @@ class ClientOutput:
 class ClientContext:
     """What ``client_update`` may use. Everything is local to this (round, client)."""
 
-    def __init__(self, runtime: "ClientRuntime", cid: int, rnd: int) -> None:
+    def __init__(self, runtime: "ClientRuntime", cid: int, rnd: int, evaluating: bool = False) -> None:
         self.runtime = runtime
         self.cid = cid
         self.round = rnd
+        # whether the engine evaluates this client's personalized model after the update
+        # (methods whose personalized model costs extra work, e.g. fine-tuning, do it only then)
+        self.evaluating = evaluating
         self.info = runtime.info
         self.num_classes = runtime.info.num_classes
         self.generator = torch_gen(runtime.info.seed, "train", rnd, cid)
@@ -147,6 +161,19 @@ class ClientContext:
         """This client's architecture with ``weights`` loaded (None: the run's initial weights)."""
         return self.runtime.models.get(arch_kwargs(self.runtime.cfg, self.cid), weights)
 
+    def architecture(self) -> nn.Module:
+        """This client's live model object, whatever weights it holds (for names and shapes)."""
+        return self.runtime.models.live(arch_kwargs(self.runtime.cfg, self.cid))[0]
+
+    def like_model(self, weights: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        """A copy of ``weights`` as the model holds them (on its device, in its memory
+        formats, e.g. channels_last): for tensors a loss combines with the parameters."""
+        return weights_of(self.model(weights))
+
+    def trainable(self, weights: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        """The entries of ``weights`` that are trainable parameters of the model."""
+        return {k: weights[k] for k, p in self.architecture().named_parameters() if p.requires_grad}
+
     @property
     def channels_last(self) -> bool:
         return self.runtime.channels_last
@@ -161,14 +188,9 @@ class ClientContext:
         (heavy-ball SGD under a constant gradient g moves by lr g / (1 - momentum) per step)."""
         return self.lr() / (1.0 - self.runtime.cfg.training.momentum)
 
-    def train(self, model: nn.Module, loss: LossFn = cross_entropy_loss,
-              params: Optional[Iterable[nn.Parameter]] = None, **overrides) -> TrainStats:
-        """Run the configured local training on this client's data.
-
-        ``loss(model, x, y)`` is the objective; ``params`` the parameters that move (all
-        trainable ones by default). ``overrides`` replace training settings for this call
-        (e.g. ``epochs=1``).
-        """
+    def training_settings(self, overrides: Mapping[str, Any] = {}) -> dict:
+        """The run's local-training settings for this round (lr with its decay), with
+        ``overrides`` for one call (e.g. ``epochs=1``); an unknown key is a TypeError."""
         tc = self.runtime.cfg.training
         settings = dict(lr=self.lr(), momentum=tc.momentum, weight_decay=tc.weight_decay,
                         batch_size=tc.batch_size, epochs=tc.epochs, steps=tc.steps, clip_grad=tc.clip_grad)
@@ -176,14 +198,85 @@ class ClientContext:
         if unknown:
             raise TypeError(f"unknown training setting(s): {sorted(unknown)}")
         settings.update(overrides)
+        return settings
+
+    def train(self, model: nn.Module, loss: LossFn = cross_entropy_loss,
+              params: Optional[Iterable[nn.Parameter]] = None, **overrides) -> TrainStats:
+        """Run the configured local training on this client's data, on a live model (the
+        imperative form, for a plain-function ``client_update``; methods ``await ctx.fit``).
+
+        ``loss(model, x, y)`` is the objective; ``params`` the parameters that move (all
+        trainable ones by default). ``overrides`` replace training settings for this call
+        (e.g. ``epochs=1``).
+        """
         x, y = self.data
         stats = local_train(model, x, y, loss=loss, params=model.parameters() if params is None else params,
                             generator=self.generator, channels_last=self.channels_last,
-                            precision=self.runtime.cfg.execution.precision, **settings)
+                            precision=self.runtime.cfg.execution.precision, **self.training_settings(overrides))
+        return self._trained(stats, report=True)
+
+    def _trained(self, stats: TrainStats, report: bool) -> TrainStats:
         if not math.isfinite(stats.loss):
             raise NonFiniteLossError(self.round, self.cid, stats.loss)
-        self.last_train = stats
+        if report:
+            self.last_train = stats
         return stats
+
+    # -- the requests a coroutine client_update awaits -----------------------------------------
+    def fit(self, weights: Mapping[str, torch.Tensor], loss: FitLoss = cross_entropy, *,
+            extras: Optional[Mapping[str, Any]] = None, trainable: Optional[Sequence[str]] = None,
+            grad: Optional[GradFn] = None, step_extras: Optional[Callable] = None, report: bool = True,
+            **settings) -> Pending:
+        """``await ctx.fit(...)`` -> :class:`~protofl.algorithms.base.Fitted`: local SGD from
+        ``weights`` on ``loss(model, x, y, extras)`` (see :class:`~protofl.algorithms.base.Fit`);
+        ``settings`` override training settings for this call (``epochs=10``)."""
+        self.training_settings(settings)  # unknown keys fail here, in the method's own frame
+        return Pending(Fit(weights, loss, {} if extras is None else extras,
+                           None if trainable is None else tuple(trainable), grad, step_extras, dict(settings), report))
+
+    def features(self, weights: Mapping[str, torch.Tensor], part: str = "body",
+                 x: Optional[torch.Tensor] = None) -> Pending:
+        """``await ctx.features(weights, "body")`` -> (n, d): ``model.<part>`` with ``weights``,
+        in eval mode, on ``x`` (default: this client's training inputs)."""
+        return Pending(Features(weights, part, x))
+
+    def execute(self, request) -> Any:
+        """Run one request now, for this client alone (the sequential executor)."""
+        if isinstance(request, Fit):
+            return self._fit(request)
+        if isinstance(request, Features):
+            model = self.model(request.weights)
+            return self.embed(getattr(model, request.part), request.x)
+        raise TypeError(f"client_update awaited {type(request).__name__}; it may await ctx.fit(...) and "
+                        "ctx.features(...) only")
+
+    def _fit(self, req: Fit) -> Fitted:
+        model = self.model(req.weights)
+        named = [(k, p) for k, p in model.named_parameters()
+                 if p.requires_grad and (req.trainable is None or k.startswith(req.trainable))]
+        settings = self.training_settings(req.settings)
+        x, y = self.data
+        extras, per_step = req.extras, None
+        if req.step_extras is not None and len(y):
+            n_steps = total_steps(len(y), settings["batch_size"], settings["epochs"], settings["steps"])
+            per_step = req.step_extras(batch_sizes(len(y), settings["batch_size"], n_steps))
+
+        def loss(m, xb, yb, step):
+            ex = extras if per_step is None else {**extras, **{k: v[step, :len(yb)] for k, v in per_step.items()}}
+            return req.loss(m, xb, yb, ex)
+
+        grad = None
+        if req.grad is not None:
+            names = [k for k, _ in named]
+
+            def grad(gs: list) -> list:
+                new = req.grad(dict(zip(names, gs)), extras)
+                return [new[k] for k in names]
+
+        stats = local_train(model, x, y, loss=loss, params=[p for _, p in named], generator=self.generator,
+                            channels_last=self.channels_last, precision=self.runtime.cfg.execution.precision,
+                            grad=grad, step_loss=True, **settings)
+        return Fitted(weights_of(model), self._trained(stats, req.report))
 
     @torch.inference_mode()
     def embed(self, body: Callable[[torch.Tensor], torch.Tensor], x: Optional[torch.Tensor] = None,
@@ -266,19 +359,25 @@ class ClientRuntime:
             full_test: bool = True) -> ClientOutput:
         """One client's turn: update, then (optionally) evaluate its personalized model."""
         t0 = time.perf_counter()
-        torch.manual_seed(seed_for(self.info.seed, "torch", rnd, cid))  # dropout masks etc.
-        ctx = ClientContext(self, cid, rnd)
-        if state is None:
-            state = self.algorithm.client_init(ctx)
-        if self.device.type != "cpu":  # the method computes on the device; messages stay on the CPU
-            msg, state = msg.to(self.device), (None if state is None else state.to(self.device))
+        ctx, update = self.start(cid, rnd, msg, state, evaluate)
         try:
-            result: ClientResult = self.algorithm.client_update(msg, state, ctx)
+            result: ClientResult = drive(update, ctx.execute)
         except NonFiniteLossError as e:
             if self.cfg.training.on_nonfinite == "stop":
                 raise
             return ClientOutput(reply=Record(), state=None, rejected=str(e))
         return self.finish(ctx, result, evaluate, full_test, t0)
+
+    def start(self, cid: int, rnd: int, msg: Record, state: Optional[Record], evaluate: bool):
+        """A client's context and its ``client_update`` call (a coroutine; or, for a method
+        written as a plain function, its finished result)."""
+        torch.manual_seed(seed_for(self.info.seed, "torch", rnd, cid))  # dropout masks etc.
+        ctx = ClientContext(self, cid, rnd, evaluating=evaluate)
+        if state is None:
+            state = self.algorithm.client_init(ctx)
+        if self.device.type != "cpu":  # the method computes on the device; messages stay on the CPU
+            msg, state = msg.to(self.device), (None if state is None else state.to(self.device))
+        return ctx, self.algorithm.client_update(msg, state, ctx)
 
     def finish(self, ctx: ClientContext, result: ClientResult, evaluate: bool, full_test: bool,
                t0: float) -> ClientOutput:
@@ -303,3 +402,26 @@ class ClientRuntime:
             if names is not None and "pa" in ev:  # local-test accuracy by feature group (pa:rot90)
                 ev[f"pa:{names[self.fed.feature_groups[cid]]}"] = ev["pa"]
         return ClientOutput(reply=result.reply, state=result.state, eval=ev, train=train)
+
+
+def drive(update, execute: Callable[[Any], Any]) -> ClientResult:
+    """Run a ``client_update`` coroutine to its end, answering each request it awaits with
+    ``execute(request)``; a plain-function method's result passes through."""
+    if not inspect.iscoroutine(update):
+        return update
+    answer = None
+    try:
+        while True:
+            try:
+                request = update.send(answer)
+            except StopIteration as done:
+                return done.value
+            answer = execute(request)
+    finally:
+        update.close()  # a request that raised: no half-run coroutine is left behind
+
+
+def run_update(algorithm: Algorithm, msg: Record, state: Optional[Record], ctx) -> ClientResult:
+    """One client's ``client_update`` run to its end, each request executed by ``ctx`` (the
+    sequential executor's way; for tests and for code that drives a client by hand)."""
+    return drive(algorithm.client_update(msg, state, ctx), ctx.execute)

@@ -282,7 +282,7 @@ def local_executor(sim):
     if use_batched(sim.cfg):
         from .batched import BatchedExecutor
 
-        return BatchedExecutor(sim.runtime, ex.batch_clients, ex.threads)
+        return BatchedExecutor(sim.runtime, ex.batch_clients, ex.threads, compile=ex.compile)
     return make_executor(sim.runtime, ex.workers, ex.threads, sim.participation.m)
 
 

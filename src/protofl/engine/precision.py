@@ -8,7 +8,7 @@
   recommends. The weights, their gradients, the optimizer state, every message and the
   aggregation stay float32 (fp32 master weights). Server-side training (CReFF's
   classifier retraining, FedGen's generator), prototypes computed after training
-  (``ctx.embed``) and evaluation stay float32: evaluation is a measurement and should not
+  (``ctx.features``) and evaluation stay float32: evaluation is a measurement and should not
   depend on how the clients trained (benchmarks/RESULTS.md, section 2, "bf16").
 
 bfloat16 pays off only where the hardware has bfloat16 arithmetic (x86 AVX512-BF16 or

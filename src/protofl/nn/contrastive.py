@@ -12,6 +12,9 @@ alternative ``positives="log_sum"`` puts the positives inside one log,
 ``L_i = -log( sum_{p in P(i)} exp(s_ip) / sum_{a in A} exp(s_ia) )`` (as in FPL, Huang et
 al., 2023). The loss is the mean of L_i over the samples that have at least one
 positive; samples whose class has no prototype in the pool contribute nothing.
+
+Written without branching on tensor values (masks instead of boolean indexing), so that
+``torch.func.vmap`` can run it for a stack of clients (the batched executor).
 """
 from __future__ import annotations
 
@@ -32,10 +35,10 @@ def prototype_supcon_loss(z: torch.Tensor, y: torch.Tensor, protos: torch.Tensor
     pos = proto_labels.to(y.device).unsqueeze(0) == y.unsqueeze(1)  # (B, P)
     n_pos = pos.sum(1)  # (B,)
     has = n_pos > 0
-    if not bool(has.any()):
-        return z.sum() * 0.0
     if positives == "mean_log":
-        per_sample = -(log_prob * pos).sum(1)[has] / n_pos[has]
-    else:
-        per_sample = -torch.logsumexp(log_prob.masked_fill(~pos, float("-inf")), dim=1)[has]
-    return per_sample.mean()
+        per_sample = -(log_prob * pos).sum(1) / n_pos.clamp(min=1)
+    else:  # rows without a positive take zeros, not an all -inf row (whose gradient is nan)
+        masked = torch.where(has.unsqueeze(1), log_prob.masked_fill(~pos, float("-inf")), torch.zeros_like(log_prob))
+        per_sample = -torch.logsumexp(masked, dim=1)
+    # the mean over the samples with a positive; 0 (with a zero gradient) when none has one
+    return torch.where(has, per_sample, torch.zeros_like(per_sample)).sum() / has.sum().clamp(min=1)

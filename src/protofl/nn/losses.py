@@ -26,8 +26,9 @@ import torch.nn.functional as F
 
 
 def label_counts(y: torch.Tensor, num_classes: int) -> torch.Tensor:
-    """(C,) int64 counts of the labels ``y`` (B,)."""
-    return torch.bincount(y, minlength=num_classes)
+    """(C,) int64 counts of the labels ``y`` (B,) (a comparison table, not ``bincount``: it
+    also runs under vmap)."""
+    return (y.unsqueeze(1) == torch.arange(num_classes, device=y.device)).sum(0)
 
 
 def relaxed_prior(counts: torch.Tensor, epsilon: float) -> torch.Tensor:
@@ -41,9 +42,8 @@ def relaxed_prior(counts: torch.Tensor, epsilon: float) -> torch.Tensor:
     n = counts.to(torch.float32)
     C = n.numel()
     total = n.sum()
-    if total <= 0:
-        return torch.full((C,), 1.0 / C)
-    return (1.0 - epsilon) * n / total + epsilon / C
+    # a select, not an if on the total, so that it runs under vmap (the batched executor)
+    return torch.where(total > 0, (1.0 - epsilon) * n / total + epsilon / C, torch.full_like(n, 1.0 / C))
 
 
 def balanced_logits(logits: torch.Tensor, prior: torch.Tensor) -> torch.Tensor:

@@ -97,7 +97,7 @@ def worker_path_executor(sim, workers: int = 2):
     shipped = ex.ship_to_workers(rt)
     init_args = pickle.dumps((rt.cfg, rt.fed, rt.info), protocol=pickle.HIGHEST_PROTOCOL)
 
-    class WorkerPath:
+    class WorkerPath(ex.Executor):
         def __init__(self):
             self.runtimes = []
             for _ in range(workers):
@@ -117,8 +117,5 @@ def worker_path_executor(sim, workers: int = 2):
                 finally:
                     ex._WORKER = None
             return [outs[i] for i in range(len(tasks))]
-
-        def close(self):
-            pass
 
     return WorkerPath()

@@ -37,3 +37,27 @@ def test_tutorial_notebook_executes(tmp_path, monkeypatch):
     assert "same results: True" in text
     errors = [o for outs in outputs.values() for o in outs if o.output_type == "error"]
     assert not errors
+
+
+def test_adding_a_method_guide_runs(digits_cfg, tmp_path, monkeypatch):
+    """docs/adding_a_method.md: its module and its test, as printed, pass the shared suite."""
+    import re
+    import types
+
+    from protofl.algorithms import ALGORITHMS
+
+    import test_algorithms_common as common
+
+    blocks = re.findall(r"```python\n(.*?)```", (REPO / "docs" / "adding_a_method.md").read_text(), re.S)
+    module_src, test_src = blocks
+    module = types.ModuleType("protofl_guide_feddecorr")
+    monkeypatch.setitem(sys.modules, module.__name__, module)
+    monkeypatch.setattr(ALGORITHMS, "_items", dict(ALGORITHMS._items))  # @register adds to a copy
+    exec(compile(module_src, "feddecorr.py", "exec"), module.__dict__)
+    assert ALGORITHMS.get("feddecorr") is module.FedDecorr
+    monkeypatch.setitem(sys.modules, "protofl.algorithms.feddecorr", module)  # the test imports it there
+    tests: dict = {}
+    exec(compile(test_src, "test_feddecorr.py", "exec"), tests)
+    tests["test_decorrelation_of_perfectly_correlated_and_of_independent_dimensions"]()
+    common.test_every_method_two_rounds_on_digits("feddecorr", digits_cfg, tmp_path / "suite")
+    common.test_every_method_batched_equals_sequential("feddecorr", digits_cfg, tmp_path / "both")

@@ -30,6 +30,8 @@ class _Later:
 class DeferringExecutor(SequentialExecutor):
     """In-process clients; global evaluations deferred until asked for, as in the pool."""
 
+    defers_eval = True
+
     def __init__(self, sim, log):
         super().__init__(sim.runtime, 1)
         self.sim, self.log = sim, log

@@ -13,7 +13,8 @@ from protofl.cli import main
 from protofl.config import ConfigError, load_config, parse_override
 from protofl.data.dataset import Dataset
 from protofl.data.features import noise, resize_digits, rotate
-from protofl.data.federated import FederatedData, build_federated
+from protofl.data.build import build_federated
+from protofl.data.federated import FederatedData
 from protofl.engine.client import ClientRuntime
 from protofl.engine.simulation import Simulation
 

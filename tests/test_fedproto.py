@@ -8,7 +8,8 @@ from torch import nn
 
 from protofl.algorithms import ALGORITHMS
 from protofl.algorithms.base import TaskInfo
-from protofl.algorithms.fedproto import FedProto, FedProtoHyper, NearestPrototype, ProtoState, dense, sparse
+from protofl.algorithms.fedproto import FedProto, FedProtoHyper, ProtoState, dense, sparse
+from protofl.nn.prototypes import NearestPrototype
 from protofl.messages import Record
 from protofl.models import FLModel
 

@@ -8,7 +8,7 @@ from protofl import run
 from protofl.algorithms.base import TaskInfo
 from protofl.algorithms.fesem import FeSEM, FeSEMHyper, FeSEMState, assign_nearest, distance_keys
 from protofl.config import ConfigError, load_config
-from protofl.engine.rng import seed_for
+from protofl.rng import seed_for
 from protofl.messages import Record
 from protofl.metrics import cluster_purity
 

@@ -69,7 +69,7 @@ def assert_close_runs(seq, bat, atol=1e-5):
 
 def test_clients_differ_in_step_count_and_last_batch(tmp_path):
     """The setting below exercises clients that stop early and smaller last batches."""
-    from protofl.data.federated import build_federated
+    from protofl.data.build import build_federated
 
     fed = build_federated(cfg_for(tmp_path))
     sizes = [len(i) for i in fed.train_idx]

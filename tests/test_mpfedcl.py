@@ -9,7 +9,7 @@ from torch import nn
 
 from protofl.algorithms import ALGORITHMS
 from protofl.algorithms.base import TaskInfo
-from protofl.algorithms.fedproto import NearestPrototype
+from protofl.nn.prototypes import NearestPrototype
 from protofl.algorithms.mpfedcl import (DPFedCL, MPFedCL, MPFedCLHyper, PoolState, SPFedCL,
                                         build_pool)
 from protofl.messages import Record

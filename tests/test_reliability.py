@@ -1,6 +1,5 @@
 """Bad input never gives a traceback; no single client can break or poison a run."""
 import gzip
-import json
 import struct
 
 import numpy as np

@@ -41,7 +41,7 @@ from protofl.algorithms import ALGORITHMS  # noqa: E402
 from protofl.api import is_complete  # noqa: E402
 from protofl.config import load_config, parse_override  # noqa: E402
 from protofl.data.datasets import load_dataset  # noqa: E402
-from protofl.data.federated import build_federated  # noqa: E402
+from protofl.data.build import build_federated  # noqa: E402
 from protofl.engine.checkpoint import load_torch  # noqa: E402
 from protofl.engine.simulation import CHECKPOINT, SUMMARY, Simulation  # noqa: E402
 from protofl.metrics import cluster_purity  # noqa: E402

@@ -81,7 +81,7 @@ def cmd_partition(args) -> int:
     import numpy as np
 
     from .config import config_from_args
-    from .data.federated import build_federated
+    from .data.build import build_federated
     from .report.plots import partition_heatmap
 
     cfg = config_from_args(args)

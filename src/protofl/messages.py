@@ -15,9 +15,14 @@ executor and Flower carry the same algorithm code unchanged.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Mapping, Union
+from typing import Mapping, Optional, Union
 
 import torch
+
+# the prefix of model weights in messages and replies: ``w.<state-dict key>`` (the engine
+# checks them against what was sent, logs the weight diversity of the replies' models, ...)
+WEIGHTS = "w."
+WEIGHTS_PATTERN = WEIGHTS + "*"  # the glob of a reply's weights (``Algorithm.reply_arrays``)
 
 Scalar = Union[int, float]
 Setting = Union[str, int, float, bool]
@@ -41,6 +46,10 @@ class Record:
                 raise TypeError(f"Record.config[{k!r}] must be str/int/float/bool, got {type(v).__name__}")
 
     # -- helpers -----------------------------------------------------------------------
+    def weights(self) -> dict[str, torch.Tensor]:
+        """The model weights the record carries (its ``w.*`` arrays, prefix stripped)."""
+        return self.subarrays(WEIGHTS)
+
     def subarrays(self, prefix: str) -> dict[str, torch.Tensor]:
         """The arrays whose key starts with ``prefix`` (prefix stripped)."""
         n = len(prefix)
@@ -65,3 +74,31 @@ class Record:
 
 def prefixed(prefix: str, arrays: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
     return {prefix + k: v for k, v in arrays.items()}
+
+
+def weight_arrays(weights: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """Model weights as message arrays (``w.<key>``): the inverse of :meth:`Record.weights`."""
+    return prefixed(WEIGHTS, weights)
+
+
+# -- schema checks a method's ``check_reply`` uses ------------------------------------------
+def expect_shapes(reply: Record, **shapes: tuple) -> Optional[str]:
+    """For a method's ``check_reply``: each named array, when present, has this shape
+    (``-1`` matches any size along that dimension)."""
+    for name, shape in shapes.items():
+        t = reply.arrays.get(name)
+        if t is None:
+            continue
+        if t.dim() != len(shape) or any(s not in (-1, n) for s, n in zip(shape, t.shape)):
+            return f"array {name!r} has shape {tuple(t.shape)}, expected {tuple(shape)}"
+    return None
+
+
+def expect_indices(reply: Record, name: str, bound: int) -> Optional[str]:
+    """For a method's ``check_reply``: integer array ``name``, when present, indexes [0, bound)."""
+    t = reply.arrays.get(name)
+    if t is None or t.numel() == 0:
+        return None
+    if t.is_floating_point() or int(t.max()) >= bound:
+        return f"array {name!r} holds values outside the class indices 0..{bound - 1}"
+    return None

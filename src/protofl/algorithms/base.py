@@ -41,17 +41,27 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Callable, ClassVar, Iterable, Mapping, Optional, Sequence, Union
+from typing import Any, Callable, ClassVar, Iterable, Mapping, Optional, Protocol, Sequence, Union
 
 import torch
 from torch import nn
 from torch.nn import functional as F
 
 from ..messages import Record
+from ..registry import Registry
 
-if TYPE_CHECKING:  # pragma: no cover
-    from ..engine.client import ClientContext
-    from ..engine.server import ServerContext
+
+# every method by its name; a method module registers its classes with @register (the
+# package imports every module in it), a third-party package through the entry points of
+# the group "protofl.algorithms" (registry.py)
+ALGORITHMS: Registry = Registry("algorithm", "protofl.algorithms")
+
+
+def register(cls: type) -> type:
+    """Class decorator: add a method to :data:`ALGORITHMS` under its ``name``."""
+    ALGORITHMS.add(cls.name, cls)
+    return cls
+
 
 Predictor = Callable[[torch.Tensor], torch.Tensor]  # inputs (B, ...) -> class scores (B, C)
 # one predictor, or several named ones (the first is the primary, e.g. FedProto's
@@ -74,6 +84,14 @@ class TaskInfo:
 @dataclass
 class NoHyper:
     """For methods without hyper-parameters."""
+
+
+@dataclass
+class WeightsState:
+    """The server state of a method with one global model (a full state dict); methods extend
+    it with their own fields. :meth:`Algorithm.model_weights` reads it."""
+
+    weights: dict[str, torch.Tensor]
 
 
 @dataclass
@@ -156,6 +174,69 @@ class Pending:
         return answer
 
 
+class ClientContext(Protocol):
+    """What ``client_init`` and ``client_update`` may use: everything is this (round,
+    client)'s own. The engine's :class:`protofl.engine.client.ClientContext` implements it
+    (the engine builds on this module, never the other way round)."""
+
+    cid: int
+    round: int
+    info: TaskInfo
+    num_classes: int
+    evaluating: bool  # whether the engine evaluates the personalized model after this update
+
+    @property
+    def data(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """(x, y): the client's normalized training data on the device."""
+
+    @property
+    def num_samples(self) -> int: ...
+
+    @property
+    def class_counts(self) -> torch.Tensor:
+        """(C,) int64 training label counts."""
+
+    def rng(self, *keys: object) -> Any:
+        """A numpy ``Generator`` for this (round, client) and purpose."""
+
+    def model(self, weights: Optional[Mapping[str, torch.Tensor]] = None) -> nn.Module:
+        """The client's live model object with ``weights`` loaded (None: the initial ones)."""
+
+    def architecture(self) -> nn.Module: ...
+
+    def like_model(self, weights: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]: ...
+
+    def trainable(self, weights: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]: ...
+
+    def lr(self) -> float: ...
+
+    def step_size(self) -> float: ...
+
+    def fit(self, weights: Mapping[str, torch.Tensor], loss: LossFn = ..., **options) -> Pending:
+        """``await`` it: a :class:`Fit` answered with :class:`Fitted`."""
+
+    def features(self, weights: Mapping[str, torch.Tensor], part: str = "body",
+                 x: Optional[torch.Tensor] = None) -> Pending:
+        """``await`` it: :class:`Features` answered with an (n, d) tensor."""
+
+
+class ServerContext(Protocol):
+    """What the server half may use; the engine's :class:`protofl.engine.server.ServerContext`
+    implements it."""
+
+    info: TaskInfo
+    device: torch.device
+
+    def model(self, weights: Optional[Mapping[str, torch.Tensor]] = None) -> nn.Module: ...
+
+    def init_weights(self) -> dict[str, torch.Tensor]: ...
+
+    def rng(self, rnd: int, *keys: object) -> Any: ...
+
+    def log(self, key: str, value: float) -> None:
+        """Add a number to this round's metrics row."""
+
+
 @dataclass
 class ClientResult:
     reply: Record
@@ -207,6 +288,19 @@ class Algorithm:
         checks (finite values, counts, weight shapes, names, size): return the reason to
         reject it, or None. Runs on the server before ``aggregate``."""
         return None
+
+    # -- what the engine may read (the contract beyond the two halves) ------------------------
+    def model_weights(self, state: Any) -> Optional[dict[str, torch.Tensor]]:
+        """The global model's weights in the server state (saved as ``model.pt`` after the
+        run), None for a method without one. Default: the ``weights`` of a
+        :class:`WeightsState`."""
+        return state.weights if self.has_global_model and isinstance(state, WeightsState) else None
+
+    def local_weights(self, reply: Record) -> Optional[dict[str, torch.Tensor]]:
+        """The local model a reply carries (its ``w.*`` arrays), for the weight diversity of
+        ReBaFL's eq. (24), which the engine logs for every method; None when the reply
+        carries none (prototypes only, SCAFFOLD's updates)."""
+        return None if self.heterogeneous_models else (reply.weights() or None)
 
     def class_vectors(self, state: Any) -> Optional[torch.Tensor]:
         """The (C, d) class prototypes or fixed-head rows the server holds, for the geometry
@@ -264,6 +358,19 @@ def weighted_mean(items: Iterable[tuple[float, Mapping[str, torch.Tensor]]]) -> 
     if total <= 0:
         raise ValueError("aggregation weights sum to zero")
     return {k: (v / total if v.is_floating_point() else v) for k, v in acc.items()}
+
+
+def reply_weight(reply: Record, weighting: str) -> float:
+    """A reply's aggregation weight: its client's training samples n_k (``samples``) or 1
+    (``uniform``)."""
+    return float(reply.metrics["num_samples"]) if weighting == "samples" else 1.0
+
+
+def average(replies: Iterable[Record], weighting: str,
+            part: Callable[[Record], Mapping[str, torch.Tensor]] = Record.weights) -> dict[str, torch.Tensor]:
+    """sum_k a_k part(r_k) / sum_k a_k over the replies, a_k = :func:`reply_weight` (replies with
+    a_k = 0 left out); by default the replies' model weights. {} when no reply counts."""
+    return weighted_mean((a, part(r)) for r in replies if (a := reply_weight(r, weighting)) > 0)
 
 
 def weight_diversity(models: Sequence[Mapping[str, torch.Tensor]]) -> float:

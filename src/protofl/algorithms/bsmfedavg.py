@@ -22,9 +22,11 @@ prediction) are reported as ``@logits``.
 from __future__ import annotations
 
 from ..nn.losses import balanced_logits, relaxed_prior
+from .base import register
 from .fedavg import FedAvg
 
 
+@register
 class BSMFedAvg(FedAvg):
     name = "bsmfedavg"
 

@@ -57,9 +57,9 @@ from torch import nn
 from torch.func import functional_call
 
 from ..errors import ConfigError, require
-from ..messages import Record, prefixed
-from .base import ClientResult
-from .fedavg import FedAvg, WeightsState
+from ..messages import Record, WEIGHTS_PATTERN, prefixed, weight_arrays
+from .base import ClientResult, register, WeightsState
+from .fedavg import FedAvg
 
 
 @dataclass
@@ -157,9 +157,10 @@ def retrain_linear(W: torch.Tensor, b: Optional[torch.Tensor], feats: torch.Tens
     return W, b
 
 
+@register
 class CReFF(FedAvg):
     name = "creff"
-    reply_arrays = ("w.*", "g.*", "g_mask")
+    reply_arrays = (WEIGHTS_PATTERN, "g.*", "g_mask")
     Hyper = CReFFHyper
 
     # -- server ------------------------------------------------------------------------------
@@ -175,7 +176,7 @@ class CReFF(FedAvg):
         return CReFFState(w, head, feats.to(ctx.device))
 
     def configure(self, state: CReFFState, rnd, cid, ctx) -> Record:
-        return Record(arrays={**prefixed("w.", state.weights), **prefixed("re.", state.head)})
+        return Record(arrays={**weight_arrays(state.weights), **prefixed("re.", state.head)})
 
     def check_reply(self, reply: Record, sent: Record) -> Optional[str]:
         C = self.info.num_classes
@@ -252,9 +253,9 @@ class CReFF(FedAvg):
         return grads, mask
 
     async def client_update(self, msg: Record, state: Optional[Record], ctx) -> ClientResult:
-        w_t = msg.subarrays("w.")
+        w_t = msg.weights()
         grads, mask = self.real_gradients(ctx.model(w_t), msg.subarrays("re."), ctx)  # before training
         fitted = await ctx.fit(w_t)  # FedAvg's local update
-        arrays = {**prefixed("w.", fitted.weights), **prefixed("g.", grads), "g_mask": mask}
+        arrays = {**weight_arrays(fitted.weights), **prefixed("g.", grads), "g_mask": mask}
         return ClientResult(Record(arrays=arrays, metrics={"num_samples": ctx.num_samples}),
                             personal=ctx.model(fitted.weights))

@@ -35,8 +35,8 @@ import torch
 from torch.nn import functional as F
 
 from ..errors import require
-from ..messages import Record, prefixed
-from .base import ClientResult, weights_of
+from ..messages import Record, weight_arrays
+from .base import ClientResult, register, weights_of
 from .fedavg import FedAvg, FedAvgHyper
 
 
@@ -51,6 +51,7 @@ class DittoHyper(FedAvgHyper):
                 self.personal_epochs, "must be >= 1 (or null: training.epochs)")
 
 
+@register
 class Ditto(FedAvg):
     name = "ditto"
     Hyper = DittoHyper
@@ -59,9 +60,9 @@ class Ditto(FedAvg):
         return Record(arrays=weights_of(ctx.model()))  # v_k^0 = w^0
 
     async def client_update(self, msg: Record, state: Optional[Record], ctx) -> ClientResult:
-        w_t = msg.subarrays("w.")
+        w_t = msg.weights()
         w_k = await ctx.fit(w_t)  # the global solver's local update (FedAvg)
-        reply = Record(arrays=prefixed("w.", w_k.weights), metrics={"num_samples": ctx.num_samples})
+        reply = Record(arrays=weight_arrays(w_k.weights), metrics={"num_samples": ctx.num_samples})
         epochs = {} if self.hp.personal_epochs is None else {"epochs": self.hp.personal_epochs}
         anchor = {k: w_t[k] for k in ctx.trainable(w_t)}
         v_k = await ctx.fit(state.arrays, self.personal_loss, extras={"w_t": anchor}, **epochs)  # eq. 2, from v_k

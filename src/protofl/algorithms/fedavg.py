@@ -25,18 +25,13 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
-from ..messages import Record, prefixed
-from .base import Algorithm, ClientResult, Fitted, LossFn, cross_entropy, weighted_mean
+from ..messages import Record, WEIGHTS_PATTERN, weight_arrays
+from .base import Algorithm, average, ClientResult, cross_entropy, Fitted, LossFn, register, reply_weight, WeightsState
 
 
 @dataclass
 class FedAvgHyper:
     weighting: Literal["samples", "uniform"] = "samples"
-
-
-@dataclass
-class WeightsState:
-    weights: dict[str, torch.Tensor]
 
 
 class AdjustedLogits(nn.Module):
@@ -50,21 +45,22 @@ class AdjustedLogits(nn.Module):
         return self.adjust(self.model(x))
 
 
+@register
 class FedAvg(Algorithm):
     name = "fedavg"
     Hyper = FedAvgHyper
-    reply_arrays = ("w.*",)
+    reply_arrays = (WEIGHTS_PATTERN,)
 
     def server_init(self, ctx) -> WeightsState:
         return WeightsState(ctx.init_weights())
 
     def configure(self, state: WeightsState, rnd, cid, ctx) -> Record:
-        return Record(arrays=prefixed("w.", state.weights))
+        return Record(arrays=weight_arrays(state.weights))
 
     # -- client ------------------------------------------------------------------------------
     async def client_update(self, msg: Record, state: Optional[Record], ctx) -> ClientResult:
         loss, extras = self.objective(msg, ctx)
-        fitted = await ctx.fit(msg.subarrays("w."), loss, extras=extras)  # E epochs of SGD from w_t
+        fitted = await ctx.fit(msg.weights(), loss, extras=extras)  # E epochs of SGD from w_t
         return self.result(fitted, ctx)
 
     def objective(self, msg: Record, ctx) -> tuple[LossFn, dict[str, Any]]:
@@ -75,7 +71,7 @@ class FedAvg(Algorithm):
 
     def result(self, fitted: Fitted, ctx) -> ClientResult:
         """The reply (the trained weights) and the personalized model (the trained model)."""
-        reply = Record(arrays=prefixed("w.", fitted.weights), metrics={"num_samples": ctx.num_samples})
+        reply = Record(arrays=weight_arrays(fitted.weights), metrics={"num_samples": ctx.num_samples})
         model = ctx.model(fitted.weights)
         t = self.logit_adjustment(ctx)
         personal = model if t is None else {"local": AdjustedLogits(model, lambda z: self.adjust_logits(z, t)),
@@ -97,11 +93,12 @@ class FedAvg(Algorithm):
 
     # -- server ------------------------------------------------------------------------------
     def aggregation_weight(self, reply: Record) -> float:
-        return reply.metrics["num_samples"] if self.hp.weighting == "samples" else 1.0
+        """a_k of a reply (kept for subclasses written against earlier releases; new code calls
+        :func:`~protofl.algorithms.base.average`)."""
+        return reply_weight(reply, self.hp.weighting)
 
     def aggregate(self, state: WeightsState, rnd, replies, ctx) -> WeightsState:
-        avg = weighted_mean((self.aggregation_weight(r), r.subarrays("w.")) for _, r in replies
-                            if self.aggregation_weight(r) > 0)
+        avg = average((r for _, r in replies), self.hp.weighting)
         return WeightsState(avg) if avg else state  # nobody arrived: keep w_t
 
     def global_predictor(self, state: WeightsState, ctx):

@@ -31,7 +31,7 @@ from typing import Optional
 
 from ..errors import require
 from ..messages import Record
-from .base import ClientResult, fine_tuned
+from .base import ClientResult, fine_tuned, register
 from .fedavg import FedAvg, FedAvgHyper
 
 
@@ -43,12 +43,13 @@ class FedAvgFTHyper(FedAvgHyper):
         require(self.finetune_epochs >= 1, f"{s}.finetune_epochs", self.finetune_epochs, "must be >= 1")
 
 
+@register
 class FedAvgFT(FedAvg):
     name = "fedavg_ft"
     Hyper = FedAvgFTHyper
 
     async def client_update(self, msg: Record, state: Optional[Record], ctx) -> ClientResult:
-        fitted = await ctx.fit(msg.subarrays("w."))  # FedAvg's local update
+        fitted = await ctx.fit(msg.weights())  # FedAvg's local update
         result = self.result(fitted, ctx)
-        result.personal = await fine_tuned(ctx, msg.subarrays("w."), self.hp.finetune_epochs)  # v_k from w_t
+        result.personal = await fine_tuned(ctx, msg.weights(), self.hp.finetune_epochs)  # v_k from w_t
         return result

@@ -34,8 +34,8 @@ from dataclasses import dataclass
 from typing import Optional
 
 from ..errors import require
-from ..messages import Record, prefixed
-from .base import ClientResult, fine_tuned, weights_of
+from ..messages import Record, weight_arrays
+from .base import ClientResult, fine_tuned, register, weights_of
 from .fedavg import FedAvgHyper
 from .fedper import FedPer
 
@@ -48,6 +48,7 @@ class FedBABUHyper(FedAvgHyper):
         require(self.finetune_epochs >= 1, f"{s}.finetune_epochs", self.finetune_epochs, "must be >= 1")
 
 
+@register
 class FedBABU(FedPer):
     name = "fedbabu"
     Hyper = FedBABUHyper
@@ -58,9 +59,9 @@ class FedBABU(FedPer):
 
     async def client_update(self, msg: Record, state: Optional[Record], ctx) -> ClientResult:
         head0 = self.personal_part(weights_of(ctx.model()))  # H_0: the run's initial head
-        w_t = {**head0, **msg.subarrays("w.")}
+        w_t = {**head0, **msg.weights()}
         fitted = await ctx.fit(w_t, trainable=("body.",))  # the head stays fixed
-        reply = Record(arrays=prefixed("w.", self.shared_part(fitted.weights)),
+        reply = Record(arrays=weight_arrays(self.shared_part(fitted.weights)),
                        metrics={"num_samples": ctx.num_samples})
         # personalized model: the received global model fine-tuned (body and head, paper §3.3)
         return ClientResult(reply, personal=await fine_tuned(ctx, w_t, self.hp.finetune_epochs))

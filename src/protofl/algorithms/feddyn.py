@@ -36,8 +36,8 @@ from typing import Literal, Optional
 import torch
 
 from ..errors import require
-from ..messages import Record, prefixed
-from .base import Algorithm, ClientResult, cross_entropy, trainable_names, weighted_mean
+from ..messages import Record, WEIGHTS_PATTERN, prefixed, weight_arrays
+from .base import Algorithm, average, ClientResult, cross_entropy, register, trainable_names, WeightsState
 
 
 @dataclass
@@ -50,8 +50,7 @@ class FedDynHyper:
 
 
 @dataclass
-class FedDynState:
-    weights: dict[str, torch.Tensor]  # theta^t
+class FedDynState(WeightsState):  # weights: theta^t
     h: dict[str, torch.Tensor]  # one tensor per trainable parameter
 
 
@@ -75,9 +74,10 @@ def server_update(theta_prev: dict[str, torch.Tensor], h: dict[str, torch.Tensor
     return theta, h_new
 
 
+@register
 class FedDyn(Algorithm):
     name = "feddyn"
-    reply_arrays = ("w.*",)
+    reply_arrays = (WEIGHTS_PATTERN,)
     Hyper = FedDynHyper
 
     # -- server ------------------------------------------------------------------------------
@@ -86,14 +86,13 @@ class FedDyn(Algorithm):
         return FedDynState(w, {k: torch.zeros_like(w[k]) for k in trainable_names(ctx.model())})
 
     def configure(self, state: FedDynState, rnd, cid, ctx) -> Record:
-        return Record(arrays=prefixed("w.", state.weights))
+        return Record(arrays=weight_arrays(state.weights))
 
     def aggregate(self, state: FedDynState, rnd, replies, ctx) -> FedDynState:
         if not replies:
             return state
-        weight = (lambda r: 1.0) if self.hp.weighting == "uniform" else (lambda r: r.metrics["num_samples"])
-        mean = weighted_mean((weight(r), r.subarrays("w.")) for _, r in replies)
-        theta, h = server_update(state.weights, state.h, [r.subarrays("w.") for _, r in replies], mean,
+        mean = average((r for _, r in replies), self.hp.weighting)
+        theta, h = server_update(state.weights, state.h, [r.weights() for _, r in replies], mean,
                                  self.hp.alpha, self.info.num_clients)
         return FedDynState(theta, h)
 
@@ -102,14 +101,14 @@ class FedDyn(Algorithm):
 
     # -- client ------------------------------------------------------------------------------
     async def client_update(self, msg: Record, state: Optional[Record], ctx) -> ClientResult:
-        anchor = ctx.like_model(msg.subarrays("w."))  # theta^{t-1}
+        anchor = ctx.like_model(msg.weights())  # theta^{t-1}
         keys = list(ctx.trainable(anchor))
         grad_k = state.subarrays("g.") if state is not None else {k: torch.zeros_like(anchor[k]) for k in keys}
         fitted = await ctx.fit(anchor, self.regularized_loss, trainable=tuple(keys),
                                extras={"grad_k": grad_k, "anchor": {k: anchor[k] for k in keys}})
         theta = fitted.weights
         new_grad = {k: grad_k[k] - self.hp.alpha * (theta[k] - anchor[k]) for k in keys}
-        reply = Record(arrays=prefixed("w.", theta), metrics={"num_samples": ctx.num_samples})
+        reply = Record(arrays=weight_arrays(theta), metrics={"num_samples": ctx.num_samples})
         return ClientResult(reply, state=Record(arrays=prefixed("g.", new_grad)), personal=ctx.model(theta))
 
     task_loss = staticmethod(cross_entropy)  # L_k, the client's own objective

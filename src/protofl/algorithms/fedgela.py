@@ -21,35 +21,25 @@ Partially Class-Disjoint Data"), and its ablation FedGE (global ETF, no local ad
 Hyper-parameters:
 * ``E_W`` (squared norm of each ETF column, W = sqrt(E_W) M, Algorithm 1): the paper tunes
   log10 E_W over 3..6 (Fig. 4: E_W = 10^3 .. 10^6) with unit features (E_H = 1, section
-  5.1). Default 10^3, the low end of that range; see "Measured" below for the range on
-  our models. The logits then lie in [-sqrt(E_W), sqrt(E_W)] = [-31.6, 31.6] (times Phi).
+  5.1). Default 10^3, the low end of that range. The logits then lie in
+  [-sqrt(E_W), sqrt(E_W)] = [-31.6, 31.6] (times Phi).
 * ``clip_grad`` (20): local gradient-norm clip, the authors' ``clip_grad_norm_(max_norm=20)``;
   null = the engine's ``training.clip_grad``. Logits of scale sqrt(E_W) give large
-  gradients early in training; E_W = 10^3 trained stably with it at lr 0.01 (we did not
-  measure it without the clip).
+  gradients early in training; the clip keeps E_W = 10^3 stable at lr 0.01.
 * ``projection`` (false): a linear layer d -> d appended to the backbone, whose signed
   output the head normalizes (h = f / ||f||) before the ETF: the authors' models feed the
   ETF "a projection layer" (Appendix C: one FC layer, 84-d for CIFAR-10). Our bodies end in
   a ReLU, so every feature lies in the non-negative orthant: a non-negative unit feature
   reaches cosine at most ||W_c^+|| / ||W_c|| with an ETF direction W_c (W_c^+ its positive
   part; about 0.7 for the randomly rotated ETF in 128 dimensions), so no feature can point
-  at its class's direction; the projection makes the features signed. Measured (below),
-  it did not pay off on our models within the rounds we could afford, so the default
-  stays the ETF directly on the (normalized) ReLU features, the previous behaviour.
+  at its class's direction; the projection makes the features signed. On our models it
+  trained slower and did not pay off (benchmarks/RESULTS.md, section 4), so the default
+  is the ETF directly on the (normalized) ReLU features.
 * ``gamma`` (null = 1/C), ``weighting`` (backbone aggregation: "samples" as in the paper,
   or "uniform").
 
-Measured (benchmarks/fixed_heads/fedgela_ew.py, RESULTS.md section 4; FMNIST, cnn_fmnist,
-20 clients x 3 classes x 300 samples, 10 per round, 1 local epoch, 15 rounds, one seed):
-E_W = 10 without clip (the previous default) GM 75.86 %, PA over all clients 91.70 %;
-E_W = 10^3 with clip 20: 73.43 % / 92.60 % without the projection, 72.05 % / 86.70 % with it
-(its training loss 0.62 vs 0.20 after 15 rounds: the fresh projection layer slows
-training). E_W = 10^3 trains stably at lr 0.01 with the authors' clip at 20; 10^6 (the
-other end of Fig. 4, logits up to +-1000) was not measured here. Scaled down and one seed:
-the differences are within what another seed or more rounds could change. At 200 rounds
-(FMNIST, 100 clients, Dirichlet(0.3), 5 local epochs, one seed; RESULTS.md section 4) the
-change from E_W = 10 to 10^3 with the clip moved FedGELA's GM 89.01 -> 88.47 % and its
-last-round PA 95.08 -> 93.21 %, and FedGE's GM 87.37 -> 89.35 %.
+The measurements behind these defaults (E_W, the clip, the projection;
+benchmarks/fixed_heads/fedgela_ew.py) are in benchmarks/RESULTS.md, section 4.
 
 Feature dimension: a simplex ETF of C vectors needs d >= C-1. For d >= C we use the paper's
 construction; for d = C-1 (where U^T U = I_C is impossible) the same Gram matrix
@@ -83,9 +73,9 @@ from torch import nn
 from torch.nn import functional as F
 
 from ..errors import ConfigError, require
-from ..messages import Record, prefixed
+from ..messages import Record, WEIGHTS_PATTERN, weight_arrays
 from ..nn.heads import FixedHead, add_projection, simplex_etf
-from .base import Algorithm, ClientResult, weighted_mean
+from .base import Algorithm, average, ClientResult, register, WeightsState
 
 
 E_W_DEFAULT = 1000.0  # the low end of the paper's sweep (Fig. 4: 10^3 .. 10^6); see the docstring
@@ -115,8 +105,8 @@ class FedGELAHyper(FedGEHyper):
 
 
 @dataclass
-class FedGELAState:
-    weights: dict[str, torch.Tensor]  # backbone theta and the fixed ETF head (buffers)
+class FedGELAState(WeightsState):
+    """``weights``: backbone theta and the fixed ETF head (buffers)."""
 
 
 def local_adaptation(counts: torch.Tensor, gamma: Optional[float] = None) -> torch.Tensor:
@@ -149,9 +139,10 @@ class AdaptedETF(nn.Module):
         return self.model(x) * self.phi  # (B, C)
 
 
+@register
 class FedGELA(Algorithm):
     name = "fedgela"
-    reply_arrays = ("w.*",)
+    reply_arrays = (WEIGHTS_PATTERN,)
     Hyper = FedGELAHyper
     adapt_locally = True  # False: FedGE
 
@@ -178,7 +169,7 @@ class FedGELA(Algorithm):
         return FedGELAState(ctx.init_weights())
 
     def configure(self, state: FedGELAState, rnd, cid, ctx) -> Record:
-        return Record(arrays=prefixed("w.", state.weights))
+        return Record(arrays=weight_arrays(state.weights))
 
     # -- client -------------------------------------------------------------------------------
     async def client_update(self, msg: Record, state: Optional[Record], ctx) -> ClientResult:
@@ -186,12 +177,12 @@ class FedGELA(Algorithm):
         if self.adapt_locally:
             phi = local_adaptation(ctx.class_counts, self.hp.gamma).to(ctx.data[1].device)  # (C,) Phi_k
             # eq. (5); the head has no parameters: only theta moves
-            fitted = await ctx.fit(msg.subarrays("w."), self.adapted_loss, extras={"phi": phi}, **clip)
+            fitted = await ctx.fit(msg.weights(), self.adapted_loss, extras={"phi": phi}, **clip)
         else:  # FedGE: plain cross-entropy over all classes
-            fitted = await ctx.fit(msg.subarrays("w."), **clip)
+            fitted = await ctx.fit(msg.weights(), **clip)
         model = ctx.model(fitted.weights)
         body = {k: v for k, v in fitted.weights.items() if not k.startswith("head.")}
-        reply = Record(arrays=prefixed("w.", body), metrics={"num_samples": ctx.num_samples})
+        reply = Record(arrays=weight_arrays(body), metrics={"num_samples": ctx.num_samples})
         return ClientResult(reply, personal=AdaptedETF(model, phi) if self.adapt_locally else model)
 
     @staticmethod
@@ -203,8 +194,7 @@ class FedGELA(Algorithm):
 
     # -- server -------------------------------------------------------------------------------
     def aggregate(self, state: FedGELAState, rnd, replies, ctx) -> FedGELAState:
-        w = [(r.metrics["num_samples"] if self.hp.weighting == "samples" else 1.0, r) for _, r in replies]
-        body = weighted_mean((a, r.subarrays("w.")) for a, r in w if a > 0)
+        body = average((r for _, r in replies), self.hp.weighting)
         if not body:
             return state  # nobody arrived: keep theta_t
         return FedGELAState({**state.weights, **body})  # the ETF head is kept as is
@@ -216,6 +206,7 @@ class FedGELA(Algorithm):
         return state.weights["head.weight"]  # the ETF's columns, one row per class (C, d)
 
 
+@register
 class FedGE(FedGELA):
     """FedGELA without local adaptation: a global ETF head, plain cross-entropy."""
 

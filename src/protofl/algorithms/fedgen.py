@@ -51,11 +51,10 @@ import torch.nn.functional as F
 from torch import nn
 from torch.func import functional_call
 
-from ..engine.validate import expect_shapes
 from ..errors import require
-from ..messages import Record, prefixed
-from .base import ClientResult
-from .fedavg import FedAvg, WeightsState
+from ..messages import Record, WEIGHTS, WEIGHTS_PATTERN, expect_shapes, prefixed, weight_arrays
+from .base import ClientResult, register, WeightsState
+from .fedavg import FedAvg
 
 
 @dataclass
@@ -125,9 +124,10 @@ def generator_objective(head: nn.Module, heads: list[dict[str, torch.Tensor]], z
     return F.cross_entropy(ensemble_logits(head, heads, z, y, label_weights), y)
 
 
+@register
 class FedGen(FedAvg):
     name = "fedgen"
-    reply_arrays = ("w.*", "counts")
+    reply_arrays = (WEIGHTS_PATTERN, "counts")
     Hyper = FedGenHyper
 
     def generator(self, feature_dim: int) -> Generator:
@@ -149,7 +149,7 @@ class FedGen(FedAvg):
         return total / total.sum() if total.sum() > 0 else torch.full_like(total, 1.0 / len(total))
 
     def configure(self, state: FedGenState, rnd, cid, ctx) -> Record:
-        arrays = prefixed("w.", state.weights)
+        arrays = weight_arrays(state.weights)
         if state.trained and self.hp.alpha > 0:
             arrays.update(prefixed("gen.", state.generator))
             arrays["prior"] = self.prior(state.counts)
@@ -167,7 +167,7 @@ class FedGen(FedAvg):
             counts[cid] = r.arrays["counts"].to(torch.int64).cpu()
         prior = self.prior(counts).to(ctx.device)
         head = ctx.model().head
-        heads = [r.subarrays("w.head.") for _, r in replies]
+        heads = [r.subarrays(WEIGHTS + "head.") for _, r in replies]
         label_weights = None
         if self.hp.ensemble == "counts":
             n = torch.stack([r.arrays["counts"].to(torch.float32) for _, r in replies]).to(ctx.device)  # (K, C)
@@ -197,12 +197,12 @@ class FedGen(FedAvg):
 
     # -- client ------------------------------------------------------------------------------
     async def client_update(self, msg: Record, state: Optional[Record], ctx) -> ClientResult:
-        w_t = msg.subarrays("w.")
+        w_t = msg.weights()
         if "prior" not in msg.arrays:  # round 1 (no trained generator yet) or alpha = 0: FedAvg
             fitted = await ctx.fit(w_t)
         else:
             fitted = await ctx.fit(w_t, self.distilled_loss, step_extras=self.generated(msg, ctx))
-        reply = Record(arrays={**prefixed("w.", fitted.weights), "counts": ctx.class_counts},
+        reply = Record(arrays={**weight_arrays(fitted.weights), "counts": ctx.class_counts},
                        metrics={"num_samples": ctx.num_samples})
         return ClientResult(reply, personal=ctx.model(fitted.weights))
 

@@ -26,6 +26,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from ..errors import require
 from ..nn.losses import calibrated_logits
+from .base import register
 from .fedavg import FedAvg, FedAvgHyper
 
 
@@ -37,6 +38,7 @@ class FedLCHyper(FedAvgHyper):
         require(self.tau >= 0.0, f"{s}.tau", self.tau, "must be >= 0")
 
 
+@register
 class FedLC(FedAvg):
     name = "fedlc"
     Hyper = FedLCHyper

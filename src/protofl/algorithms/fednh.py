@@ -23,9 +23,8 @@ client never changes it).
 Hyper-parameters:
 * ``rho`` (0.9): eq. (4) smoothing.
 * ``weighting`` (body aggregation): ``uniform`` (default) is Algorithm 1 line 9,
-  1/|S_t| sum_k theta_k, and the authors' code; ``samples`` weights by n_k as FedAvg does.
-  Measured against ``samples`` (FMNIST, 100 clients, Dirichlet(0.3), one seed; RESULTS.md
-  section 4): GM +0.24 (FedNH) and +0.45 (FedUH) after 200 rounds, +2.7 and +2.9 after 15.
+  1/|S_t| sum_k theta_k, and the authors' code; ``samples`` weights by n_k as FedAvg does
+  (the two compared: benchmarks/RESULTS.md, section 4).
 * ``proto_weighting`` (alpha in eq. 4; the paper only says "some positive scalars"):
   ``uniform`` (default) alpha_k = 1/|S_t| literally, so a class held by few of the sampled
   clients moves less than one held by all; ``counts`` alpha_{k,c} = n_{k,c} / sum_j n_{j,c}
@@ -60,12 +59,11 @@ from typing import Literal, Optional
 import torch
 from torch.nn import functional as F
 
-from ..engine.validate import expect_shapes
 from ..errors import require
-from ..messages import Record, prefixed
+from ..messages import Record, WEIGHTS_PATTERN, expect_shapes, weight_arrays
 from ..nn.heads import FixedHead, add_projection, max_separated_prototypes, min_pairwise_distance
 from ..nn.prototypes import class_means
-from .base import Algorithm, ClientResult, weighted_mean
+from .base import Algorithm, average, ClientResult, register, WeightsState
 
 HEAD_W = "head.weight"  # the prototypes W (C, d) inside the model's state dict
 
@@ -92,8 +90,8 @@ class FedNHHyper(FedUHHyper):
 
 
 @dataclass
-class FedNHState:
-    weights: dict[str, torch.Tensor]  # theta, s and W (under "head.weight")
+class FedNHState(WeightsState):
+    """``weights``: theta, s and W (under "head.weight")."""
 
 
 def prototype_update(W: torch.Tensor, mu: torch.Tensor, counts: torch.Tensor, rho: float,
@@ -128,9 +126,10 @@ def prototype_update(W: torch.Tensor, mu: torch.Tensor, counts: torch.Tensor, rh
     return torch.where(keep.unsqueeze(1), W, new / norm.clamp(min=1e-12))
 
 
+@register
 class FedNH(Algorithm):
     name = "fednh"
-    reply_arrays = ("w.*", "proto", "counts")
+    reply_arrays = (WEIGHTS_PATTERN, "proto", "counts")
     Hyper = FedNHHyper
 
     @property
@@ -154,7 +153,7 @@ class FedNH(Algorithm):
         return FedNHState(ctx.init_weights())
 
     def configure(self, state: FedNHState, rnd, cid, ctx) -> Record:
-        return Record(arrays=prefixed("w.", state.weights))
+        return Record(arrays=weight_arrays(state.weights))
 
     def check_reply(self, reply: Record, sent: Record) -> Optional[str]:
         C, d = self.info.num_classes, self.info.feature_dim
@@ -162,8 +161,8 @@ class FedNH(Algorithm):
 
     # -- client -------------------------------------------------------------------------------
     async def client_update(self, msg: Record, state: Optional[Record], ctx) -> ClientResult:
-        fitted = await ctx.fit(msg.subarrays("w."))  # theta and s move; W is a buffer and stays fixed
-        arrays = prefixed("w.", {k: v for k, v in fitted.weights.items() if k != HEAD_W})
+        fitted = await ctx.fit(msg.weights())  # theta and s move; W is a buffer and stays fixed
+        arrays = weight_arrays({k: v for k, v in fitted.weights.items() if k != HEAD_W})
         if self.updates_head:  # eq. (3): class means of the normalized features after training
             f = F.normalize(await ctx.features(fitted.weights, "body"), dim=1)  # (n_k, d)
             mu, n = class_means(f, ctx.data[1], ctx.num_classes)  # (C, d), (C,)
@@ -173,11 +172,9 @@ class FedNH(Algorithm):
 
     # -- server -------------------------------------------------------------------------------
     def aggregate(self, state: FedNHState, rnd, replies, ctx) -> FedNHState:
-        w = [(r.metrics["num_samples"] if self.hp.weighting == "samples" else 1.0, r) for _, r in replies]
-        w = [(a, r) for a, r in w if a > 0]
-        if not w:
+        body = average((r for _, r in replies), self.hp.weighting)  # theta, s (W is not in replies)
+        if not body:
             return state  # nobody arrived: keep theta_t, s_t, W_t
-        body = weighted_mean((a, r.subarrays("w.")) for a, r in w)  # theta, s (W is not in replies)
         weights = {**state.weights, **body}
         if self.updates_head:
             W = state.weights[HEAD_W]
@@ -194,6 +191,7 @@ class FedNH(Algorithm):
         return state.weights[HEAD_W]  # the prototypes W (C, d)
 
 
+@register
 class FedUH(FedNH):
     """FedNH with rho = 1: the uniform (maximally separated) head is never updated."""
 

@@ -32,11 +32,12 @@ from typing import ClassVar, Mapping, Optional
 
 import torch
 
-from ..messages import Record, prefixed
-from .base import ClientResult, Fitted, weights_of
-from .fedavg import FedAvg, WeightsState
+from ..messages import Record, weight_arrays
+from .base import ClientResult, Fitted, register, weights_of, WeightsState
+from .fedavg import FedAvg
 
 
+@register
 class FedPer(FedAvg):
     name = "fedper"
     has_global_model = False
@@ -55,7 +56,7 @@ class FedPer(FedAvg):
 
     # -- server ------------------------------------------------------------------------------
     def configure(self, state: WeightsState, rnd, cid, ctx) -> Record:
-        return Record(arrays=prefixed("w.", self.shared_part(state.weights)))
+        return Record(arrays=weight_arrays(self.shared_part(state.weights)))
 
     def aggregate(self, state: WeightsState, rnd, replies, ctx) -> WeightsState:
         new = super().aggregate(state, rnd, replies, ctx)  # FedAvg over the shared entries
@@ -77,8 +78,8 @@ class FedPer(FedAvg):
         return model
 
     async def client_update(self, msg: Record, state: Optional[Record], ctx) -> ClientResult:
-        fitted = await self.local_training({**msg.subarrays("w."), **state.arrays}, msg, ctx)
+        fitted = await self.local_training({**msg.weights(), **state.arrays}, msg, ctx)
         w = fitted.weights
-        reply = Record(arrays=prefixed("w.", self.shared_part(w)), metrics={"num_samples": ctx.num_samples})
+        reply = Record(arrays=weight_arrays(self.shared_part(w)), metrics={"num_samples": ctx.num_samples})
         return ClientResult(reply, state=Record(arrays=self.personal_part(w)),
                             personal=self.personalized(ctx.model(w), msg, ctx))

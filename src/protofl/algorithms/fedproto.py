@@ -58,13 +58,11 @@ from typing import Literal, Optional
 
 import torch
 import torch.nn.functional as F
-from torch import nn
 
-from ..engine.validate import expect_indices, expect_shapes
 from ..errors import require
-from ..messages import Record
-from ..nn.prototypes import aggregate_prototypes, class_means
-from .base import Algorithm, ClientResult, cross_entropy, weights_of
+from ..messages import Record, expect_indices, expect_shapes
+from ..nn.prototypes import NearestPrototype, aggregate_prototypes, class_means
+from .base import Algorithm, ClientResult, cross_entropy, register, weights_of
 
 
 @dataclass
@@ -98,33 +96,6 @@ def prototype_distance(z: torch.Tensor, c: torch.Tensor, distance: str) -> torch
     raise ValueError(f"unknown distance {distance!r}")
 
 
-class NearestPrototype(nn.Module):
-    """Scores (B, C): minus the smallest L2 distance from body(x) to a prototype of each
-    class; a class without any prototype scores -inf. With one prototype per class this
-    is FedProto's rule; with several it is MP-FedCL's eq. (13).
-
-    A module (not a closure) so that the evaluator switches the body to eval mode.
-    """
-
-    def __init__(self, body: nn.Module, protos: torch.Tensor, labels: torch.Tensor, num_classes: int) -> None:
-        super().__init__()
-        self.body = body
-        self.register_buffer("protos", protos.detach().clone())  # (P, d)
-        self.register_buffer("labels", labels.detach().to(torch.int64).clone())  # (P,)
-        self.num_classes = int(num_classes)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        z = self.body(x)  # (B, d)
-        scores = z.new_full((len(z), self.num_classes), float("-inf"))  # (B, C)
-        if len(self.protos) == 0:
-            return scores
-        # exact distances (the matmul shortcut can mis-rank near ties)
-        dist = torch.cdist(z.float(), self.protos.to(z.device).float(),
-                           compute_mode="donot_use_mm_for_euclid_dist")  # (B, P)
-        idx = self.labels.to(z.device).unsqueeze(0).expand_as(dist)
-        return scores.scatter_reduce(1, idx, -dist.to(scores.dtype), reduce="amax", include_self=True)
-
-
 def sparse(protos: torch.Tensor, counts: torch.Tensor) -> dict[str, torch.Tensor]:
     """(C, d) prototypes + (C,) counts -> the message arrays of the classes with count > 0."""
     classes = torch.nonzero(counts > 0).flatten()
@@ -145,6 +116,7 @@ def dense(rec: Record, num_classes: int, dim: int) -> tuple[torch.Tensor, torch.
 # ---------------------------------------------------------------------------------------
 # the method
 # ---------------------------------------------------------------------------------------
+@register
 class FedProto(Algorithm):
     name = "fedproto"
     Hyper = FedProtoHyper

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 import torch
 
 from ..errors import require
+from .base import register
 from .fedavg import FedAvg, FedAvgHyper
 
 
@@ -24,13 +25,14 @@ class FedProxHyper(FedAvgHyper):
         require(self.mu >= 0, f"{s}.mu", self.mu, "must be >= 0")
 
 
+@register
 class FedProx(FedAvg):
     name = "fedprox"
     Hyper = FedProxHyper
 
     def objective(self, msg, ctx):
         """Eq. (2); the anchor w_t is the client's own tensors (its trainable parameters)."""
-        return self.proximal_loss, {"anchor": ctx.trainable(ctx.like_model(msg.subarrays("w.")))}
+        return self.proximal_loss, {"anchor": ctx.trainable(ctx.like_model(msg.weights()))}
 
     def proximal_loss(self, model, x, y, extras):
         anchor, params = extras["anchor"], dict(model.named_parameters())

@@ -38,6 +38,7 @@ from typing import Optional
 
 from ..errors import require
 from ..messages import Record
+from .base import register
 from .fedavg import FedAvgHyper
 from .fedper import FedPer
 
@@ -53,6 +54,7 @@ class FedRepHyper(FedAvgHyper):
                 "must be >= 1 (or null: training.epochs)")
 
 
+@register
 class FedRep(FedPer):
     name = "fedrep"
     Hyper = FedRepHyper

@@ -46,6 +46,7 @@ from torch import nn
 
 from ..messages import Record
 from ..nn.losses import balanced_softmax_loss, relaxed_prior
+from .base import register
 from .fedper import FedPer
 
 
@@ -77,6 +78,7 @@ class TwoHeads(nn.Module):
         return self.model.head(h) + self.model.phead(h)
 
 
+@register
 class FedRoD(FedPer):
     name = "fedrod"
     has_global_model = True  # body + generic head

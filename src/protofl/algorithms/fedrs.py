@@ -26,6 +26,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from ..errors import require
 from ..nn.losses import restricted_logits
+from .base import register
 from .fedavg import FedAvg, FedAvgHyper
 
 
@@ -37,6 +38,7 @@ class FedRSHyper(FedAvgHyper):
         require(0.0 <= self.alpha <= 1.0, f"{s}.alpha", self.alpha, "must be in [0, 1]")
 
 
+@register
 class FedRS(FedAvg):
     name = "fedrs"
     Hyper = FedRSHyper

@@ -60,10 +60,10 @@ from typing import Literal, Optional
 import numpy as np
 import torch
 
-from ..engine.rng import seed_for
+from ..rng import seed_for
 from ..errors import ConfigError, require
-from ..messages import Record, prefixed
-from .base import Algorithm, ClientResult, weighted_mean, weights_of
+from ..messages import Record, WEIGHTS_PATTERN, weight_arrays
+from .base import Algorithm, average, ClientResult, register, weighted_mean, weights_of
 
 
 @dataclass
@@ -117,9 +117,10 @@ def distance_keys(param_names: list[str], layers: Optional[list[str]]) -> list[s
     return keys
 
 
+@register
 class FeSEM(Algorithm):
     name = "fesem"
-    reply_arrays = ("w.*",)
+    reply_arrays = (WEIGHTS_PATTERN,)
     Hyper = FeSEMHyper
 
     # -- server --------------------------------------------------------------------------
@@ -147,7 +148,7 @@ class FeSEM(Algorithm):
         return state
 
     def configure(self, state: FeSEMState, rnd, cid, ctx) -> Record:
-        return Record(arrays=prefixed("w.", state.centers[int(state.assignment[cid])]))
+        return Record(arrays=weight_arrays(state.centers[int(state.assignment[cid])]))
 
     def e_step_now(self, state: FeSEMState) -> bool:
         if not self.hp.recluster:
@@ -158,7 +159,7 @@ class FeSEM(Algorithm):
         if not replies:
             return state
         cids = [cid for cid, _ in replies]
-        ws = [r.subarrays("w.") for _, r in replies]
+        ws = [r.weights() for _, r in replies]
         ns = [int(r.metrics["num_samples"]) for _, r in replies]
         assignment, samples = state.assignment.copy(), state.samples.copy()
         if self.e_step_now(state):  # E-step
@@ -172,9 +173,8 @@ class FeSEM(Algorithm):
         samples[cids] = ns
         centers = []
         for k, c in enumerate(state.centers):  # M-step
-            members = [(1.0 if self.hp.weighting == "uniform" else float(n), w)
-                       for w, n, a in zip(ws, ns, new) if a == k]
-            centers.append(weighted_mean(members) if members else c)
+            members = average((r for (_, r), a in zip(replies, new) if a == k), self.hp.weighting)
+            centers.append(members or c)
         out = FeSEMState(centers, assignment, samples, state.keys, state.steps + 1)
         out.weights = out.generic()
         ctx.log("fesem_moved", moved)
@@ -185,11 +185,14 @@ class FeSEM(Algorithm):
     def global_predictor(self, state: FeSEMState, ctx):
         return ctx.model(state.weights)
 
+    def model_weights(self, state: FeSEMState):
+        return state.weights  # the generic model
+
     # -- client --------------------------------------------------------------------------
     async def client_update(self, msg: Record, state: Optional[Record], ctx) -> ClientResult:
-        center = msg.subarrays("w.")
+        center = msg.weights()
         fitted = await ctx.fit(center)  # W_i <- local SGD from its centre
-        reply = Record(arrays=prefixed("w.", fitted.weights), metrics={"num_samples": ctx.num_samples})
+        reply = Record(arrays=weight_arrays(fitted.weights), metrics={"num_samples": ctx.num_samples})
         # the personalized model: the client's centre (default) or its trained model
         personal = ctx.model(center if self.hp.personal == "center" else fitted.weights)
         return ClientResult(reply, personal=personal)

@@ -10,9 +10,10 @@ from __future__ import annotations
 from typing import Optional
 
 from ..messages import Record
-from .base import Algorithm, ClientResult, weights_of
+from .base import Algorithm, ClientResult, register, weights_of
 
 
+@register
 class Local(Algorithm):
     name = "local"
     has_global_model = False

@@ -41,9 +41,9 @@ from torch import nn
 from torch.func import functional_call
 
 from ..errors import require
-from ..messages import Record, prefixed
+from ..messages import Record, prefixed, weight_arrays
 from ..models.base import FLModel
-from .base import ClientResult
+from .base import ClientResult, register
 from .fedavg import FedAvg
 
 
@@ -80,6 +80,7 @@ def representation(model: nn.Module, weights: dict[str, torch.Tensor], x: torch.
         model.body.train(was)
 
 
+@register
 class MOON(FedAvg):
     name = "moon"
     Hyper = MOONHyper
@@ -91,13 +92,13 @@ class MOON(FedAvg):
                        model.num_classes, is_conv=model.is_conv, channels_last=model.channels_last)
 
     async def client_update(self, msg: Record, state: Optional[Record], ctx) -> ClientResult:
-        glob = ctx.like_model(msg.subarrays("w."))  # w^t, frozen
+        glob = ctx.like_model(msg.weights())  # w^t, frozen
         prev = ctx.like_model(state.subarrays("prev.")) if state is not None else glob  # w_i^{t-1}, frozen
         body = {k[len("body."):]: v for k, v in glob.items() if k.startswith("body.")}
         prev_body = {k[len("body."):]: v for k, v in prev.items() if k.startswith("body.")}
         fitted = await ctx.fit(glob, self.contrastive_loss, extras={"glob": body, "prev": prev_body})
         w = fitted.weights
-        reply = Record(arrays=prefixed("w.", w), metrics={"num_samples": ctx.num_samples})
+        reply = Record(arrays=weight_arrays(w), metrics={"num_samples": ctx.num_samples})
         return ClientResult(reply, state=Record(arrays=prefixed("prev.", w)), personal=ctx.model(w))
 
     def contrastive_loss(self, model, x, y, extras):

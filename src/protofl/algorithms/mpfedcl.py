@@ -56,7 +56,6 @@ ambiguously:
   ``n_init`` restarts on one thread, seeded from the (round, client, class) stream
   ``ctx.rng("kmeans", j)`` (:func:`protofl.nn.clustering.kmeans`); a class with fewer
   than K distinct samples yields its distinct embeddings (fewer than K prototypes).
-  protofl 0.1.0 used its own torch loop with other initial centroids: results differ.
 * Padding eq. (10): U_bar_j is the mean of all prototypes of class j in the round's
   replies; every client's group of class j is padded with it to K rows (k-means and
   SP-FedCL; for DP-FedCL, which has no K, to the largest group of that class). Clients
@@ -72,11 +71,9 @@ ambiguously:
   the mean of a cluster's raw embeddings; noise points are dropped; a class whose points
   are all noise gets its mean as its only prototype; at most ``max_clusters`` (the
   largest) clusters per class. The DBSCAN defaults are our choice, not taken from the
-  paper: on mlp_mnist features of the 2,000-sample MNIST setting, eps = 0.5 put
-  every class of every client into one cluster without noise (DP-FedCL = SP-FedCL),
-  eps = 0.3 keeps a dense core (1-13% of a class dropped as noise, up to 37% for the
-  smallest classes of 27-43 samples) and sometimes splits a class in two (measured with
-  a global model after 20 rounds of MP-FedCL).
+  paper: on mlp_mnist features of the MNIST setting, a larger eps (0.5) put every class
+  of every client into one cluster (DP-FedCL = SP-FedCL), while eps = 0.3 keeps a dense
+  core and sometimes splits a class in two (benchmarks/RESULTS.md, section 5).
 * Training settings (SGD lr 0.01, momentum 0.5, decay 0.95 per round, batch 32, one local
   epoch) are engine config (``training.*``, see configs/mpfedcl_mnist.yaml).
 
@@ -93,14 +90,13 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from ..engine.validate import expect_indices, expect_shapes
 from ..errors import require
-from ..messages import Record, prefixed
+from ..messages import Record, WEIGHTS_PATTERN, expect_indices, expect_shapes, weight_arrays
 from ..nn.clustering import dbscan_centroids, kmeans, pad_groups
 from ..nn.contrastive import prototype_supcon_loss
-from .base import ClientResult, cross_entropy
-from .fedavg import FedAvg, WeightsState
-from .fedproto import NearestPrototype
+from ..nn.prototypes import NearestPrototype
+from .base import ClientResult, cross_entropy, register, WeightsState
+from .fedavg import FedAvg
 
 
 @dataclass
@@ -165,9 +161,10 @@ def build_pool(groups: dict[int, list[torch.Tensor]], size: Optional[int],
     return torch.cat(protos), torch.cat(labels)
 
 
+@register
 class MPFedCL(FedAvg):
     name = "mpfedcl"
-    reply_arrays = ("w.*", "protos", "labels")
+    reply_arrays = (WEIGHTS_PATTERN, "protos", "labels")
     Hyper = MPFedCLHyper
 
     # -- what distinguishes MP / SP / DP: the prototypes of one class -------------------------
@@ -189,7 +186,7 @@ class MPFedCL(FedAvg):
         return PoolState(ctx.init_weights(), torch.zeros(0, d), torch.zeros(0, dtype=torch.int64))
 
     def configure(self, state: PoolState, rnd, cid, ctx) -> Record:
-        return Record(arrays={**prefixed("w.", state.weights), "pool.protos": state.pool,
+        return Record(arrays={**weight_arrays(state.weights), "pool.protos": state.pool,
                               "pool.labels": state.labels})
 
     def aggregate(self, state: PoolState, rnd, replies, ctx) -> PoolState:
@@ -240,7 +237,7 @@ class MPFedCL(FedAvg):
         _, y = ctx.data
         pool, labels = msg.arrays["pool.protos"].to(y.device), msg.arrays["pool.labels"].to(y.device)
         loss, extras = self.local_objective(pool, labels)
-        fitted = await ctx.fit(msg.subarrays("w."), loss, extras=extras)
+        fitted = await ctx.fit(msg.weights(), loss, extras=extras)
 
         # prototypes of every class the client holds, from its embeddings after training
         z = await ctx.features(fitted.weights)  # (N, d)
@@ -252,7 +249,7 @@ class MPFedCL(FedAvg):
         if not protos:  # a client without data has no prototype to send
             protos = [torch.zeros(0, self.info.feature_dim)]
             proto_labels = [torch.zeros(0, dtype=torch.int64)]
-        reply = Record(arrays={**prefixed("w.", fitted.weights), "protos": torch.cat(protos),
+        reply = Record(arrays={**weight_arrays(fitted.weights), "protos": torch.cat(protos),
                                "labels": torch.cat(proto_labels)},
                        metrics={"num_samples": ctx.num_samples})
         model = ctx.model(fitted.weights)
@@ -260,6 +257,7 @@ class MPFedCL(FedAvg):
         return ClientResult(reply, personal=personal)
 
 
+@register
 class SPFedCL(MPFedCL):
     """SP-FedCL: one prototype per class, the class mean (K = 1)."""
 
@@ -273,6 +271,7 @@ class SPFedCL(MPFedCL):
         return 1
 
 
+@register
 class DPFedCL(MPFedCL):
     """DP-FedCL: DBSCAN chooses the number of prototypes of each class."""
 

@@ -64,12 +64,11 @@ from typing import Optional
 import torch
 import torch.nn.functional as F
 
-from ..engine.validate import expect_shapes
 from ..errors import require
-from ..messages import Record, prefixed
+from ..messages import Record, WEIGHTS_PATTERN, expect_shapes, weight_arrays
 from ..nn.losses import balanced_logits, label_counts, relaxed_prior
 from ..nn.prototypes import aggregate_prototypes, class_means
-from .base import ClientResult, weighted_mean
+from .base import average, ClientResult, register, reply_weight, WeightsState
 from .fedavg import FedAvg, FedAvgHyper
 
 
@@ -89,8 +88,7 @@ class ReBaFLHyper(FedAvgHyper):
 
 
 @dataclass
-class ReBaFLState:
-    weights: dict[str, torch.Tensor]
+class ReBaFLState(WeightsState):  # weights: the global model
     prototypes: torch.Tensor  # (C, d) global prototypes p_c
     counts: torch.Tensor  # (C,) int64 samples behind p_c; 0 = no prototype yet
 
@@ -128,9 +126,10 @@ def client_prototypes(local: torch.Tensor, n: torch.Tensor, glob: torch.Tensor,
 
 
 # ---------------------------------------------------------------------------------------
+@register
 class ReBaFL(FedAvg):
     name = "rebafl"
-    reply_arrays = ("w.*", "proto", "counts")
+    reply_arrays = (WEIGHTS_PATTERN, "proto", "counts")
     Hyper = ReBaFLHyper
 
     # -- server ------------------------------------------------------------------------------
@@ -140,7 +139,7 @@ class ReBaFL(FedAvg):
                            torch.zeros(C, dtype=torch.int64, device=ctx.device))
 
     def configure(self, state: ReBaFLState, rnd, cid, ctx) -> Record:
-        arrays = prefixed("w.", state.weights)
+        arrays = weight_arrays(state.weights)
         if self.hp.faug:
             arrays.update(proto=state.prototypes, proto_counts=state.counts)
         return Record(arrays=arrays)
@@ -150,10 +149,10 @@ class ReBaFL(FedAvg):
         return expect_shapes(reply, proto=(C, d), counts=(C,))
 
     def aggregate(self, state: ReBaFLState, rnd, replies, ctx) -> ReBaFLState:
-        replies = [(cid, r) for cid, r in replies if self.aggregation_weight(r) > 0]
+        replies = [(cid, r) for cid, r in replies if reply_weight(r, self.hp.weighting) > 0]
         if not replies:  # nobody arrived: keep w_t and P
             return state
-        weights = weighted_mean((self.aggregation_weight(r), r.subarrays("w.")) for _, r in replies)
+        weights = average((r for _, r in replies), self.hp.weighting)
         protos, counts = state.prototypes, state.counts
         if self.hp.faug:  # eq. 23, class by class, weighted by n_kc
             fresh, n = aggregate_prototypes([r.arrays["proto"] for _, r in replies],
@@ -171,12 +170,12 @@ class ReBaFL(FedAvg):
 
     # -- client ------------------------------------------------------------------------------
     async def client_update(self, msg: Record, state: Optional[Record], ctx) -> ClientResult:
-        w_t, y, C = msg.subarrays("w."), ctx.data[1], self.info.num_classes
+        w_t, y, C = msg.weights(), ctx.data[1], self.info.num_classes
         # eq. 18 uses the class means of the received model's features, before local training
         local = class_means(await ctx.features(w_t), y, C) if self.augments(msg) else None
         loss, extras = self.local_objective(msg, ctx, local)
         fitted = await ctx.fit(w_t, loss, extras=extras)
-        arrays = prefixed("w.", fitted.weights)
+        arrays = weight_arrays(fitted.weights)
         if self.hp.faug:  # local prototypes of the trained body, for eq. 23
             protos, counts = class_means(await ctx.features(fitted.weights), y, C)
             arrays.update(proto=protos.clone(), counts=counts.clone())

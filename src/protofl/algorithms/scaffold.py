@@ -19,10 +19,9 @@ the reported training loss is the task loss alone. With the engine's other setti
   Option II therefore divides by the steady-state step of heavy-ball SGD,
   eta_l / (1 - beta), instead of eta_l: (x - y) / K is about eta_l / (1 - beta) times the
   mean corrected gradient, and c_i must estimate the gradient, not the momentum step.
-  With eta_l alone c_i came out 1/(1 - beta) times too large (10x at beta = 0.9), the
-  correction then out-weighed the gradient, and training diverged (measured: the loss
-  spiked to 65 in round 12 and turned NaN in round 16 on Fashion-MNIST, Dir(0.3), beta =
-  0.9). At beta = 0 this is the paper's formula exactly.
+  With eta_l alone c_i comes out 1/(1 - beta) times too large (10x at beta = 0.9), the
+  correction then out-weighs the gradient and training diverges (benchmarks/RESULTS.md,
+  section 7). At beta = 0 this is the paper's formula exactly.
 * weight decay lambda: PyTorch adds lambda y to the gradient, so c_i estimates the
   gradient of the regularized local objective F_i + lambda/2 ||y||^2; the server's c is the
   mean of those.
@@ -54,8 +53,8 @@ from typing import Literal, Optional
 import torch
 
 from ..errors import require
-from ..messages import Record, prefixed
-from .base import Algorithm, ClientResult, cross_entropy, trainable_names, weighted_mean
+from ..messages import Record, prefixed, weight_arrays
+from .base import Algorithm, average, ClientResult, cross_entropy, register, trainable_names, WeightsState
 
 
 @dataclass
@@ -68,8 +67,7 @@ class ScaffoldHyper:
 
 
 @dataclass
-class ScaffoldState:
-    weights: dict[str, torch.Tensor]  # x
+class ScaffoldState(WeightsState):  # weights: x
     control: dict[str, torch.Tensor]  # c, one tensor per trainable parameter
 
 
@@ -81,6 +79,7 @@ def option_ii(c_i: dict[str, torch.Tensor], c: dict[str, torch.Tensor], x: dict[
     return {k: c_i[k] - c[k] + (x[k] - y[k]) / (steps * lr) for k in c_i}
 
 
+@register
 class Scaffold(Algorithm):
     name = "scaffold"
     reply_arrays = ("dy.*", "dc.*")
@@ -92,13 +91,12 @@ class Scaffold(Algorithm):
         return ScaffoldState(w, {k: torch.zeros_like(w[k]) for k in trainable_names(ctx.model())})
 
     def configure(self, state: ScaffoldState, rnd, cid, ctx) -> Record:
-        return Record(arrays={**prefixed("w.", state.weights), **prefixed("c.", state.control)})
+        return Record(arrays={**weight_arrays(state.weights), **prefixed("c.", state.control)})
 
     def aggregate(self, state: ScaffoldState, rnd, replies, ctx) -> ScaffoldState:
         if not replies:  # nobody arrived: keep x and c
             return state
-        weight = (lambda r: 1.0) if self.hp.weighting == "uniform" else (lambda r: r.metrics["num_samples"])
-        dy = weighted_mean((weight(r), r.subarrays("dy.")) for _, r in replies)
+        dy = average((r for _, r in replies), self.hp.weighting, part=lambda r: r.subarrays("dy."))
         x = {k: (v + self.hp.server_lr * dy[k].to(v.dtype) if v.is_floating_point() else dy[k])
              for k, v in state.weights.items()}
         N = self.info.num_clients
@@ -115,7 +113,7 @@ class Scaffold(Algorithm):
     task_loss = staticmethod(cross_entropy)  # F_i, the client's own objective
 
     async def client_update(self, msg: Record, state: Optional[Record], ctx) -> ClientResult:
-        x = ctx.like_model(msg.subarrays("w."))
+        x = ctx.like_model(msg.weights())
         c = msg.subarrays("c.")
         c_i = state.subarrays("c.") if state is not None else {k: torch.zeros_like(v) for k, v in c.items()}
         # K local steps y <- y - eta_l (g(y) - c_i + c) on the trainable parameters

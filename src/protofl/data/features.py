@@ -39,14 +39,16 @@ import numpy as np
 import torch
 
 from ..registry import Registry
+from ..rng import np_rng, torch_gen
 from .dataset import Dataset
+from .datasets import load_dataset, resolve_root
+from .federated import FederatedData, make_partition
+from .partition import local_test_indices
 
 FEATURES: Registry = Registry("feature scenario")
 
 
 def _rng(seed: int, *keys: object) -> np.random.Generator:
-    from ..engine.rng import np_rng
-
     return np_rng(seed, "features", *keys)
 
 
@@ -102,8 +104,6 @@ class GaussianNoise:
     std: Optional[tuple[float, ...]]
 
     def __call__(self, x: torch.Tensor, cid: int, rnd: int, split: str) -> torch.Tensor:
-        from ..engine.rng import torch_gen
-
         sigma = self.sigmas[cid]
         if sigma == 0 or x.numel() == 0:
             return x
@@ -215,9 +215,6 @@ def pooled_partition(cfg, ds: Dataset, pools: list[tuple[np.ndarray, np.ndarray]
     """Run ``cfg.partition`` inside each pool: pool p's clients split its training
     indices ``pools[p][0]``; their local test sets are drawn (training class
     proportions) from its test indices ``pools[p][1]``. Returns (train_idx, test_idx)."""
-    from .federated import make_partition
-    from .partition import local_test_indices
-
     K = len(pool_of)
     train: list[np.ndarray] = [np.zeros(0, np.int64)] * K
     test: list[np.ndarray] = [np.zeros(0, np.int64)] * K
@@ -240,16 +237,12 @@ def pooled_partition(cfg, ds: Dataset, pools: list[tuple[np.ndarray, np.ndarray]
 # domains
 # ---------------------------------------------------------------------------------------
 def _domain_mnist(root, seed):
-    from .datasets import load_dataset
-
     d = load_dataset("mnist", root, seed)
     return d.x_train, d.y_train, d.x_test, d.y_test
 
 
 def _domain_femnist(root, seed):
     """FEMNIST's digits (labels 0-9), [0, 1] floats (white background) -> uint8 0..255."""
-    from .datasets import load_dataset
-
     d = load_dataset("femnist", root, seed)
     out = []
     for x, y in ((d.x_train, d.y_train), (d.x_test, d.y_test)):
@@ -267,8 +260,6 @@ def resize_digits(x: torch.Tensor, size: int = 28) -> torch.Tensor:
 
 
 def _domain_digits(root, seed):
-    from .datasets import load_dataset
-
     d = load_dataset("digits", root, seed)
     return resize_digits(d.x_train), d.y_train, resize_digits(d.x_test), d.y_test
 
@@ -301,9 +292,6 @@ class Domains(Scenario):
             raise ValueError("domains assigns the clients' data itself; natural (writer) partitions do not apply")
 
     def build(self, cfg, dataset: Optional[Dataset] = None):
-        from .datasets import resolve_root
-        from .federated import FederatedData
-
         root = resolve_root(cfg.data.root)
         parts = [DOMAIN_SOURCES[s](root, cfg.seed) for s in self.sources]
         n_tr = min(len(p[1]) for p in parts)
@@ -370,9 +358,6 @@ class Writers(Scenario):
                              "(partition.name=iid keeps every sample of the group)")
 
     def build(self, cfg, dataset: Optional[Dataset] = None):
-        from .datasets import load_dataset
-        from .federated import FederatedData
-
         ds = dataset if dataset is not None else load_dataset(cfg.data.name, cfg.data.root, seed=cfg.seed,
                                                               **cfg.data.params)
         if ds.users_train is None or ds.users_test is None:

@@ -1,7 +1,8 @@
 """A federated dataset: the full in-memory tensors plus per-client index arrays.
 
 Batches are slices of these tensors; there is no DataLoader per client. The same
-object (its tensors in shared memory) serves every worker process.
+object (its tensors in shared memory) serves every worker process. ``data/build.py``
+builds one from a config (label skew, then feature skew).
 """
 from __future__ import annotations
 
@@ -13,8 +14,7 @@ import numpy as np
 
 from ..errors import ConfigError
 from .dataset import Dataset
-from .datasets import load_dataset
-from .partition import PARTITIONERS, class_counts, client_groups, local_test_indices
+from .partition import PARTITIONERS, class_counts
 
 
 @dataclass
@@ -63,38 +63,3 @@ def make_partition(name: str, labels: np.ndarray, num_clients: int, seed: int, p
         return fn(labels, num_clients, seed, **kwargs)
     except ValueError as e:  # an impossible request is bad input, not a crash
         raise ConfigError(f"partition ({name})", params, str(e)) from None
-
-
-def build_federated(cfg, dataset: Optional[Dataset] = None) -> FederatedData:
-    """Load the dataset and split it as the config says, then apply the feature skew.
-
-    ``dataset`` replaces the configured loader's output (e.g. a subset built by a script).
-    """
-    from .features import make_scenario
-
-    scenario = make_scenario(cfg.features.name, cfg.features.params)
-    if scenario is None:
-        return _build_label_skew(cfg, dataset)
-    fed = None if scenario.builds_dataset else _build_label_skew(cfg, dataset)
-    try:
-        return scenario.build(cfg, dataset) if fed is None else scenario.apply(fed, cfg.seed)
-    except ValueError as e:  # an impossible request (e.g. rotating token data) is bad input
-        if isinstance(e, ConfigError):
-            raise
-        raise ConfigError(f"features ({cfg.features.name})", cfg.features.params, str(e)) from None
-
-
-def _build_label_skew(cfg, dataset: Optional[Dataset] = None) -> FederatedData:
-    ds = dataset if dataset is not None else load_dataset(cfg.data.name, cfg.data.root, seed=cfg.seed,
-                                                          **cfg.data.params)
-    K = cfg.partition.num_clients
-    parts = make_partition(cfg.partition.name, ds.train_labels, K, cfg.seed, cfg.partition.params, ds)
-    if cfg.partition.name == "natural" and ds.users_test is not None:
-        tests = [np.asarray(ds.users_test[k], dtype=np.int64) for k in range(len(parts))]
-    else:
-        tests = local_test_indices(parts, ds.train_labels, ds.test_labels, ds.num_classes, cfg.seed,
-                                   fraction=cfg.eval.local_test_fraction)
-    groups = None
-    if "groups" in cfg.partition.params:
-        groups = client_groups(cfg.partition.params["groups"])
-    return FederatedData(ds, parts, tests, groups)

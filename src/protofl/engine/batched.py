@@ -58,11 +58,12 @@ from typing import Any, Optional
 import numpy as np
 import torch
 from torch import nn
+from torch.func import functional_call, grad_and_value, vmap
 
-from ..algorithms.base import Features, Fit, Fitted, TrainStats
+from ..algorithms.base import Features, Fitted, TrainStats
 from ..messages import Record
 from .client import EMBED_BATCH_SIZE, ClientContext, ClientOutput, ClientRuntime, arch_kwargs
-from .executor import ClientTask, SequentialExecutor
+from .executor import ClientTask, Executor, SequentialExecutor
 from .precision import autocast
 from .train import NonFiniteLossError, batch_sizes, total_steps
 
@@ -270,7 +271,7 @@ class StackStats:
         return self.busy / self.slot_steps if self.slot_steps else None
 
 
-class BatchedExecutor:
+class BatchedExecutor(Executor):
     """Drives a round's ``client_update`` coroutines and runs what they await as stacks of at
     most ``slots`` clients (0: chosen from the round's clients and the memory)."""
 
@@ -370,9 +371,7 @@ class BatchedExecutor:
     @torch.no_grad()
     def _features(self, jobs: list[_Job]) -> list[torch.Tensor]:
         """``model.<part>`` of every job's weights on its inputs, in eval mode, stacked."""
-        from torch.func import functional_call, vmap
-
-        rt, dev = self.runtime, self.runtime.device
+        dev = self.runtime.device
         out: list[Optional[torch.Tensor]] = [None] * len(jobs)
         by_part: dict[str, list[int]] = defaultdict(list)
         for i, j in enumerate(jobs):
@@ -414,8 +413,6 @@ class BatchedExecutor:
     def _fit(self, jobs: list[_Job]) -> list[Any]:
         """Train every job's ``Fit`` (one signature) as one stack; per job its ``Fitted``, or
         the ``NonFiniteLossError`` to throw into it."""
-        from torch.func import functional_call, grad_and_value, vmap
-
         rt, dev = self.runtime, self.runtime.device
         req0, ctx0 = jobs[0].request, jobs[0].ctx
         st = ctx0.training_settings(req0.settings)

@@ -27,17 +27,17 @@ from ..config import Config
 from ..data.federated import FederatedData
 from ..messages import Record
 from ..models import build_model
+from ..rng import seed_for, torch_gen
 from .evaluate import personal_metrics
-from .rng import seed_for, torch_gen
 from .train import LossFn, NonFiniteLossError, TrainStats, batch_sizes, local_train, total_steps
 
 
 # Inference batches of ClientContext.embed. Cache-sized batches are the fastest on CPU: for
 # fedavg_cnn, 256 samples take about half the CPU time per sample of 1024 (whose first
-# activation, 1024 x 32 x 28 x 28 floats, is 100 MB). The batches subdivide the 1024-sample
-# blocks that earlier versions used, never leaving a piece under 256 (see embed_batches), so
-# every sample goes through the same kernels as before and FedProto's, FedNH's, MP-FedCL's
-# and ReBaFL's prototypes stay bit-identical (tests/test_speed_invariance.py).
+# activation, 1024 x 32 x 28 x 28 floats, is 100 MB). The batches subdivide blocks of 1024
+# samples, never leaving a piece under 256 (see embed_batches): a sample is in a tiny batch
+# exactly when its block is, which keeps the prototypes of FedProto, FedNH, MP-FedCL and
+# ReBaFL bit-identical to block-wise inference (tests/test_speed_invariance.py).
 EMBED_BLOCK = 1024
 EMBED_BATCH_SIZE = 256
 

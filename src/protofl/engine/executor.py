@@ -10,11 +10,12 @@ is the same whichever backend ran the clients.
 * :class:`~protofl.engine.ray_executor.RayExecutor` runs them on actors of a Ray cluster
   (``execution.backend: ray``; Ray is imported only then).
 
-``EXECUTORS`` maps ``execution.backend`` to a factory ``factory(simulation) -> executor``.
-An executor may offer ``describe() -> dict`` (merged into the run summary's
-``execution``) and ``evaluate_later(state) -> handle`` (the global-model evaluation as a
-pool task that runs with the next round's clients, ``handle.result()`` its metrics; see
-``execution.overlap_eval``), and must offer ``close()``.
+``EXECUTORS`` maps ``execution.backend`` to a factory ``factory(simulation) -> executor``,
+an :class:`Executor`: ``run(tasks)`` and ``close()``, ``describe() -> dict`` (merged into
+the run summary's ``execution``), and, where ``defers_eval`` is set,
+``evaluate_later(state) -> handle`` (the global-model evaluation as a pool task that runs
+with the next round's clients, ``handle.result()`` its metrics; see
+``execution.overlap_eval``).
 """
 from __future__ import annotations
 
@@ -51,7 +52,28 @@ class ClientTask:
     full_test: bool = True
 
 
-class SequentialExecutor:
+class Executor:
+    """What the round loop asks of a backend (the defaults: nothing to describe, no deferred
+    evaluation, nothing to close)."""
+
+    defers_eval: bool = False  # offers evaluate_later (execution.overlap_eval)
+
+    def run(self, tasks: list["ClientTask"]) -> list[Optional[ClientOutput]]:
+        """The clients' outputs in task order; None for a reply lost in transit."""
+        raise NotImplementedError
+
+    def describe(self) -> dict:
+        return {}
+
+    def evaluate_later(self, state):
+        """The global model's evaluation, deferred: a handle whose ``result()`` gives it."""
+        raise NotImplementedError
+
+    def close(self) -> None:
+        pass
+
+
+class SequentialExecutor(Executor):
     def __init__(self, runtime: ClientRuntime, threads: int = 0) -> None:
         self.runtime = runtime
         if threads > 0:
@@ -59,9 +81,6 @@ class SequentialExecutor:
 
     def run(self, tasks: list[ClientTask]) -> list[ClientOutput]:
         return [self.runtime.run(t.cid, t.rnd, t.msg, t.state, t.evaluate, t.full_test) for t in tasks]
-
-    def close(self) -> None:
-        pass
 
 
 _WORKER: Optional[ClientRuntime] = None
@@ -174,7 +193,9 @@ class _NoMainContext(mp.context.SpawnContext):
     Process = _NoMainProcess
 
 
-class ProcessExecutor:
+class ProcessExecutor(Executor):
+    defers_eval = True
+
     def __init__(self, runtime: ClientRuntime, workers: int, shipped: Optional[bytes] = None) -> None:
         fed = runtime.fed.share_memory_()  # workers map the dataset, they do not copy it
         self.train_idx = fed.train_idx

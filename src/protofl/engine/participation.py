@@ -18,7 +18,7 @@ from typing import Optional
 import numpy as np
 
 from ..config import ConfigError, ParticipationConfig, ceil_fraction
-from .rng import np_rng
+from ..rng import np_rng
 
 
 class Participation:

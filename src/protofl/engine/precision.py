@@ -1,6 +1,6 @@
 """``execution.precision``: the arithmetic format of the clients' local training.
 
-* ``fp32`` (default): everything in float32, as before this option existed.
+* ``fp32`` (default): everything in float32.
 * ``bf16``: the forward pass and the loss of the one training loop
   (:func:`protofl.engine.train.local_train`) run under ``torch.autocast`` with
   ``dtype=torch.bfloat16`` (matrix products and convolutions in bfloat16, reductions and

@@ -52,7 +52,7 @@ from ..data.federated import FederatedData
 from ..errors import ConfigError
 from ..messages import Record
 from .client import ClientOutput, ClientRuntime
-from .executor import ClientTask
+from .executor import ClientTask, Executor
 from .malloc import tune_malloc
 
 STARTUP_TIMEOUT = 180.0  # seconds for all actors to be placed and ready
@@ -181,7 +181,7 @@ class ClientActor:
         if data is not None:
             fed = _unpack(data)
         else:  # data: node -- this node's files ($PROTOFL_DATA of its `ray start`, else data.root)
-            from ..data.federated import build_federated
+            from ..data.build import build_federated
 
             root = os.environ.get("PROTOFL_DATA") or cfg.data.root
             fed = build_federated(cfg.replace(**{"data.root": root}))
@@ -235,7 +235,7 @@ def resolve_actors(actors, cluster_cpus: float, num_cpus: float, clients_per_rou
     return int(actors)
 
 
-class RayExecutor:
+class RayExecutor(Executor):
     def __init__(self, sim, log: Callable[[str], None] = _stderr) -> None:
         import ray
 

@@ -10,7 +10,7 @@ from torch import nn
 from ..algorithms.base import Algorithm, TaskInfo
 from ..config import Config
 from .client import ModelCache
-from .rng import seed_for
+from ..rng import seed_for
 
 
 class ServerContext:

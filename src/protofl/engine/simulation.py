@@ -29,7 +29,8 @@ from ..errors import CheckpointError, OutputDirError
 from ..algorithms import ALGORITHMS
 from ..algorithms.base import Algorithm, TaskInfo, weight_diversity
 from ..config import Config, hyper
-from ..data.federated import FederatedData, build_federated
+from ..data.build import build_federated
+from ..data.federated import FederatedData
 from ..models import build_model, num_params
 from .callbacks import Callback, JsonlWriter, progress_callback
 from .checkpoint import load_checkpoint, save_checkpoint, save_json, save_text, save_torch
@@ -204,8 +205,7 @@ class Simulation:
         save_checkpoint(self.dir / CHECKPOINT, {
             "round": rnd, "server_state": state, "client_states": self.store.snapshot(),
             "rows": n_rows, "fingerprint": self.cfg.fingerprint(), "algorithm": self.cfg.algorithm.name})
-        if hasattr(self.store, "checkpointed"):  # a SpillStore may now drop superseded state files
-            self.store.checkpointed()
+        self.store.checkpointed()  # a SpillStore may now drop superseded state files
 
     def _write_static(self) -> None:
         counts = self.fed.class_counts()
@@ -238,8 +238,7 @@ class Simulation:
             rows = read_rows(self.dir / METRICS)[: ck["rows"]]
         else:
             state = algo.server_init(self.server)
-            if hasattr(self.store, "clear"):  # a fresh run: no state files of an earlier one
-                self.store.clear()
+            self.store.clear()  # a fresh run: no state files of an earlier one
         save_text(self.dir / METRICS, "".join(json.dumps(r) + "\n" for r in rows))
         self._write_static()
 
@@ -288,13 +287,13 @@ class Simulation:
             self._emit_quietly(emit, pending)  # the last finished round's row, as without overlap
             raise
         finally:
-            self.executor_info = executor.describe() if hasattr(executor, "describe") else {}
+            self.executor_info = executor.describe()
             executor.close()
             summary = self._summary(rows, status, error, time.perf_counter() - t_run)
             save_json(self.dir / SUMMARY, summary)
-            if status == "complete" and cfg.output.save_model and algo.has_global_model \
-                    and hasattr(state, "weights"):
-                save_torch(self.dir / "model.pt", state.weights)
+            weights = algo.model_weights(state) if status == "complete" and cfg.output.save_model else None
+            if weights is not None:
+                save_torch(self.dir / "model.pt", weights)
             for cb in callbacks:
                 cb.on_end(summary)
         return RunResult(self.dir, rows, summary, state)
@@ -308,9 +307,9 @@ class Simulation:
         trains (``execution.overlap_eval``). Only when nothing needs its row before the next
         round starts: not the last round, not a checkpoint round (the checkpoint waits for
         its row), and every callback has ``immediate = False`` (one that may stop the run
-        sees each row at once); and only with an executor that offers ``evaluate_later``
-        (worker processes). The numbers are the same either way."""
-        return (self.cfg.execution.overlap_eval and hasattr(executor, "evaluate_later")
+        sees each row at once); and only with an executor that defers evaluations
+        (``defers_eval``: worker processes). The numbers are the same either way."""
+        return (self.cfg.execution.overlap_eval and executor.defers_eval
                 and self._is_eval(rnd, self.cfg.eval.every) and not self._is_checkpoint(rnd)
                 and not any(getattr(cb, "immediate", True) for cb in callbacks))
 
@@ -374,10 +373,9 @@ class Simulation:
         if rejected:
             row["rejected_reasons"] = [f"client {cid}: {why}" for cid, why in rejected.items()]
         row.update(self.server.pop_logs())
-        if not algo.heterogeneous_models:  # ReBaFL eq. (24) over the local models that arrived
-            local = [r.subarrays("w.") for _, r in replies]
-            if local and all(local):
-                row["weight_diversity"] = weight_diversity(local)
+        local = [algo.local_weights(r) for _, r in replies]  # ReBaFL eq. (24) over the local models that arrived
+        if local and all(w is not None for w in local):
+            row["weight_diversity"] = weight_diversity(local)
         t1 = time.perf_counter()
         gm: Any = {}
         tail: dict[str, Any] = {}
@@ -457,6 +455,6 @@ class Simulation:
             "wall_s_this_session": seconds,
             "execution": self.execution_mode(),
             # per-client state held at the end: in memory, on disk (execution.state_memory_mb)
-            "client_state": self.store.usage() if hasattr(self.store, "usage") else None,
+            "client_state": self.store.usage(),
             "torch": torch.__version__,
         }

@@ -9,8 +9,8 @@ store (``execution.state: cluster``). A store snapshots into checkpoints as a di
 plain Records (a :class:`SpillStore` that has spilled: of :class:`Spilled` file
 references instead, so a checkpoint never copies the states on disk).
 
-A store is injectable (``Simulation(cfg, store=...)``); :func:`make_store` picks the
-one the config asks for.
+A store is injectable (``Simulation(cfg, store=...)``): any :class:`ClientStateStore`;
+:func:`make_store` picks the one the config asks for.
 """
 from __future__ import annotations
 
@@ -23,7 +23,35 @@ from typing import NamedTuple, Optional, Union
 from ..messages import Record
 
 
-class MemoryStore:
+class ClientStateStore:
+    """What the engine asks of a store: ``get``/``put`` a client's state, ``snapshot``/
+    ``restore`` for checkpoints; ``clear`` (a fresh run), ``checkpointed`` (a checkpoint now
+    holds the snapshot) and ``usage`` (the run summary) do nothing by default."""
+
+    def get(self, cid: int) -> Optional[Record]:
+        raise NotImplementedError
+
+    def put(self, cid: int, state: Optional[Record]) -> None:
+        raise NotImplementedError
+
+    def snapshot(self) -> dict:
+        raise NotImplementedError
+
+    def restore(self, states: dict) -> None:
+        raise NotImplementedError
+
+    def clear(self) -> None:
+        """Forget the states of an earlier run (a fresh run in the same folder)."""
+
+    def checkpointed(self) -> None:
+        """A checkpoint now holds the last snapshot: what only it referenced may go."""
+
+    def usage(self) -> Optional[dict]:
+        """How much state the store holds (the run summary's ``client_state``); None: unknown."""
+        return None
+
+
+class MemoryStore(ClientStateStore):
     def __init__(self) -> None:
         self._states: dict[int, Record] = {}
 
@@ -80,7 +108,7 @@ def load_spilled(states: dict, root: Union[str, os.PathLike]) -> dict[int, Recor
     return {cid: _read(Path(root) / s.file) if isinstance(s, Spilled) else s for cid, s in states.items()}
 
 
-class SpillStore:
+class SpillStore(ClientStateStore):
     """States in memory up to ``budget_bytes`` (least recently used first out), the rest on disk.
 
     A state that leaves memory is written to ``root/<cid>.<n>.pkl`` (atomically: a temporary
@@ -283,7 +311,7 @@ def usage_line(usage: Optional[dict]) -> Optional[str]:
     return line
 
 
-class DiskStore:
+class DiskStore(ClientStateStore):
     """One pickle per client under ``root``; the snapshot is the dict of all states."""
 
     def __init__(self, root: str | os.PathLike) -> None:

@@ -11,7 +11,6 @@ and the SGD step on the float32 weights (:mod:`protofl.engine.precision`).
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
 from typing import Callable, Iterable, Optional
 
 import torch

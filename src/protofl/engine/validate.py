@@ -30,10 +30,9 @@ from typing import Optional, Sequence
 
 import torch
 
-from ..messages import Record
+from ..messages import WEIGHTS, Record, expect_indices, expect_shapes  # noqa: F401 (re-exported)
 
 SLACK_BYTES = 1 << 20
-WEIGHTS = "w."  # the prefix every weight-averaging method uses for model weights
 
 
 def reply_size_bound(model_bytes: int, sent: Record) -> int:
@@ -76,26 +75,4 @@ def check_reply(reply: object, sent: Record, *, client_size: int, model_bytes: i
     size, bound = reply.nbytes(), reply_size_bound(model_bytes, sent)
     if size > bound:
         return f"reply of {size} bytes exceeds the bound of {bound} bytes"
-    return None
-
-
-def expect_shapes(reply: Record, **shapes: tuple) -> Optional[str]:
-    """For a method's ``check_reply``: each named array, when present, has this shape
-    (``-1`` matches any size along that dimension)."""
-    for name, shape in shapes.items():
-        t = reply.arrays.get(name)
-        if t is None:
-            continue
-        if t.dim() != len(shape) or any(s not in (-1, n) for s, n in zip(shape, t.shape)):
-            return f"array {name!r} has shape {tuple(t.shape)}, expected {tuple(shape)}"
-    return None
-
-
-def expect_indices(reply: Record, name: str, bound: int) -> Optional[str]:
-    """For a method's ``check_reply``: integer array ``name``, when present, indexes [0, bound)."""
-    t = reply.arrays.get(name)
-    if t is None or t.numel() == 0:
-        return None
-    if t.is_floating_point() or int(t.max()) >= bound:
-        return f"array {name!r} holds values outside the class indices 0..{bound - 1}"
     return None

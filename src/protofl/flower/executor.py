@@ -31,7 +31,7 @@ from flwr.serverapp import Grid
 
 from ..engine.client import ClientOutput
 from ..messages import Record
-from ..engine.executor import ClientTask
+from ..engine.executor import ClientTask, Executor
 from ..engine.train import NonFiniteLossError
 from .client_app import NODE_KEY, RUN_KEY
 from .project import CONFIG_KEY
@@ -40,7 +40,7 @@ from .records import ERROR_KEY, RUN_INFO_KEY, content_to_output, task_to_content
 TRAIN, QUERY = "train", "query"
 
 
-class FlowerExecutor:
+class FlowerExecutor(Executor):
     LIVENESS_EVERY = 2.0  # seconds between checks that the nodes waited for are still online
 
     def __init__(self, grid: Grid, num_clients: int, *, round_timeout: float = 600.0,

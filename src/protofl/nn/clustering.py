@@ -75,11 +75,6 @@ def kmeans(x: torch.Tensor, k: int, rng: np.random.Generator, n_init: int = 5,
     centroid is the mean of its points) or ``max_iter``. With at most ``k`` distinct
     rows, the distinct rows themselves are the centroids (in ``torch.unique`` order,
     inertia 0) and ``rng`` is not drawn from.
-
-    In protofl 0.1.0 this was a torch Lloyd loop with plain k-means++ seeding drawn
-    from ``rng`` directly: the same algorithm, 1.6-19x slower (benchmarks/RESULTS.md,
-    section 5), with other initial centroids, so MP-FedCL's numbers changed with the
-    switch.
     """
     if k < 1:
         raise ValueError(f"kmeans: k must be >= 1, got {k}")

@@ -1,4 +1,5 @@
-"""Class prototypes: per-class means of features, and their aggregation across clients.
+"""Class prototypes: per-class means of features, their aggregation across clients, and
+the nearest-prototype predictor.
 
 Shapes: features (N, d), labels (N,), prototypes (C, d), counts (C,). A class with no
 samples has count 0 and a zero row; consumers mask by ``counts > 0``.
@@ -6,6 +7,7 @@ samples has count 0 and a zero row; consumers mask by ``counts > 0``.
 from __future__ import annotations
 
 import torch
+from torch import nn
 
 
 def class_means(features: torch.Tensor, labels: torch.Tensor, num_classes: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -38,3 +40,30 @@ def aggregate_prototypes(protos: list[torch.Tensor], counts: list[torch.Tensor],
     glob = (W.unsqueeze(2) * P).sum(0) / den.clamp(min=1e-12).unsqueeze(1)
     glob[den == 0] = 0.0
     return glob, N.sum(0).to(torch.int64)
+
+
+class NearestPrototype(nn.Module):
+    """Scores (B, C): minus the smallest L2 distance from body(x) to a prototype of each
+    class; a class without any prototype scores -inf. With one prototype per class this
+    is FedProto's rule; with several it is MP-FedCL's eq. (13).
+
+    A module (not a closure) so that the evaluator switches the body to eval mode.
+    """
+
+    def __init__(self, body: nn.Module, protos: torch.Tensor, labels: torch.Tensor, num_classes: int) -> None:
+        super().__init__()
+        self.body = body
+        self.register_buffer("protos", protos.detach().clone())  # (P, d)
+        self.register_buffer("labels", labels.detach().to(torch.int64).clone())  # (P,)
+        self.num_classes = int(num_classes)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        z = self.body(x)  # (B, d)
+        scores = z.new_full((len(z), self.num_classes), float("-inf"))  # (B, C)
+        if len(self.protos) == 0:
+            return scores
+        # exact distances (the matmul shortcut can mis-rank near ties)
+        dist = torch.cdist(z.float(), self.protos.to(z.device).float(),
+                           compute_mode="donot_use_mm_for_euclid_dist")  # (B, P)
+        idx = self.labels.to(z.device).unsqueeze(0).expand_as(dist)
+        return scores.scatter_reduce(1, idx, -dist.to(scores.dtype), reduce="amax", include_self=True)

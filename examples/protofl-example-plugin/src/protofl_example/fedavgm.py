@@ -16,7 +16,7 @@ from typing import Optional
 
 import torch
 
-from protofl.algorithms.base import weighted_mean
+from protofl.algorithms.base import average
 from protofl.algorithms.fedavg import FedAvg, FedAvgHyper, WeightsState
 from protofl.errors import require
 
@@ -44,8 +44,7 @@ class FedAvgM(FedAvg):
         return MomentumState(ctx.init_weights())
 
     def aggregate(self, state: MomentumState, rnd, replies, ctx) -> MomentumState:
-        avg = weighted_mean((self.aggregation_weight(r), r.subarrays("w.")) for _, r in replies
-                            if self.aggregation_weight(r) > 0)
+        avg = average((r for _, r in replies), self.hp.weighting)  # Σ_k (n_k / n) w_k
         if not avg:  # nobody arrived: keep w_t and v_{t-1}
             return state
         w, hp = state.weights, self.hp

@@ -77,12 +77,13 @@ def run(cfg: Config, resume: bool = False, callbacks: Iterable[Callback] = (),
         run_dir: Optional[Path] = None, log: Optional[Callable[[str], None]] = None) -> RunResult:
     """Run one simulation.
 
-    Before any work, :func:`check_task` builds what the run needs (data, partition, model,
-    method) without training, so an impossible combination stops at once with a
-    :class:`~protofl.errors.ConfigError`. ``resume=True`` continues this config's newest
-    run folder from its last checkpoint (or starts it); a run already complete there is
-    returned as it is, without any work (``RunResult.already_complete``). Otherwise a
-    fresh folder is used and existing results are kept.
+    ``resume=True`` continues the run folder of this config from its last checkpoint (or
+    starts it; of several runs of the config, the one written last); a run already
+    complete there is returned as it is, without any work (``RunResult.already_complete``).
+    Otherwise a fresh folder is used and existing results are kept. Before any work,
+    :func:`check_task` builds what the run needs (data, partition, model, method) without
+    training, so an impossible combination stops at once with a
+    :class:`~protofl.errors.ConfigError`.
     """
     from .config import check_here
 

@@ -238,7 +238,8 @@ def build_parser() -> argparse.ArgumentParser:
                     help="dotted keys with comma-separated values, e.g. training.lr=0.01,0.05 algorithm.name=fedavg,fednh")
     sp.add_argument("--methods", help="cross the grid with methods, as in compare: \"fedavg,fedprox(mu=0.1)\"")
     sp.add_argument("--seeds", help="comma-separated seeds (default: the config's seed)")
-    sp.add_argument("--jobs", type=int, help="runs at once (default: CPU count / cores one run uses)")
+    sp.add_argument("--jobs", type=int, help="runs at once (default: up to the CPU count / the cores one run keeps "
+                    "busy; a worker process starts only when a core is idle and the runs left outweigh its start-up)")
     sp.add_argument("--out", help="output folder (default <output.dir>/sweep)")
     sp.add_argument("--workers", help="worker processes per run (0 = sequential, auto)")
     sp.add_argument("--quiet", action="store_true")
@@ -294,11 +295,19 @@ def build_parser() -> argparse.ArgumentParser:
     from .flower.cli import add_flower_parser  # imports flwr only when a flower command runs
 
     add_flower_parser(sub)
-    # --debug also after the command (``protofl run digits --debug``); SUPPRESS keeps the
-    # command's default from hiding a --debug given before it
-    for sp in {id(x): x for x in sub.choices.values()}.values():
-        sp.add_argument("--debug", action="store_true", default=argparse.SUPPRESS, help=DEBUG_HELP)
+    _debug_after_commands(p)
     return p
+
+
+def _debug_after_commands(parser: argparse.ArgumentParser) -> None:
+    """``--debug`` also after a command, at any depth (``protofl run digits --debug``,
+    ``protofl flower local digits --debug``); SUPPRESS keeps a command's default from
+    hiding a ``--debug`` given before it."""
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            for sp in {id(x): x for x in action.choices.values()}.values():  # aliases share a parser
+                sp.add_argument("--debug", action="store_true", default=argparse.SUPPRESS, help=DEBUG_HELP)
+                _debug_after_commands(sp)
 
 
 # The error classes are imported only when an exception is matched (an except clause's

@@ -175,15 +175,16 @@ def build_report(folder: Path, select: str = "final") -> str:
     if stab:
         def cells(st: dict, key: str, fmt: str) -> str:
             per = " / ".join(format(s[key], fmt) for s in st["per_seed"])
-            return per if len(st["per_seed"]) == 1 else f"{per} (mean {st['mean'][key]:.1f})"
+            return per if len(st["per_seed"]) == 1 else f"{per} ({st['mean'][key]:.1f})"
 
         parts += [f"<h2>Stability of the global model over the last {window} rounds</h2>",
                   _table(["method", "change per round (points)", "worst round (%)", "best round (%)",
-                          "mean of these rounds (%)"],
+                          "mean of the rounds (%)"],
                          [[st["label"], cells(st, "step", ".1f"), cells(st, "worst", ".0f"),
                            cells(st, "best", ".0f"), cells(st, "mean", ".1f")] for st in stab]),
-                  "<p class='note'>GM of each run (seeds in the order of the Runs table, then their mean): the "
-                  "mean absolute change from one round to the next, the worst and the best round. A method whose "
+                  "<p class='note'>GM of each run (seeds in the order of the Runs table; in brackets their "
+                  "mean): the mean absolute change from one round to the next, the worst and the best round. "
+                  "A method whose "
                   "global model follows whichever clients' updates arrived moves a lot from round to round; "
                   f"here {html.escape(participation_text(cfg))}.</p>"]
 

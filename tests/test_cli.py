@@ -113,3 +113,57 @@ def test_overrides_may_follow_the_options(tmp_path, capsys):
     assert [r["round"] for r in rows] == [1, 2]
     with pytest.raises(SystemExit):  # anything else unknown is still an error
         main(["run", str(DIGITS), "--quiet", "--no-such-flag"])
+
+
+# ---------------------------------------------------------------------------------------
+# --resume: a finished run is complete, not resumed; the newest of several runs is taken
+# ---------------------------------------------------------------------------------------
+def test_resume_of_a_finished_run_says_it_is_complete_and_how_to_extend_it(tmp_path, capsys):
+    args = ["run", str(DIGITS), "rounds=2", "partition.num_clients=4", f"output.dir={tmp_path}", "--quiet"]
+    assert main(args) == 0
+    (run_dir,) = tmp_path.iterdir()
+    before = {p.name: p.stat().st_mtime_ns for p in run_dir.iterdir()}
+    capsys.readouterr()
+    assert main([*args, "--resume"]) == 0
+    out = capsys.readouterr().out
+    assert f"{run_dir} is already complete (2 of 2 rounds): nothing to do" in out, out
+    hint = f"protofl run {DIGITS} partition.num_clients=4 output.dir={tmp_path} --resume rounds=4"
+    assert hint in out and "resuming" not in out
+    assert {p.name: p.stat().st_mtime_ns for p in run_dir.iterdir()} == before  # no work, nothing rewritten
+    assert main(parse_hint(hint, "--quiet")) == 0  # the hint works: 2 more rounds
+    rows = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    assert [r["round"] for r in rows] == [1, 2, 3, 4]
+
+
+def parse_hint(hint, *extra):
+    import shlex
+
+    argv = shlex.split(hint)
+    assert argv[0] == "protofl"
+    return [*argv[1:], *extra]
+
+
+def test_resume_picks_the_newest_of_several_runs_of_a_config(tmp_path, capsys):
+    args = ["run", str(DIGITS), "rounds=2", "partition.num_clients=4", f"output.dir={tmp_path}", "--quiet"]
+    assert main(args) == 0 and main(args) == 0  # a second run of the same config gets <name>-1
+    first, second = sorted(tmp_path.iterdir(), key=lambda p: len(p.name))
+    assert second.name == first.name + "-1"
+    # the first folder was written last (e.g. it was resumed after the second was made)
+    newer = max(p.stat().st_mtime for p in second.iterdir()) + 60
+    for p in first.iterdir():
+        os.utime(p, (newer, newer))
+    capsys.readouterr()
+    assert main([*args, "--resume", "rounds=3"]) == 0
+    cap = capsys.readouterr()
+    assert f"2 runs of this config in {tmp_path}: resuming the newest, {first.name}" in cap.err
+    assert f"3 rounds -> {first}" in cap.out
+    assert len((second / "metrics.jsonl").read_text().splitlines()) == 2  # the older one untouched
+
+
+def test_resume_with_fewer_rounds_than_done_is_one_line(tmp_path, capsys):
+    args = ["run", str(DIGITS), "rounds=3", "partition.num_clients=4", f"output.dir={tmp_path}", "--quiet"]
+    assert main(args) == 0
+    capsys.readouterr()
+    assert main([*args, "--resume", "rounds=2"]) == 2
+    err = capsys.readouterr().err
+    assert "has already run 3 rounds" in err and err.count("\n") == 1, err

@@ -1,5 +1,6 @@
 """Bad input never gives a traceback; no single client can break or poison a run."""
 import gzip
+import json
 import struct
 
 import numpy as np
@@ -16,7 +17,7 @@ from protofl.engine.train import NonFiniteLossError
 from protofl.engine.validate import check_reply
 from protofl.messages import Record
 
-from conftest import DIGITS, strip_timing
+from conftest import DIGITS, TIMING_KEYS, strip_timing
 
 
 def idx_bytes(array: np.ndarray) -> bytes:
@@ -71,6 +72,18 @@ BAD_INPUTS = [
     ("truncated data file", ["data.name=mnist", "data.root={damaged_root}"], "damaged gzip file"),
     ("not an IDX file", ["data.name=mnist", "data.root={garbage_root}"], "not an IDX file"),
     ("unwritable output", ["output.dir=/proc/protofl-x"], "cannot write the run folder"),
+    # components that cannot work together: caught before any work, with the key at fault
+    ("model vs input size", ["partition.name=iid", "model.name=lenet5"], "needs inputs of at least 16x16"),
+    ("image model on vectors", ["data.name=spiral", "model.name=lenet5"], "needs an image input_shape"),
+    ("token model on images", ["model.name=lstm_shakespeare"], "needs a token input_shape"),
+    ("method vs model", ["model.name=mlp2d", "algorithm.name=fedgela"], "feature_dim >= num_classes - 1"),
+    ("natural partition without users", ["partition.name=natural"], "needs a dataset with natural users"),
+    ("more classes per client than classes", ["partition.name=pathological", "partition.classes_per_client=12"],
+     "number of classes"),
+    ("a later client's architecture", ["algorithm.name=fedproto", "model.per_client={{hidden: [[32], [-5]]}}"],
+     "the architecture of a client with {'hidden': [-5]}"),
+    ("a later client's value type", ["algorithm.name=fedproto", "model.per_client={{hidden: [[32], x]}}"],
+     "model.per_client[1].hidden"),
 ]
 
 
@@ -86,11 +99,149 @@ def test_cli_bad_input_table(name, args, fragment, tmp_path, bad_files, capsys):
     assert "Traceback" not in err and 1 <= err.count("\n") <= 3, err
 
 
-@pytest.mark.parametrize("which, fragment", [("bad_yaml", "line 3, column 9"), ("list_yaml", "expected a mapping")])
-def test_cli_bad_config_files(which, fragment, bad_files, capsys):
-    assert main(["run", str(bad_files[which])]) == 2
+@pytest.mark.parametrize("which, fragment", [("bad_yaml", "line 3, column 9"), ("list_yaml", "expected a mapping"),
+                                             ("binary", "not a text file")])
+def test_cli_bad_config_files(which, fragment, bad_files, tmp_path, capsys):
+    (tmp_path / "binary.yaml").write_bytes(b"\x7fELF\x02\x01\x00\xff\xfe")  # not what its name claims
+    path = tmp_path / "binary.yaml" if which == "binary" else bad_files[which]
+    assert main(["run", str(path)]) == 2
     err = capsys.readouterr().err
     assert fragment in err and err.count("\n") == 1, err
+
+
+def test_a_model_that_cannot_compute_on_the_inputs_is_caught_before_any_work(tmp_path, monkeypatch, capsys):
+    """An MLP builds for token inputs (it only flattens them) but its first batch would
+    fail: the up-front check runs two samples through each client's model."""
+    from protofl.data.dataset import Dataset
+    from protofl.data.datasets import DATASETS
+
+    def tokens(root, seed):
+        g = torch.Generator().manual_seed(seed)
+        x, y = torch.randint(0, 80, (60, 12), generator=g), torch.arange(60) % 4
+        return Dataset("tokens", x, y, x[:20].clone(), y[:20].clone(), num_classes=4, kind="tokens")
+
+    monkeypatch.setitem(DATASETS._items, "tokens", tokens)
+    args = ["run", str(DIGITS), "data.name=tokens", "partition.name=iid", "partition.num_clients=3",
+            f"output.dir={tmp_path}", "--quiet"]
+    assert main([*args, "model.name=mlp"]) == 2
+    err = capsys.readouterr().err
+    assert "model.name='mlp'" in err and "cannot compute on these inputs" in err and err.count("\n") == 1, err
+    assert "models that take them: lstm_shakespeare" in err  # and what would
+    assert not any(tmp_path.iterdir())  # nothing was started
+    assert main([*args, "model.name=lstm_shakespeare", "model.hidden=8", "model.num_layers=1", "rounds=1"]) == 0
+
+
+def test_config_errors_survive_a_worker_process():
+    """A sweep's runs raise in worker processes: the error must come back as itself."""
+    import pickle
+
+    from protofl.config import ConfigError
+    from protofl.errors import WriteError
+
+    e = pickle.loads(pickle.dumps(ConfigError("model.name", "lenet5", "too small")))
+    assert isinstance(e, ConfigError) and (e.key, e.value, e.allowed) == ("model.name", "lenet5", "too small")
+    assert str(e) == "invalid config: model.name='lenet5': too small"
+    assert str(pickle.loads(pickle.dumps(WriteError("disk full")))) == "disk full"
+
+
+# ---------------------------------------------------------------------------------------
+# the machine fails: a write that raises loses nothing, and --resume continues
+# ---------------------------------------------------------------------------------------
+def test_a_failed_checkpoint_write_keeps_the_last_good_one_and_resume_continues(tmp_path, monkeypatch, capsys):
+    import errno
+
+    from protofl.engine import checkpoint
+
+    save = checkpoint.torch.save
+
+    def disk_full_at_round_4(obj, f, *a, **kw):
+        if isinstance(obj, dict) and obj.get("round") == 4:
+            f.write(b"PK\x03\x04 half a checkpoint")  # some bytes reach the disk, then it is full
+            raise OSError(errno.ENOSPC, "No space left on device")
+        return save(obj, f, *a, **kw)
+
+    args = ["run", str(DIGITS), "rounds=6", "output.checkpoint_every=2", "partition.num_clients=4",
+            f"output.dir={tmp_path}", "output.name=r", "--quiet"]
+    monkeypatch.setattr(checkpoint.torch, "save", disk_full_at_round_4)
+    assert main(args) == 4
+    err = capsys.readouterr().err
+    assert "Traceback" not in err and err.count("\n") == 1, err
+    assert "checkpoint.pt: No space left on device" in err and "checkpoint of round 2 is kept" in err, err
+    assert "--resume" in err
+    d = tmp_path / "r"
+    assert torch.load(d / "checkpoint.pt", weights_only=False)["round"] == 2  # the last good one, intact
+    assert not [p.name for p in d.iterdir() if p.name.startswith(".")]  # no half-written file left
+    monkeypatch.setattr(checkpoint.torch, "save", save)  # the disk has room again
+    assert main([*args, "--resume"]) == 0
+    fresh = tmp_path / "fresh"
+    assert main([*args[:-3], f"output.dir={fresh}", "output.name=r", "--quiet"]) == 0
+    rows = [{k: v for k, v in json.loads(x).items() if k not in TIMING_KEYS}
+            for x in (d / "metrics.jsonl").read_text().splitlines()]
+    want = [{k: v for k, v in json.loads(x).items() if k not in TIMING_KEYS}
+            for x in (fresh / "r" / "metrics.jsonl").read_text().splitlines()]
+    assert [r["round"] for r in rows] == list(range(1, 7)) and rows == want  # nothing lost, nothing different
+
+
+def test_a_write_that_fails_before_any_checkpoint_says_so(tmp_path, monkeypatch, capsys):
+    from protofl.engine import callbacks
+
+    def full(self, row):
+        raise OSError(28, "No space left on device", str(self.path))
+
+    monkeypatch.setattr(callbacks.JsonlWriter, "on_round", full)
+    assert main(["run", str(DIGITS), "rounds=2", f"output.dir={tmp_path}", "--quiet"]) == 4
+    err = capsys.readouterr().err
+    assert "metrics.jsonl: No space left on device" in err and "no checkpoint was written yet" in err, err
+    assert err.count("\n") == 1
+
+
+def test_any_other_os_error_is_one_line_with_exit_4(tmp_path, capsys):
+    blocker = tmp_path / "file"
+    blocker.write_text("a file, not a folder")
+    assert main(["partition", str(DIGITS), "--out", str(blocker / "heat.png")]) == 4
+    err = capsys.readouterr().err
+    assert err.startswith("protofl: error: ") and err.count("\n") == 1 and "Traceback" not in err, err
+
+
+# ---------------------------------------------------------------------------------------
+# a bug: two lines; --debug or PROTOFL_DEBUG=1 shows the traceback
+# ---------------------------------------------------------------------------------------
+def test_a_bug_is_two_lines_and_debug_shows_the_traceback(tmp_path, monkeypatch, capsys):
+    from protofl import api
+
+    def broken(*a, **kw):
+        raise KeyError("an internal slip")
+
+    monkeypatch.setattr(api, "run", broken)
+    args = ["run", str(DIGITS), f"output.dir={tmp_path}", "--quiet"]
+    monkeypatch.delenv("PROTOFL_DEBUG", raising=False)
+    assert main(args) == 1
+    err = capsys.readouterr().err
+    assert err.count("\n") == 2 and "Traceback" not in err, err
+    assert "internal error: KeyError" in err and "--debug" in err and "PROTOFL_DEBUG=1" in err
+    for argv, env in (([*args, "--debug"], None), (["--debug", *args], None), (args, "1")):
+        if env:
+            monkeypatch.setenv("PROTOFL_DEBUG", env)
+        assert main(argv) == 1
+        err = capsys.readouterr().err
+        assert err.startswith("Traceback") and "an internal slip" in err, err
+
+
+def test_debug_shows_the_traceback_of_a_bad_input_too(tmp_path, capsys):
+    args = ["run", str(DIGITS), "model.name=lenet5", f"output.dir={tmp_path}", "--quiet"]
+    assert main(args) == 2
+    assert "Traceback" not in capsys.readouterr().err
+    assert main([*args, "--debug"]) == 2
+    err = capsys.readouterr().err
+    assert "Traceback" in err and err.rstrip().splitlines()[-1].startswith("protofl: error: invalid config")
+
+
+def test_unusable_arguments_are_one_line(capsys):
+    for argv in (["run"], ["run", "digits", "--jobs", "2"], ["nosuch"]):
+        with pytest.raises(SystemExit) as e:
+            main(argv)
+        err = capsys.readouterr().err
+        assert e.value.code == 2 and err.count("\n") == 1 and "--help" in err, err
 
 
 # ---------------------------------------------------------------------------------------

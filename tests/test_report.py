@@ -23,7 +23,7 @@ def fake_run(path, method="fedavg", seed=0, rounds=20, rows=None, counts=None, e
            "output": {"dir": str(path.parent), "name": None}}
     for k, v in (cfg_extra or {}).items():
         sec, key = k.split(".")
-        cfg[sec][key] = v
+        cfg.setdefault(sec, {})[key] = v
     (path / "config.yaml").write_text(yaml.safe_dump(cfg))
     if rows is None:
         rng = np.random.default_rng(seed + len(method))
@@ -54,12 +54,18 @@ def test_only_accuracies_are_scaled_to_percent_and_each_metric_has_its_unit(tmp_
     d = fake_run(tmp_path / "a")
     fig = plots.curves_figure({"fedavg": d}, ["gm", "train_loss", "bytes_up"])
     gm, loss, up = fig.axes[:3]
-    assert gm.get_ylabel() == "gm (%)" and loss.get_ylabel() == "train_loss" and up.get_ylabel() == "bytes_up (MB)"
+    # axes say in words what they show, with the unit; never the raw key
+    assert gm.get_ylabel() == "global model accuracy, GM (%)" and loss.get_ylabel() == "training loss"
+    assert up.get_ylabel() == "sent up per round (MB)"
     assert gm.get_lines()[0].get_ydata().max() == pytest.approx(100 * max(r["gm"] for r in plots.read_metrics(d)))
     assert loss.get_lines()[0].get_ydata().max() == pytest.approx(1.75)  # not 175
     assert up.get_lines()[0].get_ydata()[0] == pytest.approx(12.000001)  # MB, not % of bytes
     assert plots.metric_unit("pa_std") == (100.0, "% points") and plots.metric_unit("gm@logits")[1] == "%"
-    assert plots.axis_label("proto_min_angle") == "proto_min_angle (degrees)"
+    assert plots.axis_label("proto_min_angle") == "smallest angle between classes (degrees)"
+    assert plots.axis_label("pa_std") == "personal accuracy, PA: spread over clients (% points)"
+    assert plots.axis_label("all_pm_v") == "personal accuracy, PM(V) (all clients, at the end) (%)"
+    assert plots.axis_label("gm@logits") == "global model accuracy, GM (logits) (%)"
+    assert plots.axis_label("some_new_key") == "some new key"  # a plug-in's own metric: still words
 
 
 def test_sparse_metric_gets_markers_over_the_full_round_range(tmp_path):
@@ -376,16 +382,34 @@ def test_report_renders_in_headless_chromium(tmp_path):
         if os.environ.get("CI", "").lower() in ("1", "true", "yes"):
             pytest.fail("chromium is missing under CI: .ci/run installs it (apt-get install chromium)")
         pytest.skip("chromium not installed (apt-get install chromium)")
+    # many settings that differ between the methods, with long names and values: the table
+    # of them must still fit the page (it used to grow one column per setting)
+    wide = {f"algorithm.a_rather_long_parameter_name_{i}": [0.125 * i] * 6 for i in range(12)}
     for s in (0, 1):
         fake_run(tmp_path / "cmp" / f"a{s}", "fedavg", s, extra={20: {"gm_per_class": [0.5, 0.6, 0.7, 0.8]}})
-        fake_run(tmp_path / "cmp" / f"b{s}", "fednh", s, extra={20: {"proto_cos": [[1, 0.1], [0.1, 1]]}})
+        fake_run(tmp_path / "cmp" / f"b{s}", "fednh", s, extra={20: {"proto_cos": [[1, 0.1], [0.1, 1]]}},
+                 cfg_extra=wide)
     assert main(["report", str(tmp_path / "cmp")]) == 0
+    report = tmp_path / "cmp" / "report.html"
+    probe = tmp_path / "probe.html"  # the page plus a script that writes what the browser measured
+    probe.write_text(report.read_text().replace("</body>", "<pre id='measured'></pre><script>"
+                     "const e=document.documentElement;document.getElementById('measured').textContent="
+                     "'scroll='+e.scrollWidth+' client='+e.clientWidth+' tables='+"
+                     "Math.max(...[...document.querySelectorAll('table')].map(t=>t.getBoundingClientRect().right));"
+                     "</script></body>"))
+    common = [exe, "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+              "--disable-background-networking", "--disable-component-update", "--disable-sync",
+              "--hide-scrollbars", f"--user-data-dir={tmp_path / 'profile'}", "--window-size=1000,1400"]
+    proc = subprocess.run([*common, "--dump-dom", probe.as_uri()], capture_output=True, text=True, timeout=120)
+    import re
+
+    m = re.search(r"scroll=(\d+) client=(\d+) tables=([\d.]+)", proc.stdout)
+    assert m, proc.stderr[-2000:]
+    scroll, client, right = int(m.group(1)), int(m.group(2)), float(m.group(3))
+    assert scroll <= client and right <= client, m.group(0)  # nothing wider than the window
     png = tmp_path / "shot.png"
-    cmd = [exe, "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
-           "--disable-background-networking", "--disable-component-update", "--disable-sync",
-           "--hide-scrollbars", f"--user-data-dir={tmp_path / 'profile'}", f"--screenshot={png}",
-           "--window-size=1000,1400", (tmp_path / "cmp" / "report.html").as_uri()]
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
+    proc = subprocess.run([*common, f"--screenshot={png}", report.as_uri()], capture_output=True, text=True,
+                          timeout=120)
     assert png.exists(), proc.stderr[-2000:]
     img = Image.open(png).convert("RGB")
     assert img.size == (1000, 1400)
@@ -415,6 +439,30 @@ def test_demo_tells_its_story_from_its_own_runs_and_ends_with_the_report(tmp_pat
     assert [r["method"] for r in rows] == ["fedavg", "rebafl"]
     assert "probability 0.1" in out and "change per round" in out and "mean of the last 10 evaluations" in out
     assert (tmp_path / "demo" / "report.html").exists() and (tmp_path / "demo" / "demo.png").exists()
+    lines = out.rstrip().splitlines()  # it ends with what to try next
+    tail = lines[lines.index("Next:"):]
+    assert len(tail) <= 8 and any("protofl list" in x for x in tail) and any("report.html" in x for x in tail)
+    page = (tmp_path / "demo" / "report.html").read_text()
+    assert "Stability of the global model over the last 2 rounds" in page and "probability p = 0.1" in page
+
+
+def test_demo_says_how_to_reach_protofl_when_its_folder_is_not_on_path(tmp_path, monkeypatch):
+    """`make demo` runs .venv/bin/protofl without activating the environment."""
+    import sys
+
+    from protofl.demo import next_steps
+
+    bin_dir = tmp_path / ".venv" / "bin"
+    bin_dir.mkdir(parents=True)
+    (bin_dir / "protofl").write_text("#!/bin/sh\n")
+    (bin_dir / "protofl").chmod(0o755)
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(sys, "executable", str(bin_dir / "python"))
+    monkeypatch.setenv("PATH", "/usr/bin:/bin")
+    lines = next_steps(tmp_path / "runs" / "demo")
+    assert lines[0] == "Next:" and "run `source .venv/bin/activate` first (or call .venv/bin/protofl" in lines[1]
+    monkeypatch.setenv("PATH", f"{bin_dir}:/usr/bin:/bin")  # activated: nothing to say about it
+    assert not any("activate" in x for x in next_steps(tmp_path / "runs" / "demo"))
 
 
 def test_report_figures_per_class_fairness_and_cosine_say_what_they_show(tmp_path):
@@ -461,3 +509,92 @@ def test_plot_refuses_a_matrix_metric_with_one_line(tmp_path, capsys):
     assert main(["plot", str(tmp_path / "a"), "--metrics", "proto_cos", "--out", str(tmp_path / "x.png")]) == 2
     err = capsys.readouterr().err
     assert "'proto_cos' is not a number" in err and err.count("\n") == 1
+
+
+# ---------------------------------------------------------------------------------------
+# what a report and a compare folder say: once, within bounds, no duplicates
+# ---------------------------------------------------------------------------------------
+def test_accuracy_bands_stay_within_0_and_100_and_a_loss_band_above_0(tmp_path):
+    rows = lambda top, loss: [{"round": r, "gm": top, "train_loss": loss} for r in range(1, 21)]  # noqa: E731
+    runs = {"fedavg": [fake_run(tmp_path / "a", rows=rows(1.0, 0.01)), fake_run(tmp_path / "b", seed=1,
+                                                                                rows=rows(0.8, 0.5))]}
+    fig = plots.curves_figure(runs, ["gm", "train_loss"])
+    gm_band = fig.axes[0].collections[0].get_paths()[0].vertices[:, 1]
+    loss_band = fig.axes[1].collections[0].get_paths()[0].vertices[:, 1]
+    # mean 90 %, sample std 14.1 points: 104.1 % would be drawn without the clip
+    assert gm_band.max() == pytest.approx(100.0) and gm_band.min() == pytest.approx(90 - 100 * 0.2 / math.sqrt(2))
+    assert loss_band.min() == pytest.approx(0.0)  # 0.255 - 0.346 < 0: a loss cannot be negative
+
+
+def test_a_metric_evaluated_every_k_rounds_is_markers_not_a_line(tmp_path):
+    def rows(shift):  # eval.every=2: GM on even rounds only
+        return [{"round": r, "train_loss": 1.0 / r, **({"gm": 0.5 + r / 100 + shift} if r % 2 == 0 else {})}
+                for r in range(1, 21)]
+
+    a, b = fake_run(tmp_path / "a", rows=rows(0.0)), fake_run(tmp_path / "b", seed=1, rows=rows(0.1))
+    gm, loss = plots.curves_figure({"fedavg": [a, b]}, ["gm", "train_loss"]).axes[:2]
+    (line,) = gm.get_lines()
+    assert list(line.get_xdata()) == list(range(2, 21, 2))
+    assert line.get_marker() == "o" and line.get_linestyle() == "None"  # no line through the odd rounds
+    assert loss.get_lines()[0].get_linestyle() == "-"  # logged every round: a line
+    (bars,) = gm.collections  # the spread over seeds: one bar per logged round, not a band between them
+    segments = bars.get_segments()
+    assert [s[0][0] for s in segments] == list(range(2, 21, 2)) and all(s[0][0] == s[1][0] for s in segments)
+
+
+def test_report_shows_the_stability_table_and_the_participation_and_says_the_band_once(tmp_path):
+    """The demo's finding in its report: per seed, how far GM moves from round to round."""
+    from protofl.report import html
+
+    def run(name, seed, gms):
+        rows = [{"round": r, "gm": g, "train_loss": 0.5} for r, g in enumerate(gms, start=1)]
+        return fake_run(tmp_path / "cmp" / name, "fedavg" if name[0] == "a" else "rebafl", seed, rows=rows,
+                        cfg_extra={"participation.p": 0.1, "participation.fraction": 1.0})
+
+    # 12 rounds: the window is the last 10; seed 0 swings 50 <-> 70 (20 points a round)
+    run("a0", 0, [0.5, 0.7] * 6)
+    run("a1", 1, [0.6] * 12)
+    run("b0", 0, [0.8] * 11 + [0.81])
+    assert main(["report", str(tmp_path / "cmp")]) == 0
+    page = (tmp_path / "cmp" / "report.html").read_text()
+    assert "update arrives with probability p = 0.1, redrawn every round (client dropout)" in page
+    assert "<h2>Stability of the global model over the last 10 rounds</h2>" in page
+    assert "<tr><td>fedavg</td><td>20.0 / 0.0 (10.0)</td><td>50 / 60 (55.0)</td>" \
+           "<td>70 / 60 (65.0)</td><td>60.0 / 60.0 (60.0)</td></tr>" in page
+    assert "<tr><td>rebafl</td><td>0.1</td><td>80</td><td>81</td><td>80.1</td></tr>" in page
+    assert page.count("± 1 sample std over seeds") == 1  # said once, for every figure
+    fig = plots.curves_figure({"x": [tmp_path / "cmp" / "a0", tmp_path / "cmp" / "a1"]}, ["gm"], say_band=False)
+    assert fig.legends[0].get_title().get_text() == ""  # the report's figures do not repeat it
+    assert html.BAND == "std"
+
+
+def test_demo_png_and_the_report_draw_the_same_band():
+    from protofl import demo
+    from protofl.report import html
+
+    assert demo.BAND == html.BAND
+
+
+def test_a_compare_writes_each_table_once(tmp_path):
+    """compare.md is the latest table; an earlier method set's table is kept under its own
+    name, and no two files in the folder hold the same table."""
+    from protofl.api import finish_grid
+
+    def grid(*methods):
+        groups = {m: [fake_run(tmp_path / "out" / f"{m}-s0-{len(methods):08x}", m)]
+                  if not (tmp_path / "out" / f"{m}-s0-{len(methods):08x}").exists()
+                  else [tmp_path / "out" / f"{m}-s0-{len(methods):08x}"] for m in methods}
+        finish_grid(groups, tmp_path / "out", "compare", report=False)
+        tables_ = sorted(p.name for p in (tmp_path / "out").glob("compare*.md"))
+        texts = [(tmp_path / "out" / n).read_text() for n in tables_]
+        assert len(set(texts)) == len(texts), tables_  # no identical duplicates
+        return tables_
+
+    assert grid("fedavg", "fednh") == ["compare.md"]
+    first = (tmp_path / "out" / "compare.md").read_text()
+    assert grid("local") == ["compare-fedavg+fednh.md", "compare.md"]
+    assert (tmp_path / "out" / "compare-fedavg+fednh.md").read_text() == first
+    assert sorted(p.name for p in (tmp_path / "out").glob("compare-fedavg+fednh.*")) == [
+        "compare-fedavg+fednh.csv", "compare-fedavg+fednh.md", "compare-fedavg+fednh.tex"]
+    assert grid("fedavg", "fednh") == ["compare-local.md", "compare.md"]  # back to the first set: its old copy goes
+    assert grid("fedavg", "fednh") == ["compare-local.md", "compare.md"]  # the same again: nothing new

@@ -1,4 +1,7 @@
 """Sweeps: grid x seeds, skipping finished runs by fingerprint, resuming cut runs, in parallel."""
+import csv
+import re
+
 import pytest
 
 from protofl.config import ConfigError, load_config
@@ -63,12 +66,98 @@ def test_sweep_skips_finished_and_resumes_cut_runs(digits_cfg, tmp_path):
     assert [ln[:7] for ln in lines] == ["[skip 1", "[skip 2"] and repr(rows2) == repr(rows)
 
 
-def test_sweep_runs_in_parallel_from_the_command_line(tmp_path, capsys):
+def test_sweep_runs_in_parallel_numbers_runs_uniquely_and_equals_one_at_a_time(tmp_path, capsys):
     from protofl.cli import main
 
-    assert main(["sweep", str(DIGITS), "rounds=1", "--grid", "algorithm.name=fedavg,local", "--seeds", "0",
-                 "--jobs", "2", "--out", str(tmp_path)]) == 0
+    args = ["sweep", str(DIGITS), "rounds=1", "partition.num_clients=4", "--grid", "algorithm.name=fedavg,local",
+            "--seeds", "0,1"]
+    assert main([*args, "--jobs", "2", "--out", str(tmp_path / "par")]) == 0
     cap = capsys.readouterr()
-    assert "2 runs, 2 at a time" in cap.err and "[done 2/2]" in cap.err
+    assert "4 runs, 2 at a time (this process and 1 worker process)" in cap.err
     assert "| algorithm=fedavg |" in cap.out and "| algorithm=local |" in cap.out
-    assert (tmp_path / "sweep.csv").exists()
+    starts = re.findall(r"^\[run (\d)/4\]", cap.err, re.M)
+    assert sorted(starts) == ["1", "2", "3", "4"], cap.err  # each run has its own number, once
+    done = re.findall(r"^\[done (\d)/4\] run (\d)/4 (\S+) seed (\d): gm=", cap.err, re.M)
+    assert sorted(d for d, *_ in done) == ["1", "2", "3", "4"]  # d-th run to end ...
+    assert sorted(k for _, k, *_ in done) == ["1", "2", "3", "4"], cap.err  # ... names which run it was
+    runs = {k: (label, seed) for k, label, seed in re.findall(r"^\[run (\d)/4\] (\S+) seed (\d)", cap.err, re.M)}
+    assert all(runs[k] == (label, seed) for _, k, label, seed in done)
+    # the same grid one run at a time: the same table, bit for bit
+    assert main([*args, "--jobs", "1", "--out", str(tmp_path / "seq")]) == 0
+    def table(folder):  # all but the seconds per round
+        with open(tmp_path / folder / "sweep.csv") as f:
+            return [{k: v for k, v in row.items() if k != "s_per_round"} for row in csv.DictReader(f)]
+
+    assert table("par") == table("seq")
+
+
+def test_default_jobs_count_each_runs_own_workers_and_threads(digits_cfg, tmp_path, monkeypatch):
+    import os
+
+    from protofl.sweeps import cores_per_run, default_jobs
+
+    def jobs(cpus, *overrides, n=12):
+        monkeypatch.setattr(os, "cpu_count", lambda: cpus)
+        cfg = digits_cfg(*overrides)  # 10 clients, 5 a round
+        return cores_per_run(cfg), default_jobs(plan(cfg, {"training.lr": [0.01 * (i + 1) for i in range(n)]},
+                                                     [0], tmp_path))
+
+    assert jobs(2, "execution.workers=0", "execution.threads=1") == (1, 2)
+    assert jobs(2, "execution.workers=0", "execution.threads=0") == (2, 1)  # torch's default: every core
+    assert jobs(2, "execution.workers=auto") == (2, 1)  # one worker per core: the run fills the machine
+    assert jobs(8, "execution.workers=auto") == (5, 1)  # one per client of a round
+    assert jobs(8, "execution.workers=2") == (2, 4)
+    assert jobs(8, "execution.workers=0", "execution.threads=2") == (2, 4)
+    assert jobs(8, "execution.workers=0", "execution.threads=1", n=3) == (1, 3)  # never more than runs
+
+
+@pytest.mark.parametrize("args", [
+    ["sweep", "--grid", "training.lr=0.01,0.05", "model.name=mlp,lenet5"],  # the 2nd model cannot take 8x8
+    ["sweep", "--grid", "training.lr=0.01,-1"],
+    ["sweep", "--grid", "partition.name=pathological", "partition.classes_per_client=2,11"],
+    ["compare", "--methods", "fedavg,nosuch"],
+    ["compare", "--methods", "fedavg,fedgela", "model.name=mlp2d"],  # an ETF of 10 classes needs 9 dims
+])
+def test_every_grid_point_is_checked_before_the_first_run(args, tmp_path, monkeypatch, capsys):
+    from protofl import api
+    from protofl.cli import main
+
+    started = []
+    monkeypatch.setattr(api.Simulation, "run", lambda self, **kw: started.append(self.cfg))
+    cmd, *rest = args
+    assert main([cmd, str(DIGITS), "rounds=1", "--seeds", "0,1", "--out", str(tmp_path / "out"), *rest]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("protofl: error: invalid config") and err.count("\n") == 1, err
+    assert not started and not (tmp_path / "out").exists()  # not one run, not even the folder
+
+
+def test_a_worker_pays_only_with_an_idle_core_and_enough_work_left():
+    from protofl.sweeps import worker_pays
+
+    # 11 runs of 1.3 s left (14.3 s), a 3 s start-up: worth it with a core idle ...
+    assert worker_pays(11, 1.3, 3.0, idle_cores=1.0, cores=1)
+    assert not worker_pays(11, 1.3, 3.0, idle_cores=0.5, cores=1)  # ... not when others use it
+    assert not worker_pays(2, 1.3, 3.0, idle_cores=2.0, cores=1)  # 2.6 s left < 2 x 3 s start-up
+    assert not worker_pays(11, 1.3, 3.0, idle_cores=1.0, cores=2)  # a run that needs 2 cores
+    assert worker_pays(11, 1.3, 3.0, idle_cores=1.5, cores=2)
+
+
+@pytest.mark.parametrize("idle", [0.0, 2.0])
+def test_by_default_a_worker_process_starts_only_when_it_pays(idle, digits_cfg, tmp_path, monkeypatch):
+    from protofl import sweeps
+
+    monkeypatch.setattr(sweeps, "default_jobs", lambda runs: 2)  # as on 2 cores with 1-core runs
+    monkeypatch.setattr(sweeps, "startup_estimate", lambda: 0.01)
+    monkeypatch.setattr(sweeps.IdleCores, "sample", lambda self: idle)
+    monkeypatch.setattr(sweeps._SharedQueue, "POLL_S", 0.05)
+    cfg = digits_cfg("rounds=2", "partition.num_clients=4")
+    grid = parse_grid(["training.lr=0.01,0.02,0.03,0.04"])
+    lines = []
+    rows, _, failed = sweep(cfg, grid, [0], tmp_path / "auto", log=lines.append)
+    assert not failed and lines[0].startswith("[sweep] 4 runs, up to 2 at a time")
+    started = [ln for ln in lines if ln.startswith("[sweep] worker process 1 starts")]
+    assert bool(started) == (idle > 0), lines  # a busy machine: everything here, no start-up paid
+    assert sorted(re.findall(r"^\[run (\d)/4\]", "\n".join(lines), re.M)) == ["1", "2", "3", "4"]
+    seq, _, _ = sweep(cfg, grid, [0], tmp_path / "seq", jobs=1, log=lambda m: None)
+    strip = lambda rs: [{k: v for k, v in r.items() if k != "s_per_round"} for r in rs]  # noqa: E731
+    assert repr(strip(rows)) == repr(strip(seq))

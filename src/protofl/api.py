@@ -10,13 +10,15 @@ print(result.summary["final"]["gm"])
 from __future__ import annotations
 
 import time
+from contextlib import contextmanager
 from pathlib import Path
-from typing import Iterable, Optional
+from typing import Callable, Iterable, Optional
 
 from .config import Config
 from .engine.callbacks import Callback, OverallProgress
-from .engine.simulation import RunResult, Simulation, run_dir_for, SUMMARY
-from .errors import ConfigError
+from .engine.checkpoint import save_json, save_text
+from .engine.simulation import CHECKPOINT, METRICS, SUMMARY, RunResult, Simulation, read_rows, run_dir_for
+from .errors import ConfigError, one_line
 
 
 def fresh_dir(cfg: Config) -> Path:
@@ -29,37 +31,197 @@ def fresh_dir(cfg: Config) -> Path:
     return d
 
 
+def _last_written(d: Path) -> float:
+    """When a run folder's run last wrote (its metrics, checkpoint or summary)."""
+    times = [p.stat().st_mtime for p in (d / METRICS, d / CHECKPOINT, d / SUMMARY) if p.exists()]
+    return max(times) if times else d.stat().st_mtime
+
+
+def newest_run_dir(cfg: Config, log: Optional[Callable[[str], None]] = None) -> Path:
+    """The folder ``--resume`` continues: the config's run folder, or, when several runs of
+    this config sit beside it (``<name>``, ``<name>-1``, ... by :func:`fresh_dir`), the one
+    written last. An explicit ``output.name`` is taken as it is."""
+    import re
+
+    base = run_dir_for(cfg)
+    if cfg.output.name or not base.parent.is_dir():
+        return base
+    pattern = re.compile(re.escape(base.name) + r"(-\d+)?")
+    runs = [d for d in base.parent.iterdir() if d.is_dir() and pattern.fullmatch(d.name) and any(d.iterdir())]
+    if len(runs) <= 1:
+        return runs[0] if runs else base
+    newest = max(runs, key=lambda d: (_last_written(d), d.name))
+    (log or _stderr)(f"protofl: {len(runs)} runs of this config in {base.parent}: resuming the newest, {newest.name}")
+    return newest
+
+
+def _stderr(message: str) -> None:
+    import sys
+
+    print(message, file=sys.stderr)
+
+
+def read_summary(run_dir: Path) -> Optional[dict]:
+    """A run folder's summary.json, or None when it is missing or unreadable (a run cut
+    while writing it is not complete)."""
+    import json
+
+    try:
+        s = json.loads((Path(run_dir) / SUMMARY).read_text())
+    except (OSError, ValueError):
+        return None
+    return s if isinstance(s, dict) else None
+
+
 def run(cfg: Config, resume: bool = False, callbacks: Iterable[Callback] = (),
-        run_dir: Optional[Path] = None) -> RunResult:
+        run_dir: Optional[Path] = None, log: Optional[Callable[[str], None]] = None) -> RunResult:
     """Run one simulation.
 
-    ``resume=True`` continues the run folder of this config from its last checkpoint
-    (or starts it); otherwise a fresh folder is used and existing results are kept.
+    ``resume=True`` continues the run folder of this config from its last checkpoint (or
+    starts it; of several runs of the config, the one written last); a run already
+    complete there is returned as it is, without any work (``RunResult.already_complete``).
+    Otherwise a fresh folder is used and existing results are kept. Before any work,
+    :func:`check_task` builds what the run needs (data, partition, model, method) without
+    training, so an impossible combination stops at once with a
+    :class:`~protofl.errors.ConfigError`.
     """
     from .config import check_here
 
     check_here(cfg)
     if run_dir is None:
-        run_dir = run_dir_for(cfg) if resume else fresh_dir(cfg)
-    summary = Path(run_dir) / SUMMARY
-    if resume and not extendable(cfg) and summary.exists():
-        import json
-
-        old = json.loads(summary.read_text()).get("rounds")
-        if old != cfg.rounds:
-            raise ConfigError("rounds", cfg.rounds, f"{cfg.algorithm.name} depends on the total number of "
-                              f"rounds, so its run of {old} rounds in {run_dir} cannot be resumed with another")
-    return Simulation(cfg, callbacks=callbacks, run_dir=run_dir).run(resume=resume)
+        run_dir = newest_run_dir(cfg, log) if resume else fresh_dir(cfg)
+    run_dir = Path(run_dir)
+    if resume:
+        summary = read_summary(run_dir)
+        if summary is not None and not extendable(cfg) and summary.get("rounds") != cfg.rounds:
+            raise ConfigError("rounds", cfg.rounds, f"{cfg.algorithm.name} depends on the total number of rounds, "
+                              f"so its run of {summary.get('rounds')} rounds in {run_dir} cannot be resumed with "
+                              "another")
+        if summary is not None and summary.get("status") == "complete" \
+                and summary.get("fingerprint") == cfg.fingerprint() and summary.get("rounds_completed") == cfg.rounds:
+            return RunResult(run_dir, read_rows(run_dir / METRICS), summary, already_complete=True)
+    fed = check_task(cfg)
+    return Simulation(cfg, callbacks=callbacks, run_dir=run_dir, fed=fed).run(resume=resume)
 
 
 def is_complete(run_dir: Path, rounds: int) -> bool:
+    s = read_summary(run_dir)
+    return s is not None and s.get("status") == "complete" and s.get("rounds_completed") == rounds
+
+
+# ---------------------------------------------------------------------------------------
+# up-front checks: every impossible combination stops before any work
+# ---------------------------------------------------------------------------------------
+@contextmanager
+def _random_state_kept():
+    """The global random streams (torch, numpy, random) as they were on entry, on exit."""
+    import random
+
+    import numpy as np
+    import torch
+
+    np_state, py_state = np.random.get_state(), random.getstate()
+    with torch.random.fork_rng(devices=[]):
+        try:
+            yield
+        finally:
+            np.random.set_state(np_state)
+            random.setstate(py_state)
+
+
+def check_task(cfg: Config, datasets: Optional[dict] = None):
+    """Build everything a run of ``cfg`` builds before its first round, without training,
+    and return the federated data (the run then uses it: nothing is loaded twice).
+
+    :func:`~protofl.config.from_dict` has checked every name, key and value on its own;
+    this checks how the components meet, where only the data can tell: the partition
+    against the dataset (classes, samples, natural users), the model against the input
+    shape and type (each client's architecture is built and computes class scores for two
+    training samples), and the method against the model (its ``__init__``, ``adapt_model``
+    and ``server_init``, e.g. FedGELA's simplex ETF needs feature_dim >= C - 1). Each
+    failure is a :class:`~protofl.errors.ConfigError` naming the key; the global random
+    streams are left as they were. ``datasets``: a cache of loaded datasets (a grid checks
+    many configs on the same data).
+    """
+    import torch
+
+    from .data.build import build_federated
+    from .engine.client import ModelCache, arch_kwargs
+    from .engine.server import ServerContext
+    from .engine.simulation import build_task, model_mismatch
+
+    with _random_state_kept():
+        fed = build_federated(cfg, _dataset_for(cfg, datasets))
+        fed, algo, info = build_task(cfg, fed)
+        ds = fed.dataset
+        x = ds.normalize(ds.x_train[:2])
+        models = ModelCache(cfg, algo, info, torch.device("cpu"))
+        archs = {repr(sorted(kw.items())): kw for kw in (arch_kwargs(cfg, k) for k in range(fed.num_clients))}
+        for kw in archs.values():
+            try:
+                model = models.get(kw).eval()
+            except (ValueError, RuntimeError) as e:  # this client's architecture, or the method's change to it
+                if isinstance(e, ConfigError):
+                    raise
+                raise model_mismatch(cfg, ds, one_line(e, 300), kw) from e
+            try:
+                with torch.inference_mode():
+                    model(x)
+            except Exception as e:  # e.g. an MLP on token ids: the first batch would fail the same way
+                raise model_mismatch(cfg, ds, f"model {cfg.model.name!r} cannot compute on these inputs "
+                                     f"({one_line(e, 200)})", kw) from e
+        try:
+            algo.server_init(ServerContext(cfg, algo, info))
+        except ValueError as e:
+            if isinstance(e, ConfigError):
+                raise
+            raise ConfigError("algorithm.name", cfg.algorithm.name,
+                              f"cannot start with model {cfg.model.name!r}: {one_line(e, 300)}") from e
+    return fed
+
+
+def _dataset_for(cfg: Config, datasets: Optional[dict]):
+    """The loaded dataset of ``cfg`` from ``datasets`` (loading it there on a miss; one
+    dataset is kept at a time), or None: without a cache, or for a feature scenario that
+    builds its own data."""
     import json
 
-    p = Path(run_dir) / SUMMARY
-    if not p.exists():
-        return False
-    s = json.loads(p.read_text())
-    return s.get("status") == "complete" and s.get("rounds_completed") == rounds
+    from .data.datasets import load_dataset
+    from .data.features import make_scenario
+
+    if datasets is None:
+        return None
+    scenario = make_scenario(cfg.features.name, cfg.features.params)
+    if scenario is not None and scenario.builds_dataset:
+        return None
+    key = json.dumps([cfg.data.name, cfg.data.root, cfg.data.params, cfg.seed], sort_keys=True, default=str)
+    if key not in datasets:
+        datasets.clear()
+        datasets[key] = load_dataset(cfg.data.name, cfg.data.root, seed=cfg.seed, **cfg.data.params)
+    return datasets[key]
+
+
+def check_runs(runs: Iterable[tuple[str, Config]]) -> None:
+    """:func:`check_task` for every (label, config) of a grid, before its first run: a typo
+    or an impossible grid point costs seconds, not the runs before it. Identical tasks
+    are checked once and each dataset is loaded once (configs are taken in data order)."""
+    import json
+
+    def data_key(item):
+        c = item[1]
+        return json.dumps([c.data.name, c.data.root, c.data.params, c.seed], sort_keys=True, default=str)
+
+    datasets: dict = {}
+    seen: set[str] = set()
+    for label, c in sorted(runs, key=data_key):
+        key = c.fingerprint(ignore=("output", "execution"))
+        if key in seen:
+            continue
+        seen.add(key)
+        try:
+            check_task(c, datasets)
+        except ConfigError as e:
+            raise ConfigError(e.key, e.value, f"{e.allowed} (run {label}, seed {c.seed})") from e
 
 
 # ---------------------------------------------------------------------------------------
@@ -169,18 +331,35 @@ def _set_name(labels: Iterable[str], limit: int = 60) -> str:
 
 
 def write_tables(rows: list[dict], out: Path, labels: Iterable[str], stem: str = "compare") -> list[Path]:
-    """``<stem>.{md,tex,csv}`` (the latest table in ``out``) and the same under the name of
-    the method set, ``<stem>-<labels>.{md,tex,csv}``: a later compare with other methods
-    replaces ``compare.md`` but never the earlier set's own table."""
+    """``<stem>.{md,tex,csv}``: the table of the latest grid in ``out``.
+
+    A later grid with another set of methods must not lose the earlier set's table, and
+    no two files may hold the same table: when ``out`` holds the table of another set,
+    that table first moves to ``<stem>-<its labels>.{md,tex,csv}``; an older copy under
+    this set's own name is superseded and removed.
+    """
+    import json
+    import os
+
     from .report import tables
 
-    written = []
-    for name in (stem, f"{stem}-{_set_name(labels)}"):
-        for ext, text in (("md", tables.to_markdown(rows, with_caption=True)), ("tex", tables.to_latex(rows)),
-                          ("csv", tables.to_csv(rows))):
-            p = out / f"{name}.{ext}"
-            p.write_text(text)
-            written.append(p)
+    labels = list(labels)
+    written, meta = [], out / f"{stem}.json"
+    try:
+        before = list(json.loads(meta.read_text())["groups"]) if meta.exists() else None
+    except (OSError, ValueError, KeyError, TypeError):
+        before = None  # unreadable: the table beside it cannot be named, so it is simply replaced
+    exts = ("md", "tex", "csv")
+    if before is not None and before != labels:
+        for ext in exts:
+            if (out / f"{stem}.{ext}").exists():
+                os.replace(out / f"{stem}.{ext}", out / f"{stem}-{_set_name(before)}.{ext}")
+    for ext, text in (("md", tables.to_markdown(rows, with_caption=True)), ("tex", tables.to_latex(rows)),
+                      ("csv", tables.to_csv(rows))):
+        (out / f"{stem}-{_set_name(labels)}.{ext}").unlink(missing_ok=True)
+        p = out / f"{stem}.{ext}"
+        save_text(p, text)
+        written.append(p)
     return written
 
 
@@ -193,22 +372,29 @@ def compare(cfg: Config, methods: dict[str, dict], seeds: list[int], out: Path,
 
     tables.parse_select(select)
     out = Path(out)
-    groups: dict[str, list[Path]] = {}
-    progress = OverallProgress(len(methods) * len(seeds))
+    # every (method, seed) is resolved and checked before the first run starts
+    planned: list[tuple[str, int, Config, Path]] = []
     for label, method in methods.items():
         for seed in seeds:
-            c = grid_config(cfg, method, seed, label)
+            try:
+                c = grid_config(cfg, method, seed, label)
+            except ConfigError as e:
+                raise ConfigError(e.key, e.value, f"{e.allowed} (--methods entry {label})") from e
             c.output.dir = str(out)
-            d = run_dir_for(c)
-            groups.setdefault(label, []).append(d)
-            if is_complete(d, c.rounds):
-                log(f"{progress.prefix('skip')} {label} seed {seed}: complete in {d}")
-                progress.finished(ran=False)
-                continue
-            log(f"{progress.prefix()} {label} seed {seed} -> {d}{progress.eta()}")
-            t0 = time.perf_counter()
-            run(c, resume=True, callbacks=callbacks, run_dir=d)
-            progress.finished(ran=True, seconds=time.perf_counter() - t0)
+            planned.append((label, seed, c, run_dir_for(c)))
+    check_runs((label, c) for label, _, c, d in planned if not is_complete(d, c.rounds))
+    groups: dict[str, list[Path]] = {}
+    progress = OverallProgress(len(planned))
+    for label, seed, c, d in planned:
+        groups.setdefault(label, []).append(d)
+        if is_complete(d, c.rounds):
+            log(f"{progress.prefix('skip')} {label} seed {seed}: complete in {d}")
+            progress.finished(ran=False)
+            continue
+        log(f"{progress.prefix()} {label} seed {seed} -> {d}{progress.eta()}")
+        t0 = time.perf_counter()
+        run(c, resume=True, callbacks=callbacks, run_dir=d)
+        progress.finished(ran=True, seconds=time.perf_counter() - t0)
     rows = finish_grid(groups, out, "compare", select=select, report=report,
                        meta={"seeds": seeds, "methods": methods})
     return rows, out
@@ -219,17 +405,15 @@ def finish_grid(groups: dict[str, list[Path]], out: Path, stem: str, select: str
     """The end of every grid of runs (compare, sweep): one row per label (mean ± std over
     its runs) written by :func:`write_tables`, ``<stem>.json`` (which runs form each row;
     what ``protofl report`` reads) and, with ``report``, ``report.html``."""
-    import json
-
     from .report import tables
 
     rows = tables.compare_rows(groups, select=select)
     out.mkdir(parents=True, exist_ok=True)
     write_tables(rows, out, groups, stem)
-    (out / f"{stem}.json").write_text(json.dumps({
+    save_json(out / f"{stem}.json", {
         **(meta or {}), "select": select,
         "groups": {label: [str(Path(d).relative_to(out)) if Path(d).is_relative_to(out) else str(d)
-                           for d in dirs] for label, dirs in groups.items()}}, indent=1))
+                           for d in dirs] for label, dirs in groups.items()}})
     if report:
         from .report.html import write_report
 

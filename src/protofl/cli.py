@@ -1,19 +1,27 @@
 """Command line: ``protofl {run,compare,sweep,partition,demo,list,configs,plot,report,flower} ...``.
 
-Exit codes: 0 success; 2 bad input (config, names, missing data, impossible partition);
-3 training diverged (NaN/inf loss); 130 interrupted.
+Exit codes: 0 success; 1 a bug in protofl (two lines; ``--debug`` shows the traceback);
+2 bad input (config, names, missing or damaged data, a combination of components that
+cannot work, impossible partition, unusable arguments); 3 training diverged (NaN/inf
+loss); 4 a file could not be read or written (a full disk, permissions; what was kept is
+said); 130 interrupted. Every error is at most three lines, never a traceback, unless
+``--debug`` is given or ``PROTOFL_DEBUG=1`` is set.
 """
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from pathlib import Path
-from typing import Optional, Sequence
+from typing import NoReturn, Optional, Sequence
 
+EXIT_BUG = 1
 EXIT_BAD_INPUT = 2
 SELECT_HELP = ("which value of a run the table reports: final (default), best (the best evaluation, "
                "chosen on the test set) or last:K (mean of the last K evaluations)")
 EXIT_DIVERGED = 3
+EXIT_IO = 4
+DEBUG_ENV = "PROTOFL_DEBUG"
 
 
 def _summary_line(summary: dict) -> str:
@@ -29,6 +37,9 @@ def cmd_run(args) -> int:
 
     cfg = config_from_args(args)
     result = api.run(cfg, resume=args.resume)
+    if result.already_complete:
+        print(f"{result.dir} is already complete ({cfg.rounds} of {cfg.rounds} rounds): nothing to do. "
+              + _extend_hint(args, cfg))
     print(f"{cfg.algorithm.name}: {result.summary['rounds_completed']} rounds -> {result.dir}")
     print(_summary_line(result.summary))
     from .engine.store import usage_line
@@ -37,6 +48,19 @@ def cmd_run(args) -> int:
     if state:
         print(state)
     return 0
+
+
+def _extend_hint(args, cfg) -> str:
+    """How to continue a complete run to more rounds: the same command with ``rounds=N``."""
+    from .api import extendable
+
+    more = 2 * cfg.rounds
+    if not extendable(cfg):
+        return (f"{cfg.algorithm.name} depends on the total number of rounds, so a longer run starts afresh: "
+                f"the same command with rounds={more} and without --resume")
+    kept = [o for o in (args.overrides or []) if not o.startswith("rounds=")]
+    return "To extend it, resume with more rounds: " + " ".join(
+        ["protofl run", args.config, *kept, "--resume", f"rounds={more}"])
 
 
 def cmd_compare(args) -> int:
@@ -166,11 +190,23 @@ def cmd_demo(args) -> int:
 
 
 # ---------------------------------------------------------------------------------------
+class Parser(argparse.ArgumentParser):
+    """argparse with a one-line error: what is wrong and where the help is (argparse's
+    own prints the whole usage, many lines for ``run``)."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(EXIT_BAD_INPUT, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
+
+
+DEBUG_HELP = f"on an error, also print the full traceback (for bug reports; or set {DEBUG_ENV}=1)"
+
+
 def build_parser() -> argparse.ArgumentParser:
     from . import __version__
 
-    p = argparse.ArgumentParser(prog="protofl", description=__doc__.splitlines()[0])
+    p = Parser(prog="protofl", description=__doc__.splitlines()[0])
     p.add_argument("--version", action="version", version=f"protofl {__version__}")
+    p.add_argument("--debug", action="store_true", help=DEBUG_HELP)
     sub = p.add_subparsers(dest="command", required=True)
 
     def with_config(sp, optional_config: bool = False):
@@ -202,7 +238,8 @@ def build_parser() -> argparse.ArgumentParser:
                     help="dotted keys with comma-separated values, e.g. training.lr=0.01,0.05 algorithm.name=fedavg,fednh")
     sp.add_argument("--methods", help="cross the grid with methods, as in compare: \"fedavg,fedprox(mu=0.1)\"")
     sp.add_argument("--seeds", help="comma-separated seeds (default: the config's seed)")
-    sp.add_argument("--jobs", type=int, help="runs at once (default: CPU count / cores one run uses)")
+    sp.add_argument("--jobs", type=int, help="runs at once (default: up to the CPU count / the cores one run keeps "
+                    "busy; a worker process starts only when a core is idle and the runs left outweigh its start-up)")
     sp.add_argument("--out", help="output folder (default <output.dir>/sweep)")
     sp.add_argument("--workers", help="worker processes per run (0 = sequential, auto)")
     sp.add_argument("--quiet", action="store_true")
@@ -258,7 +295,19 @@ def build_parser() -> argparse.ArgumentParser:
     from .flower.cli import add_flower_parser  # imports flwr only when a flower command runs
 
     add_flower_parser(sub)
+    _debug_after_commands(p)
     return p
+
+
+def _debug_after_commands(parser: argparse.ArgumentParser) -> None:
+    """``--debug`` also after a command, at any depth (``protofl run digits --debug``,
+    ``protofl flower local digits --debug``); SUPPRESS keeps a command's default from
+    hiding a ``--debug`` given before it."""
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            for sp in {id(x): x for x in action.choices.values()}.values():  # aliases share a parser
+                sp.add_argument("--debug", action="store_true", default=argparse.SUPPRESS, help=DEBUG_HELP)
+                _debug_after_commands(sp)
 
 
 # The error classes are imported only when an exception is matched (an except clause's
@@ -290,26 +339,49 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
     return args
 
 
+def debug_wanted(args: Optional[argparse.Namespace] = None) -> bool:
+    """``--debug`` on the command line, or ``PROTOFL_DEBUG`` set to anything but 0/false/no."""
+    env = os.environ.get(DEBUG_ENV, "").strip().lower()
+    return bool(getattr(args, "debug", False)) or env not in ("", "0", "false", "no")
+
+
+def _fail(code: int, *lines: str, debug: bool = False) -> int:
+    """Print an error (at most three lines) and return the exit code; with ``debug``, the
+    traceback of the exception being handled comes first."""
+    if debug:
+        import traceback
+
+        traceback.print_exc()
+    from .errors import one_line
+
+    for line in lines[:3]:
+        print(one_line(line, 1000), file=sys.stderr)
+    return code
+
+
 def main(argv: Optional[Sequence[str]] = None) -> int:
     args = parse_args(argv)
+    debug = debug_wanted(args)
     try:
         return args.func(args)
     except _bad_input_errors() as e:  # config, names, data files, checkpoints, output folder, reports
-        from .errors import one_line
-
-        print(f"protofl: error: {one_line(e, 1000)}", file=sys.stderr)
-        return EXIT_BAD_INPUT
+        return _fail(EXIT_BAD_INPUT, f"protofl: error: {e}", debug=debug)
     except _diverged_error() as e:
-        print(f"protofl: training diverged: {e}; the last good checkpoint is kept", file=sys.stderr)
-        return EXIT_DIVERGED
+        return _fail(EXIT_DIVERGED, f"protofl: training diverged: {e}; the last good checkpoint is kept",
+                     debug=debug)
     except KeyboardInterrupt:
         print("protofl: interrupted", file=sys.stderr)
         return 130
     except BrokenPipeError:  # e.g. `protofl configs | head -3`: the reader left, nothing to report
-        import os
-
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return 1
+    except OSError as e:  # the machine, not the input: a full disk, a folder that went away
+        what = f"{e.strerror}: {e.filename}" if e.strerror and e.filename else str(e)
+        return _fail(EXIT_IO, f"protofl: error: {what}", debug=debug)
+    except Exception as e:  # noqa: BLE001 - anything else is a bug: say so in two lines
+        return _fail(EXIT_BUG, f"protofl: internal error: {type(e).__name__}: {e}",
+                     f"protofl: this is a bug; run the command again with --debug (or {DEBUG_ENV}=1) for the "
+                     "traceback and report it with the command", debug=debug)
 
 
 if __name__ == "__main__":  # pragma: no cover

@@ -518,7 +518,8 @@ def validate_components(cfg: Config) -> None:
     for k, values in cfg.model.per_client.items():
         if not isinstance(values, list) or not values:
             raise ConfigError(f"model.per_client.{k}", values, "expected a non-empty list of values")
-        check_kwargs(builder, {k: values[0]}, "model.per_client", skip=2)
+        for i, v in enumerate(values):  # every client's value, not only the first
+            check_kwargs(builder, {k: v}, f"model.per_client[{i}]", skip=2)
         n = cfg.partition.num_clients
         require(len(values) <= n, f"model.per_client.{k}", values,
                  f"at most one value per client ({n} clients)")
@@ -634,9 +635,13 @@ def load_config(path: Optional[str | Path] = None, overrides: Optional[list[str]
     if path is not None:
         path = resolve_config_path(path)
         try:
-            raw = yaml.safe_load(path.read_text()) or {}
+            raw = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
         except yaml.YAMLError as e:
             raise ConfigError("CONFIG", str(path), f"not valid YAML: {yaml_problem(e)}") from None
+        except UnicodeDecodeError:
+            raise ConfigError("CONFIG", str(path), "not a text file (a YAML config was expected)") from None
+        except OSError as e:  # a folder, a file without read permission
+            raise ConfigError("CONFIG", str(path), f"cannot be read: {e.strerror or e}") from None
     ov = dict(parse_override(o) for o in (overrides or []))
     if not isinstance(raw, dict):
         raise ConfigError("CONFIG", str(path), "expected a mapping at the top level")

@@ -27,7 +27,7 @@ import numpy as np
 from .api import compare, parse_methods
 from .config import Config, from_dict
 from .report import tables
-from .report.plots import curves, read_metrics
+from .report.plots import curves
 
 DEMO_CONFIG = {
     "seed": 0,
@@ -46,16 +46,9 @@ DEMO_CONFIG = {
 DEMO_METHODS = "fedavg,rebafl"
 DEMO_SEEDS = (0, 1, 2)
 SELECT = "last:10"
-WINDOW = 10  # rounds at the end over which stability is measured
-
-
-def stability(run_dir: Path, window: int = WINDOW) -> dict:
-    """GM over the last ``window`` rounds: mean |change| from one round to the next
-    (in points), worst, best and mean (in %)."""
-    gm = np.array([r["gm"] for r in read_metrics(run_dir) if "gm" in r]) * 100
-    last = gm[-window:]
-    return {"step": float(np.abs(np.diff(gm[-window - 1:])).mean()), "worst": float(last.min()),
-            "best": float(last.max()), "mean": float(last.mean())}
+WINDOW = tables.STABILITY_WINDOW  # rounds at the end over which stability is measured
+# the shaded band of demo.png: the same as in every figure of the report (report/html.py)
+BAND = "std"
 
 
 def demo(out: Path, rounds: Optional[int] = None, progress: bool = True,
@@ -75,19 +68,50 @@ def demo(out: Path, rounds: Optional[int] = None, progress: bool = True,
     window = min(WINDOW, cfg.rounds - 1) or 1
     print(f"Stability of the global model over the last {window} rounds (GM in %; per seed, then the mean):")
     print(f"{'':>8}  {'change per round':>18}  {'worst round':>12}  {'best round':>11}")
-    for label, dirs in groups.items():
-        st = [stability(d, window) for d in dirs]
-        per = lambda k, fmt: " / ".join(format(s[k], fmt) for s in st)  # noqa: E731
-        print(f"{label:>8}  {per('step', '.1f'):>18}  {per('worst', '.0f'):>12}  {per('best', '.0f'):>11}   "
-              f"mean: {np.mean([s['step'] for s in st]):.1f} pts, worst {np.mean([s['worst'] for s in st]):.1f}%, "
-              f"best {np.mean([s['best'] for s in st]):.1f}%")
+    for st in tables.stability_rows(groups, window):
+        per = lambda k, fmt: " / ".join(format(s[k], fmt) for s in st["per_seed"])  # noqa: E731
+        mean = st["mean"]
+        print(f"{st['label']:>8}  {per('step', '.1f'):>18}  {per('worst', '.0f'):>12}  {per('best', '.0f'):>11}   "
+              f"mean: {mean['step']:.1f} pts, worst {mean['worst']:.1f}%, best {mean['best']:.1f}%")
     print("With about 2 of 20 updates arriving per round, each a different pair of classes, FedAvg's global "
           "model follows whichever clients arrived; ReBaFL's relaxed balanced softmax and prototype feature "
           "augmentation keep its classifier calibrated to all classes (docs/methods/calibrated_softmax.md).")
     png = curves(groups, out / "demo.png", metrics=("gm", "train_loss"),
-                 title=f"digits, 20 clients x 2 classes, update arrives with p = {p.p}", band="minmax")
+                 title=f"digits, 20 clients x 2 classes, update arrives with p = {p.p}", band=BAND)
     print(f"report: {out / 'report.html'}   tables: {out / 'compare.md'} (.tex, .csv)   curves: {png}")
+    print()
+    for line in next_steps(out):
+        print(line)
     return rows
+
+
+def next_steps(out: Path) -> list[str]:
+    """What to try after the demo, and how to reach the ``protofl`` command from this
+    shell: ``make demo`` runs the demo from the virtual environment without activating
+    it, and ``protofl`` alone is then "command not found"."""
+    import os
+    import shutil
+    import sys
+
+    bin_dir = Path(sys.executable).parent
+    exe = bin_dir / ("protofl.exe" if os.name == "nt" else "protofl")
+    found = shutil.which("protofl")
+    lines = ["Next:"]
+    if exe.exists() and (found is None or Path(found).resolve() != exe.resolve()):
+        try:  # relative when under the current folder (".venv/bin" after `make demo`), else absolute
+            shown = bin_dir.relative_to(Path.cwd())
+        except ValueError:
+            shown = bin_dir
+        activate = shown / ("activate.bat" if os.name == "nt" else "activate")
+        how = f"{activate}" if os.name == "nt" else f"source {activate}"
+        lines.append(f"  `protofl` is in {shown}, which is not on your PATH: run `{how}` first "
+                     f"(or call {shown / 'protofl'} directly)")
+    lines += [f"  open {out / 'report.html'}   # the table, the stability of each method, the curves, the config",
+              "  protofl list                  # methods, datasets, models, partitioners",
+              "  protofl run digits rounds=5   # one run of the packaged digits config, into runs/",
+              "  protofl compare digits --methods \"fedavg,fednh,rebafl\" --seeds 0,1   # a comparison of your own",
+              "  protofl --help                # every command; README.md, section Quick start"]
+    return lines
 
 
 def _groups(out: Path) -> dict[str, list[str]]:

@@ -1,7 +1,14 @@
-"""Errors the user can fix: the CLI prints one line for each and exits with code 2.
+"""Errors the user can fix, and failures of the machine a run cannot help.
 
-Every such error derives from :class:`InputError`; its message names the file, key or
-value at fault and what would be accepted. Anything else that escapes is a bug.
+Every error the user can fix derives from :class:`InputError`; its message names the
+file, key or value at fault and what would be accepted; the CLI prints it as one line and
+exits with code 2. A file that cannot be written in the middle of a run (a full disk, a
+folder that went away) is a :class:`WriteError`: the CLI prints one line that also says
+what was kept (the last checkpoint) and exits with code 4. Anything else that escapes is
+a bug: the CLI says so in two lines, and ``--debug`` (or ``PROTOFL_DEBUG=1``) shows the
+traceback.
+
+Every class here survives pickling (a sweep's runs raise them in worker processes).
 """
 from __future__ import annotations
 
@@ -18,6 +25,9 @@ class ConfigError(InputError, ValueError):
     def __init__(self, key: str, value: Any, allowed: str) -> None:
         self.key, self.value, self.allowed = key, value, allowed
         super().__init__(f"invalid config: {key}={value!r}: {allowed}")
+
+    def __reduce__(self):  # rebuilt from its three parts, not from the message
+        return (type(self), (self.key, self.value, self.allowed))
 
 
 def require(cond: bool, key: str, value: Any, allowed: str) -> None:
@@ -36,6 +46,14 @@ class CheckpointError(InputError, ValueError):
 
 class OutputDirError(InputError, OSError):
     """The run folder cannot be created or written."""
+
+
+class WriteError(OSError):
+    """A file of a run could not be written (disk full, permissions, a vanished folder).
+
+    The message says which file, why, and what is kept: the run's last checkpoint, from
+    which ``--resume`` continues once the cause is fixed.
+    """
 
 
 def one_line(text: str, limit: int = 400) -> str:

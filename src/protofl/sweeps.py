@@ -8,8 +8,13 @@
 * Each run's folder is named by its label, seed and a fingerprint of its *whole* config
   (rounds included): a run complete there is skipped, a run cut short (killed,
   interrupted) continues from its last checkpoint, and a changed config gets a new folder.
-* Several runs go at once when the machine has idle cores: ``jobs`` defaults to the CPU
-  count divided by the cores one run uses (its worker processes, or 1).
+* Several runs go at once when the machine has idle cores: at most the CPU count divided
+  by the cores one run keeps busy (its worker processes, or its threads). This process
+  runs runs itself and worker processes take the others from the same queue, each run
+  after run, so a process's start-up is paid once per worker, never per run; by default
+  a worker starts only when a core is idle and the runs left outweigh its start-up, so
+  the default is never slower than one run at a time (benchmarks/RESULTS.md, "Sweep:
+  runs at once").
 * It ends like ``compare``: one row per grid point, mean ± std over seeds, in
   ``sweep.md`` and ``sweep.csv``.
 """
@@ -19,7 +24,7 @@ import itertools
 import os
 import re
 import time
-from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
+from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Iterable, Optional
@@ -103,15 +108,27 @@ def plan(cfg: Config, grid: dict[str, list[Any]], seeds: list[int], out: Path,
 
 
 def cores_per_run(cfg: Config) -> int:
+    """The cores one run keeps busy: its worker processes (``execution.workers``; auto is one
+    per core, at most one per client of a round), each with one thread; without workers, its
+    intra-op threads (``execution.threads``; 0 is torch's default, every core). A run on a
+    GPU counts as the whole machine (one process should own the device)."""
     from .engine.executor import resolve_workers
 
+    ex, cores = cfg.execution, os.cpu_count() or 1
+    if ex.device != "cpu" or ex.backend != "local":
+        return cores
     p = cfg.participation
     m = p.clients_per_round or ceil_fraction(p.fraction, cfg.partition.num_clients)
-    return max(1, resolve_workers(cfg.execution.workers, m))
+    workers = resolve_workers(ex.workers, m, ex.device)
+    if workers > 0:
+        return workers
+    return cores if ex.threads == 0 else ex.threads
 
 
 def default_jobs(runs: list[SweepRun]) -> int:
-    """Runs at once: the CPU count divided by the cores one run occupies (at least 1)."""
+    """Runs at once: the CPU count divided by the cores the busiest run keeps busy (at
+    least 1). Runs that use every core themselves (``workers: auto`` on a machine with as
+    many clients per round as cores) therefore go one after another."""
     if not runs:
         return 1
     per_run = max(cores_per_run(r.cfg) for r in runs)
@@ -119,14 +136,20 @@ def default_jobs(runs: list[SweepRun]) -> int:
 
 
 def _run_child(raw: dict, run_dir: str) -> dict:
-    """One run in a worker process of the sweep (a fresh process per run)."""
-    from .api import run
+    """One run in a worker process of the sweep (each worker process takes one run after
+    another, so the start-up cost of a process is paid once per worker, not per run)."""
     from .config import from_dict
+
+    return _run_here(from_dict(raw), Path(run_dir))
+
+
+def _run_here(cfg: Config, run_dir: Path, callbacks: Iterable[Callback] = ()) -> dict:
+    """One run of the sweep; a diverged run is reported in its summary, not raised."""
+    from .api import run
     from .engine.train import NonFiniteLossError
 
-    cfg = from_dict(raw)
     try:
-        return run(cfg, resume=True, run_dir=Path(run_dir)).summary
+        return run(cfg, resume=True, callbacks=callbacks, run_dir=run_dir).summary
     except NonFiniteLossError as e:
         return {"status": "failed", "error": str(e)}
 
@@ -142,77 +165,250 @@ def sweep(cfg: Config, grid: dict[str, list[Any]], seeds: list[int], out: Path,
           callbacks: Iterable[Callback] = (), log: Callable[[str], None] = print) -> tuple[list[dict], Path, list[SweepRun]]:
     """Run every grid point x seed not complete in ``out``; returns (table rows, out, failed runs).
 
-    With ``jobs`` > 1 runs go in separate processes (without per-round progress; the
-    sweep logs each start and end); with 1 they run here, one after another.
+    Every grid point is resolved and checked (:func:`protofl.api.check_runs`: names, keys,
+    values, and whether data, partition, model and method fit together) before the first
+    run starts. Run k of the grid is logged as ``[run k/N]`` whenever it starts and as
+    ``[done d/N] run k/N ...`` when it ends.
+
+    ``jobs``: runs at once. This process runs runs itself, and up to ``jobs - 1`` worker
+    processes take the others from the same queue, each run after run (without per-round
+    progress, and without ``callbacks``). ``jobs=1``: all here, one after another, with
+    ``callbacks``. ``jobs=None`` (default): at most :func:`default_jobs`, and a worker
+    process starts only once it pays (:func:`worker_pays`): a core is idle and the runs
+    left outweigh the worker's start-up, so the default is never slower than one at a
+    time; with ``callbacks``, one at a time.
     """
     from . import api
 
+    startup_s = startup_estimate()
     out = Path(out)
     runs = plan(cfg, grid, seeds, out, methods)
+    number = {id(r): k for k, r in enumerate(runs, start=1)}
+    N = len(runs)
+    todo = [r for r in runs if not api.is_complete(r.dir, r.cfg.rounds)]
+    api.check_runs((r.label, r.cfg) for r in todo)
     out.mkdir(parents=True, exist_ok=True)
     save_text(out / "sweep.yaml", cfg.to_yaml())
-    progress = OverallProgress(len(runs))
-    todo = []
+    progress = OverallProgress(N)
     for r in runs:
-        if api.is_complete(r.dir, r.cfg.rounds):
-            log(f"{progress.prefix('skip')} {r.label} seed {r.seed}: complete in {r.dir}")
+        if not any(r is t for t in todo):
+            log(f"[skip {number[id(r)]}/{N}] {r.label} seed {r.seed}: complete in {r.dir}")
             progress.finished(ran=False)
-        else:
-            todo.append(r)
-    jobs = default_jobs(todo) if jobs is None else max(1, int(jobs))
+    eager = jobs is not None
+    if jobs is None:
+        jobs = 1 if list(callbacks) else default_jobs(todo)
+    jobs = min(max(1, int(jobs)), len(todo)) or 1
     failed: list[SweepRun] = []
+    queue: Optional[_SharedQueue] = None
 
     def started(r: SweepRun) -> str:
         how = "resume" if (r.dir / CHECKPOINT).exists() else "run"
-        return f"{progress.prefix(how)} {r.label} seed {r.seed} -> {r.dir}{progress.eta(jobs)}"
+        at_once = queue.active if queue is not None else 1
+        return f"[{how} {number[id(r)]}/{N}] {r.label} seed {r.seed} -> {r.dir}{progress.eta(at_once)}"
 
-    if jobs <= 1 or len(todo) <= 1:
-        from .engine.train import NonFiniteLossError
+    def finished(r: SweepRun, summary: dict, seconds: float) -> None:
+        progress.finished(ran=True, seconds=seconds)
+        if summary.get("status") != "complete":
+            log(f"[failed] run {number[id(r)]}/{N} {r.label} seed {r.seed}: {summary.get('error')}")
+            failed.append(r)
+        elif queue is not None:
+            log(f"[done {progress.done}/{N}] run {number[id(r)]}/{N} {r.label} seed {r.seed}: "
+                f"{_outcome(summary)}{progress.eta(queue.active)}")
 
+    if jobs <= 1:
         for r in todo:
             log(started(r))
             t0 = time.perf_counter()
-            try:
-                api.run(r.cfg, resume=True, callbacks=callbacks, run_dir=r.dir)
-            except NonFiniteLossError as e:
-                log(f"[failed] {r.label} seed {r.seed}: {e}")
-                failed.append(r)
-            progress.finished(ran=True, seconds=time.perf_counter() - t0)
+            finished(r, _run_here(r.cfg, r.dir, callbacks), time.perf_counter() - t0)
     else:
-        import multiprocessing as mp
-
-        log(f"[sweep] {len(todo)} runs, {jobs} at a time")
+        if eager:
+            log(f"[sweep] {len(todo)} runs, {jobs} at a time (this process and {jobs - 1} worker "
+                f"process{'es' if jobs > 2 else ''})")
+        else:
+            log(f"[sweep] {len(todo)} runs, up to {jobs} at a time: a worker process starts when a core is "
+                "idle and the runs left outweigh its start-up")
         if todo[0].cfg.output.trackers:
             from .trackers import prepare_trackers
 
             prepare_trackers(todo[0].cfg)
-        pool = ProcessPoolExecutor(max_workers=jobs, mp_context=mp.get_context("spawn"), max_tasks_per_child=1)
-        try:
-            pending: dict[Any, tuple[SweepRun, float]] = {}
-            queue = list(todo)
-            while queue or pending:
-                while queue and len(pending) < jobs:
-                    r = queue.pop(0)
-                    raw = r.cfg.to_dict()
-                    raw["output"]["progress"] = False  # interleaved bars of parallel runs are noise
-                    log(started(r))
-                    pending[pool.submit(_run_child, raw, str(r.dir))] = (r, time.perf_counter())
-                done, _ = wait(list(pending), return_when=FIRST_COMPLETED)
-                for fut in done:
-                    r, t0 = pending.pop(fut)
-                    summary = fut.result()
-                    progress.finished(ran=True, seconds=(time.perf_counter() - t0))
-                    if summary.get("status") != "complete":
-                        log(f"[failed] {r.label} seed {r.seed}: {summary.get('error')}")
-                        failed.append(r)
-                    else:
-                        log(f"[done {progress.done}/{progress.total}] {r.label} seed {r.seed}: "
-                            f"{_outcome(summary)}{progress.eta(jobs)}")
-        finally:
-            pool.shutdown(wait=True, cancel_futures=True)
+        cores = max(cores_per_run(r.cfg) for r in todo)
+        queue = _SharedQueue(todo, jobs - 1, started, finished, log, eager=eager, cores=cores, startup_s=startup_s)
+        queue.run()
     groups: dict[str, list[Path]] = {}
     bad = {r.dir for r in failed}
     for r in runs:
         if r.dir not in bad:
             groups.setdefault(r.label, []).append(r.dir)
     return api.finish_grid(groups, out, SWEEP), out, failed
+
+
+def _quiet(cfg: Config) -> dict:
+    raw = cfg.to_dict()
+    raw["output"]["progress"] = False  # interleaved bars of parallel runs are noise
+    return raw
+
+
+# ---------------------------------------------------------------------------------------
+# several runs at once: this process and worker processes on one queue
+# ---------------------------------------------------------------------------------------
+def startup_estimate() -> float:
+    """What starting a worker process costs, in seconds: the CPU time this process has used
+    so far (in a command: its imports and set-up, which a worker repeats), within [1, 10]."""
+    return min(max(time.process_time(), 1.0), 10.0)
+
+
+def worker_pays(runs_left: int, run_s: float, startup_s: float, idle_cores: float, cores: int) -> bool:
+    """Whether one more worker process makes a sweep end sooner.
+
+    The worker needs ``cores`` idle cores (at least three quarters of them idle now: it
+    must not take a core from a run already going, here or in another program), and the
+    work it can take over must outweigh its start-up: with one more process the
+    ``runs_left * run_s`` seconds left end after about half of them plus the start-up
+    instead of all of them, a gain only when the work left exceeds the start-up; twice
+    the start-up is asked, for the estimate's error (``run_s`` is a lower bound taken from
+    the runs so far, ``startup_s`` what starting this process cost).
+    """
+    return idle_cores >= 0.75 * cores and runs_left * run_s > 2 * startup_s
+
+
+class IdleCores:
+    """Cores left idle by every program on the machine since the last :meth:`sample`
+    (``/proc/stat`` on Linux; elsewhere the CPU count minus the 1-minute load average)."""
+
+    def __init__(self) -> None:
+        self.cpus = os.cpu_count() or 1
+        self.last = self._read()
+
+    @staticmethod
+    def _read() -> Optional[tuple[int, int]]:
+        try:
+            with open("/proc/stat") as f:
+                fields = [int(x) for x in f.readline().split()[1:]]
+        except (OSError, ValueError):
+            return None
+        return fields[3] + fields[4], sum(fields[:8])  # idle + iowait, all but guest time
+
+    def sample(self) -> float:
+        now = self._read()
+        if now is not None and self.last is not None and now[1] > self.last[1]:
+            idle = (now[0] - self.last[0]) / (now[1] - self.last[1]) * self.cpus
+            self.last = now
+            return idle
+        self.last = now
+        try:
+            return max(0.0, self.cpus - os.getloadavg()[0])
+        except (AttributeError, OSError):  # no load average (Windows): assume the machine is ours
+            return float(self.cpus)
+
+
+class _SharedQueue:
+    """Runs a sweep's runs in this process and in up to ``workers`` worker processes.
+
+    This process takes runs from the queue at once (it needs no start-up). Each worker
+    process is fed by a helper thread here and takes run after run, so its start-up
+    (importing torch and protofl: about 2 s of CPU) is paid once per worker, not per run.
+    With ``eager`` every worker starts at once (``--jobs N`` given); otherwise a monitor
+    thread starts one whenever :func:`worker_pays`. An error in a worker's run stops the
+    queue and is raised here once this process's current run has ended.
+    """
+
+    POLL_S = 1.0
+
+    def __init__(self, todo: list[SweepRun], workers: int, started, finished, log, eager: bool, cores: int,
+                 startup_s: float) -> None:
+        import multiprocessing as mp
+        import threading
+        from collections import deque
+
+        self.queue, self.workers, self.log = deque(todo), workers, log
+        self.started, self.finished = started, finished
+        self.eager, self.cores, self.startup_s = eager, cores, startup_s
+        self.lock = threading.Lock()
+        self.errors: list[BaseException] = []
+        self.threads: list[threading.Thread] = []
+        self.durations: list[float] = []
+        self.current_t0: Optional[float] = None  # when this process's current run started
+        self.stop = threading.Event()
+        self.pool = ProcessPoolExecutor(max_workers=workers, mp_context=mp.get_context("spawn"))
+
+    @property
+    def active(self) -> int:
+        return 1 + len(self.threads)
+
+    def take(self) -> Optional[SweepRun]:
+        with self.lock:
+            if self.errors or not self.queue:
+                return None
+            r = self.queue.popleft()
+            self.log(self.started(r))
+            return r
+
+    def report(self, r: SweepRun, summary: dict, t0: float) -> None:
+        with self.lock:
+            self.durations.append(time.perf_counter() - t0)
+            self.finished(r, summary, self.durations[-1])
+
+    def helper(self) -> None:
+        while (r := self.take()) is not None:
+            t0 = time.perf_counter()
+            try:
+                summary = self.pool.submit(_run_child, _quiet(r.cfg), str(r.dir)).result()
+            except BaseException as e:  # noqa: BLE001 - handed to the main thread
+                with self.lock:
+                    self.errors.append(e)
+                return
+            self.report(r, summary, t0)
+
+    def add_worker(self) -> None:
+        import threading
+
+        t = threading.Thread(target=self.helper, daemon=True, name=f"sweep-worker-{len(self.threads) + 1}")
+        self.threads.append(t)
+        t.start()
+
+    def monitor(self) -> None:
+        """Starts a worker whenever one pays, until the queue is empty or all have started."""
+        idle = IdleCores()
+        while not self.stop.wait(self.POLL_S) and len(self.threads) < self.workers:
+            free = idle.sample()
+            with self.lock:
+                left = len(self.queue)
+                running = [time.perf_counter() - self.current_t0] if self.current_t0 is not None else []
+                run_s = max([*running, sum(self.durations) / len(self.durations) if self.durations else 0.0])
+            if not left:
+                return
+            if worker_pays(left, run_s, self.startup_s, free, self.cores):
+                self.log(f"[sweep] worker process {len(self.threads) + 1} starts: {free:.1f} cores idle, "
+                         f"{left} runs left of about {run_s:.1f} s each")
+                self.add_worker()
+
+    def run(self) -> None:
+        import threading
+
+        from .config import from_dict
+
+        monitor = None
+        try:
+            if self.eager:
+                for _ in range(self.workers):
+                    self.add_worker()
+            else:
+                monitor = threading.Thread(target=self.monitor, daemon=True, name="sweep-monitor")
+                monitor.start()
+            while (r := self.take()) is not None:
+                t0 = self.current_t0 = time.perf_counter()
+                self.report(r, _run_here(from_dict(_quiet(r.cfg)), r.dir), t0)
+                self.current_t0 = None
+            self.stop.set()
+            for t in [*self.threads, *([monitor] if monitor else [])]:
+                while t.is_alive():
+                    t.join(0.2)  # a short wait keeps Ctrl-C responsive
+        except BaseException:
+            with self.lock:
+                self.queue.clear()  # no new runs; the workers' current runs end with their own interrupt
+            raise
+        finally:
+            self.stop.set()
+            self.pool.shutdown(wait=True, cancel_futures=True)
+        if self.errors:
+            raise self.errors[0]

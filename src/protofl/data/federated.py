@@ -56,8 +56,8 @@ def make_partition(name: str, labels: np.ndarray, num_clients: int, seed: int, p
     kwargs = dict(params)
     if "users" in inspect.signature(fn).parameters:  # natural (LEAF) split
         if dataset is None or dataset.users_train is None:
-            raise ValueError(f"partition {name!r} needs a dataset with natural users (femnist, shakespeare); "
-                             f"{getattr(dataset, 'name', None)!r} has none")
+            raise ConfigError("partition.name", name, f"needs a dataset with natural users (femnist, shakespeare); "
+                              f"{getattr(dataset, 'name', None)!r} has none")
         kwargs["users"] = dataset.users_train
     try:
         return fn(labels, num_clients, seed, **kwargs)

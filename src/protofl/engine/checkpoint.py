@@ -12,7 +12,13 @@ import torch
 from ..errors import CheckpointError, one_line
 
 
-def _atomic(path: Path, write) -> None:
+def _atomic(path: Path, write, before_replace: Optional[Callable[[], None]] = None) -> None:
+    """Write ``path`` through a temporary file in the same folder, then rename it into place.
+
+    A write that fails (a full disk, a kill) leaves ``path`` as it was and no temporary
+    file behind; the OSError it raises names ``path``. ``before_replace`` runs once the
+    new content is safely on disk, just before the rename (the checkpoint's rotation).
+    """
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
@@ -21,10 +27,14 @@ def _atomic(path: Path, write) -> None:
             write(f)
             f.flush()
             os.fsync(f.fileno())
+        if before_replace is not None:
+            before_replace()
         os.replace(tmp, path)
-    except BaseException:
+    except BaseException as e:
         if os.path.exists(tmp):
             os.unlink(tmp)
+        if isinstance(e, OSError) and e.filename is None:  # a failed write() names no file
+            e.filename = str(path)
         raise
 
 
@@ -45,14 +55,19 @@ def previous_generation(path: Path) -> Path:
 def save_checkpoint(path: Path, obj: Any) -> None:
     """Write a new checkpoint generation and keep the one before it.
 
-    The latest file moves to ``<name>.prev.pt`` before the new one is written (atomically),
-    so a damaged latest file -- or a kill between the two steps -- still leaves the last
-    good state on disk for :func:`load_checkpoint`.
+    The new generation is written to a temporary file first; only once it is complete
+    on disk does the latest file move to ``<name>.prev.pt`` and the new one take its
+    name. A write that fails (a full disk) therefore leaves both generations as they
+    were, and a kill between the two renames leaves the previous generation, which
+    :func:`load_checkpoint` falls back to.
     """
     path = Path(path)
-    if path.exists():
-        os.replace(path, previous_generation(path))
-    save_torch(path, obj)
+
+    def rotate() -> None:
+        if path.exists():
+            os.replace(path, previous_generation(path))
+
+    _atomic(path, lambda f: torch.save(obj, f), before_replace=rotate)
 
 
 def load_checkpoint(path: Path, warn: Callable[[str], None] = print) -> Optional[Any]:

@@ -25,7 +25,7 @@ import numpy as np
 import torch
 
 from .. import metrics as M
-from ..errors import CheckpointError, OutputDirError
+from ..errors import CheckpointError, ConfigError, InputError, OutputDirError, WriteError
 from ..algorithms import ALGORITHMS
 from ..algorithms.base import Algorithm, TaskInfo, weight_diversity
 from ..config import Config, hyper
@@ -65,10 +65,10 @@ def run_dir_for(cfg: Config) -> Path:
 def read_rows(path: Path) -> list[dict]:
     rows = []
     if path.exists():
-        for line in path.read_text().splitlines():
+        for line in path.read_text(errors="replace").splitlines():  # damaged bytes: an unreadable line
             try:
                 rows.append(json.loads(line))
-            except json.JSONDecodeError:  # a line cut short by a kill
+            except json.JSONDecodeError:  # a line cut short by a kill (or damaged): the rows before it count
                 break
     return rows
 
@@ -99,6 +99,8 @@ class RunResult:
     rows: list[dict]
     summary: dict
     server_state: Any = field(repr=False, default=None)
+    # True when ``run(resume=True)`` found the run already complete and did no work
+    already_complete: bool = False
 
     def to_pandas(self):
         """The rows as a ``pandas.DataFrame`` indexed by round (needs pandas installed).
@@ -116,11 +118,54 @@ def build_task(cfg: Config, fed: Optional[FederatedData] = None) -> tuple[Federa
     """The federated data, the method object and the task facts for ``cfg``."""
     fed = fed if fed is not None else build_federated(cfg)
     ds = fed.dataset
-    probe = build_model(cfg.model.name, ds.input_shape, ds.num_classes, **arch_kwargs(cfg, 0))
+    probe = build_probe(cfg, ds, arch_kwargs(cfg, 0))
     info = TaskInfo(num_classes=ds.num_classes, num_clients=fed.num_clients, feature_dim=probe.feature_dim,
                     input_shape=tuple(ds.input_shape), seed=cfg.seed, rounds=cfg.rounds)
     algo_cls = ALGORITHMS.get(cfg.algorithm.name)
     return fed, algo_cls(hyper(cfg), info), info
+
+
+def build_probe(cfg: Config, ds, kwargs: dict):
+    """The configured model for dataset ``ds``'s inputs; a model that cannot be built for
+    them (an image model on 8x8 digits, an LSTM on images) is a :class:`ConfigError` that
+    names the registered models that can take them."""
+    try:
+        return build_model(cfg.model.name, ds.input_shape, ds.num_classes, **kwargs)
+    except (ValueError, RuntimeError) as e:  # a shape check, or torch refusing a layer's size
+        if isinstance(e, ConfigError):
+            raise
+        raise model_mismatch(cfg, ds, str(e), kwargs) from e
+
+
+def model_mismatch(cfg: Config, ds, why: str, kwargs: dict) -> ConfigError:
+    """The error for a model that cannot take ``ds``'s inputs, with the models that can."""
+    inputs = f"{ds.name}: {ds.kind} inputs of shape {tuple(ds.input_shape)}"
+    own = {k: v for k, v in kwargs.items() if k in cfg.model.per_client}
+    if own and cfg.model.per_client:  # the model fits; one client's own values do not
+        return ConfigError("model.per_client", cfg.model.per_client,
+                           f"the architecture of a client with {own}: {why} ({inputs})")
+    fits = [n for n in models_for(ds) if n != cfg.model.name]
+    return ConfigError("model.name", cfg.model.name,
+                       f"{why} ({inputs}); models that take them: {', '.join(fits) or 'none registered'}")
+
+
+def models_for(ds) -> list[str]:
+    """The registered models that build for ``ds``'s inputs with their default parameters
+    and compute class scores from two of its samples (used on the error path only)."""
+    from ..models import MODELS
+
+    x = ds.normalize(ds.x_train[:2])
+    fits = []
+    with torch.random.fork_rng(devices=[]), torch.inference_mode():  # probes leave the global stream alone
+        for name in MODELS.names():
+            try:
+                model = build_model(name, ds.input_shape, ds.num_classes).eval()
+                ok = tuple(model(x).shape) == (len(x), ds.num_classes)
+            except Exception:  # noqa: BLE001 - any failure means "does not fit"
+                ok = False
+            if ok:
+                fits.append(name)
+    return fits
 
 
 @dataclass
@@ -181,6 +226,7 @@ class Simulation:
         # how client tasks run: in-process/pool by default; the Flower transport plugs in here
         self.executor_factory = executor_factory or EXECUTORS.get(cfg.execution.backend)
         self.executor_info: dict = {}  # what the executor says about itself (backend, actors, nodes)
+        self.checkpointed = 0  # the round of the newest checkpoint on disk (0: none)
 
     # -- helpers -----------------------------------------------------------------------------
     def _is_eval(self, rnd: int, every: int) -> bool:
@@ -205,6 +251,7 @@ class Simulation:
         save_checkpoint(self.dir / CHECKPOINT, {
             "round": rnd, "server_state": state, "client_states": self.store.snapshot(),
             "rows": n_rows, "fingerprint": self.cfg.fingerprint(), "algorithm": self.cfg.algorithm.name})
+        self.checkpointed = rnd  # the round a --resume would continue from
         self.store.checkpointed()  # a SpillStore may now drop superseded state files
 
     def _write_static(self) -> None:
@@ -229,12 +276,16 @@ class Simulation:
             if ck["fingerprint"] != cfg.fingerprint():
                 raise CheckpointError(f"cannot resume {self.dir}: its checkpoint was written by a different "
                                  f"config (fingerprint {ck['fingerprint']} != {cfg.fingerprint()})")
+            if ck["round"] > cfg.rounds:
+                raise ConfigError("rounds", cfg.rounds, f"{self.dir} has already run {ck['round']} rounds; resume it "
+                                  f"with rounds >= {ck['round']}, or start a fresh run without --resume")
             state = ck["server_state"]
             states = ck["client_states"]
             if not isinstance(self.store, SpillStore):  # states spilled to disk: read them back
                 states = load_spilled(states, self.dir / STATE_DIR)
             self.store.restore(states)
             start = ck["round"] + 1
+            self.checkpointed = ck["round"]
             rows = read_rows(self.dir / METRICS)[: ck["rows"]]
         else:
             state = algo.server_init(self.server)
@@ -285,18 +336,36 @@ class Simulation:
             status = "failed"
             error = str(e) if isinstance(e, NonFiniteLossError) else f"{type(e).__name__}: {e}"
             self._emit_quietly(emit, pending)  # the last finished round's row, as without overlap
+            if isinstance(e, OSError) and not isinstance(e, (InputError, WriteError)):
+                # a file that could not be written (a full disk): one line saying what is kept
+                raise self.write_error(e, rows) from e
             raise
         finally:
             self.executor_info = executor.describe()
             executor.close()
             summary = self._summary(rows, status, error, time.perf_counter() - t_run)
-            save_json(self.dir / SUMMARY, summary)
-            weights = algo.model_weights(state) if status == "complete" and cfg.output.save_model else None
-            if weights is not None:
-                save_torch(self.dir / "model.pt", weights)
+            try:
+                save_json(self.dir / SUMMARY, summary)
+                weights = algo.model_weights(state) if status == "complete" and cfg.output.save_model else None
+                if weights is not None:
+                    save_torch(self.dir / "model.pt", weights)
+            except OSError as e:
+                if status == "complete":  # nothing else is being raised: this is the error
+                    raise self.write_error(e, rows) from e
+                log.warning("%s was not written: %s", e.filename, e.strerror or e)  # the run's own error matters more
             for cb in callbacks:
                 cb.on_end(summary)
         return RunResult(self.dir, rows, summary, state)
+
+    def write_error(self, e: OSError, rows: list[dict]) -> WriteError:
+        """A failed read or write of the run's files (a full disk, a folder that went away) as
+        one line: which file, why, and what is kept for ``--resume``."""
+        what = e.filename or f"a file in {self.dir}"
+        done = rows[-1]["round"] if rows else 0
+        kept = (f"its checkpoint of round {self.checkpointed} is kept in {self.dir}: fix the cause and continue "
+                f"with --resume" if self.checkpointed else
+                f"no checkpoint was written yet: fix the cause and run it again")
+        return WriteError(f"I/O error on {what}: {e.strerror or e}; the run stopped after round {done}; {kept}")
 
     def _is_checkpoint(self, rnd: int) -> bool:
         every = self.cfg.output.checkpoint_every

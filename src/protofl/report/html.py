@@ -30,7 +30,11 @@ th,td{border:1px solid #ccc;padding:.3em .7em;text-align:right}th{background:#f3
 td:first-child,th:first-child{text-align:left}pre{background:#f7f7f7;padding:.8em;overflow:auto;font-size:.85em;
 max-height:28em}img{max-width:100%;height:auto;display:block;margin:.4em 0}.note{color:#555;font-size:.9em}
 details summary{cursor:pointer;color:#333}
+table.fit{table-layout:fixed;width:100%}table.fit td,table.fit th{overflow-wrap:anywhere;text-align:left}
 """
+# the one definition of the shaded band in every figure of a report (said once, in its
+# learning-curves section) and of the demo's demo.png
+BAND = "std"
 
 
 def _img(fig, alt: str) -> str:
@@ -41,9 +45,11 @@ def _img(fig, alt: str) -> str:
     return f'<img alt="{html.escape(alt)}" src="data:image/png;base64,{data}">'
 
 
-def _table(header: list[str], rows: list[list[str]], raw: bool = False) -> str:
+def _table(header: list[str], rows: list[list[str]], raw: bool = False, fit: bool = False) -> str:
+    """An HTML table; ``fit``: as wide as the page and never wider (long cells wrap)."""
     esc = (lambda x: x) if raw else html.escape
-    out = ["<table><tr>" + "".join(f"<th>{html.escape(h)}</th>" for h in header) + "</tr>"]
+    cls = " class='fit'" if fit else ""
+    out = [f"<table{cls}><tr>" + "".join(f"<th>{html.escape(h)}</th>" for h in header) + "</tr>"]
     out += ["<tr>" + "".join(f"<td>{esc(str(c))}</td>" for c in r) + "</tr>" for r in rows]
     return "\n".join(out) + "</table>"
 
@@ -59,7 +65,7 @@ def find_groups(folder: Path) -> tuple[str, dict[str, list[Path]]]:
     meta = next((m for m in (folder / "compare.json", folder / "sweep.json") if m.exists()), None)
     if meta is not None:
         groups = {label: [folder / n for n in names]
-                  for label, names in json.loads(meta.read_text())["groups"].items()}
+                  for label, names in plots.read_file(meta)["groups"].items()}
         missing = [d for ds in groups.values() for d in ds if not plots.is_run_dir(d)]
         if missing:
             raise ReportError(f"{folder}: compare.json names runs that are not there: {plots._names(missing)}")
@@ -138,7 +144,7 @@ def build_report(folder: Path, select: str = "final") -> str:
     first = next(iter(groups.values()))[0]
     cfg = plots.run_config(first)
     all_dirs = [d for ds in groups.values() for d in ds]
-    clients = json.loads((first / "clients.json").read_text()) if (first / "clients.json").exists() else {}
+    clients = plots.read_file(first / "clients.json") if (first / "clients.json").exists() else {}
     C = clients.get("num_classes") or len((clients.get("train_counts") or [[0]])[0])
     names = plots.class_names(first, C)
     available = {k for d in all_dirs for r in plots.read_metrics(d) for k in r}
@@ -152,8 +158,8 @@ def build_report(folder: Path, select: str = "final") -> str:
              f"<h1>{html.escape(title)}</h1>",
              f"<p class='sub'>{html.escape(Path(folder).resolve().name)}: {len(groups)} method(s), "
              f"seeds {', '.join(map(str, seeds))}, "
-             f"{R} rounds; partition {html.escape(str(part.get('name')))} over {part.get('num_clients')} clients. "
-             f"Made by <code>protofl report</code>.</p>"]
+             f"{R} rounds; partition {html.escape(str(part.get('name')))} over {part.get('num_clients')} clients; "
+             f"participation: {html.escape(participation_text(cfg))}. Made by <code>protofl report</code>.</p>"]
 
     # results
     rows = tables.compare_rows(groups, select=select)
@@ -163,16 +169,37 @@ def build_report(folder: Path, select: str = "final") -> str:
                                                   for r in cells], raw=True),
               f"<p class='note'>{html.escape(tables.caption(rows))} Definitions: docs/metrics.md.</p>"]
 
+    # stability
+    window = min(tables.STABILITY_WINDOW, R - 1)
+    stab = tables.stability_rows(groups, window) if window >= 1 else []
+    if stab:
+        def cells(st: dict, key: str, fmt: str) -> str:
+            per = " / ".join(format(s[key], fmt) for s in st["per_seed"])
+            return per if len(st["per_seed"]) == 1 else f"{per} ({st['mean'][key]:.1f})"
+
+        parts += [f"<h2>Stability of the global model over the last {window} rounds</h2>",
+                  _table(["method", "change per round (points)", "worst round (%)", "best round (%)",
+                          "mean of the rounds (%)"],
+                         [[st["label"], cells(st, "step", ".1f"), cells(st, "worst", ".0f"),
+                           cells(st, "best", ".0f"), cells(st, "mean", ".1f")] for st in stab]),
+                  "<p class='note'>GM of each run (seeds in the order of the Runs table; in brackets their "
+                  "mean): the mean absolute change from one round to the next, the worst and the best round. "
+                  "A method whose "
+                  "global model follows whichever clients' updates arrived moves a lot from round to round; "
+                  f"here {html.escape(participation_text(cfg))}.</p>"]
+
     # curves
     acc = [m for m in ("gm", "ga", "pa", "pm_l") if m in available]
     if "gm" in acc and "ga" in acc:
         acc.remove("ga")
     if acc:
         parts += ["<h2>Learning curves</h2>",
+                  f"<p class='note'>In every figure of this report: the mean over seeds; where a method has "
+                  f"more than one run, {BAND_WORDS[BAND]} (accuracies within 0-100 %). A metric not logged on "
+                  "every round is drawn as markers on the rounds that have it (its spread as a bar), never as a "
+                  "line through the rounds in between.</p>",
                   _img(plots.curves_figure(groups, acc[:3] + (["train_loss"] if "train_loss" in available else []),
-                                           ncols=2), "learning curves"),
-                  "<p class='note'>Mean over seeds; the shaded band (same colour as its line) is ± 1 sample "
-                  "std over seeds where a method has more than one run. Markers: metrics evaluated on few rounds.</p>"]
+                                           ncols=2, band=BAND, say_band=False), "learning curves")]
 
     # per class
     fig = per_class_figure(groups, names)
@@ -189,7 +216,7 @@ def build_report(folder: Path, select: str = "final") -> str:
 
     # communication
     if "bytes_up" in available:
-        parts += ["<h2>Communication</h2>", _img(plots.curves_figure(groups, ["bytes_down", "bytes_up"]),
+        parts += ["<h2>Communication</h2>", _img(plots.curves_figure(groups, ["bytes_down", "bytes_up"], band=BAND, say_band=False),
                                                  "bytes per round"),
                   "<p class='note'>Real message sizes per round, summed over the messages sent to the sampled "
                   "clients (down) and the replies that arrived (up).</p>"]
@@ -207,7 +234,8 @@ def build_report(folder: Path, select: str = "final") -> str:
                   "mean pool direction per class. Blank: a class without a vector.</p>"]
         angle = {label: dirs for label, dirs in geo.items() if _last_row_with(dirs, "proto_min_angle")}
         if angle:
-            parts += [_img(plots.curves_figure(angle, ["proto_min_angle"]), "minimum angle over rounds"),
+            parts += [_img(plots.curves_figure(angle, ["proto_min_angle"], band=BAND, say_band=False),
+                           "minimum angle over rounds"),
                       "<p class='note'>Minimum angle between two classes' vectors, per evaluation round.</p>"]
 
     # partition
@@ -225,11 +253,11 @@ def build_report(folder: Path, select: str = "final") -> str:
     parts += ["<h2>Configuration</h2>",
               f"<p class='note'>The resolved config of {html.escape(first.name)} (config.yaml).</p>",
               f"<pre>{html.escape((first / 'config.yaml').read_text() if (first / 'config.yaml').exists() else '')}</pre>"]
-    if differing:
+    if differing:  # one row per setting, one column per method: as wide as the page, whatever the keys
         keys = sorted({k for d in differing.values() for k in d})
         parts += ["<p class='note'>Settings that differ between methods:</p>",
-                  _table(["method", *keys], [[label, *(str(d.get(k, "")) for k in keys)]
-                                             for label, d in differing.items()])]
+                  _table(["setting", *differing], [[k, *(str(d.get(k, "")) for d in differing.values())]
+                                                   for k in keys], fit=True)]
     parts += ["<h2>Runs</h2>", _table(["method", "run folder", "seed", "status", "rounds"],
                                        [[label, d.name, plots.run_config(d).get("seed"), *_status(d)]
                                         for label, ds in groups.items() for d in ds])]
@@ -237,11 +265,37 @@ def build_report(folder: Path, select: str = "final") -> str:
     return "\n".join(parts)
 
 
+BAND_WORDS = {"std": "the shaded band (the colour of its line) is ± 1 sample std over seeds",
+              "minmax": "the shaded band (the colour of its line) is the min-max range over seeds"}
+
+
+def participation_text(cfg: dict) -> str:
+    """Who is asked and whose update arrives, in words, from a run's config.yaml."""
+    p = {"fraction": 1.0, "clients_per_round": None, "p": 1.0, "group_p": None, "period": 1,
+         **(cfg.get("participation") or {})}
+    K = (cfg.get("partition") or {}).get("num_clients")
+    if p["clients_per_round"]:
+        asked = f"{p['clients_per_round']} clients are asked each round"
+    elif p["fraction"] >= 1:
+        asked = "every client is asked each round"
+    else:
+        asked = f"a fraction {p['fraction']:g} of the {K} clients is asked each round"
+    if p["group_p"]:
+        arrive = f"an update arrives with its group's probability p = {', '.join(f'{q:g}' for q in p['group_p'])}"
+    elif p["p"] < 1:
+        arrive = f"an update arrives with probability p = {p['p']:g}"
+    else:
+        return f"{asked} and every update arrives"
+    redraw = "redrawn every round (client dropout)" if p["period"] == 1 else \
+        f"redrawn every {p['period']} rounds (persistent stragglers)"
+    return f"{asked}; {arrive}, {redraw}"
+
+
 def _status(d: Path) -> list:
     p = d / "summary.json"
     if not p.exists():
         return ["unfinished", "–"]
-    s = json.loads(p.read_text())
+    s = plots.read_file(p)
     return [s.get("status"), s.get("rounds_completed")]
 
 

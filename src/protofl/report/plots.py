@@ -57,6 +57,7 @@ def metric_unit(metric: str) -> tuple[float, str]:
     (losses, learning rate, distances, diversity) is drawn as is, without a unit.
     """
     base = metric.split("@")[0]
+    base = base[4:] if base.startswith("all_") else base  # the same metric over every client at the end
     if base in ACCURACIES:
         return 100.0, "%"
     if base.endswith("_std") and base[:-4] in ACCURACIES:
@@ -72,9 +73,41 @@ def metric_unit(metric: str) -> tuple[float, str]:
     return 1.0, ""
 
 
+# what each logged key is, in words, for axis labels (docs/metrics.md defines them)
+WORDS = {
+    "gm": "global model accuracy, GM", "ga": "generic accuracy, GA", "acc": "personal model accuracy",
+    "pa": "personal accuracy, PA", "pm_v": "personal accuracy, PM(V)", "pm_l": "personal accuracy, PM(L)",
+    "gm_per_class": "global model accuracy per class", "train_loss": "training loss", "lr": "learning rate",
+    "bytes_up": "sent up per round", "bytes_down": "sent down per round",
+    "selected": "clients sampled", "arrived": "updates arrived", "lost": "updates lost",
+    "rejected": "updates rejected", "evaluated_clients": "clients evaluated", "train_samples": "training samples",
+    "weight_diversity": "weight diversity", "proto_min_angle": "smallest angle between classes",
+    "train_s": "training time per round", "eval_s": "evaluation time per round", "wall_s": "time per round",
+    "all_clients": "clients evaluated at the end",
+}
+
+
+def metric_words(metric: str) -> str:
+    """A logged key in words: ``train_loss`` -> "training loss", ``pa_std`` -> "personal
+    accuracy, PA: spread over clients", ``all_pa`` -> "... (all clients, at the end)",
+    ``gm@logits`` -> "... (logits)"; an unknown key with spaces for its underscores."""
+    base, _, variant = metric.partition("@")
+    suffix = f" ({variant})" if variant else ""
+    if base in WORDS:
+        return WORDS[base] + suffix
+    end = base.startswith("all_")
+    core = base[4:] if end else base
+    spread = core.endswith("_std")
+    core = core[:-4] if spread else core
+    words = WORDS.get(core, core.replace("_", " "))
+    return words + (": spread over clients" if spread else "") + (" (all clients, at the end)" if end else "") + suffix
+
+
 def axis_label(metric: str) -> str:
+    """``metric``'s axis label: its words and unit, e.g. "training loss", "global model accuracy, GM (%)"."""
     unit = metric_unit(metric)[1]
-    return f"{metric} ({unit})" if unit else metric
+    words = metric_words(metric)
+    return f"{words} ({unit})" if unit else words
 
 
 # ---------------------------------------------------------------------------------------
@@ -118,11 +151,28 @@ def expand_runs(paths: Sequence[Path | str]) -> list[Path]:
     return out
 
 
-def run_config(run_dir: Path) -> dict:
+def read_file(path: Path, kind: str = "json"):
+    """A run or grid folder's JSON or YAML file; a damaged one (cut short, overwritten by
+    something else) is a :class:`ReportError` naming it, not a traceback."""
     import yaml
 
+    path = Path(path)
+    try:
+        text = path.read_text(encoding="utf-8")
+        data = json.loads(text) if kind == "json" else yaml.safe_load(text)
+    except (UnicodeDecodeError, ValueError, yaml.YAMLError) as e:
+        from ..errors import one_line
+
+        raise ReportError(f"{path}: not a readable {kind.upper()} file ({one_line(e, 160)}); "
+                          "it was cut short or replaced: run it again, or move it away") from e
+    if not isinstance(data, dict):
+        raise ReportError(f"{path}: expected a mapping, found {type(data).__name__}")
+    return data
+
+
+def run_config(run_dir: Path) -> dict:
     p = Path(run_dir) / "config.yaml"
-    return yaml.safe_load(p.read_text()) if p.exists() else {}
+    return read_file(p, "yaml") if p.exists() else {}
 
 
 def _flat(d: dict, prefix: str = "") -> dict:
@@ -182,7 +232,7 @@ def total_rounds(dirs: Sequence[Path]) -> int:
     for d in dirs:
         s = Path(d) / "summary.json"
         if s.exists():
-            best = max(best, int(json.loads(s.read_text()).get("rounds") or 1))
+            best = max(best, int(read_file(s).get("rounds") or 1))
         rows = read_metrics(d)
         if rows:
             best = max(best, int(rows[-1]["round"]))
@@ -191,14 +241,15 @@ def total_rounds(dirs: Sequence[Path]) -> int:
 
 def class_names(run_dir: Path, num_classes: int) -> list[str]:
     p = Path(run_dir) / "clients.json"
-    names = json.loads(p.read_text()).get("class_names") if p.exists() else None
+    names = read_file(p).get("class_names") if p.exists() else None
     return list(names) if names and len(names) == num_classes else [str(c) for c in range(num_classes)]
 
 
 # ---------------------------------------------------------------------------------------
 # learning curves
 # ---------------------------------------------------------------------------------------
-SPARSE = 3  # a series with at most this many points, or with fewer than half the rounds, gets markers
+SPARSE = 3  # a series with at most this many points gets markers on its line
+BANDS = {"std": "mean ± 1 std over seeds (shaded)", "minmax": "mean, min-max over seeds (shaded)"}
 
 
 def _series(dirs: Sequence[Path], metric: str) -> tuple[np.ndarray, np.ndarray]:
@@ -237,13 +288,19 @@ def _nanstats(ys: np.ndarray, band: str) -> tuple[np.ndarray, Optional[tuple[np.
 
 
 def curves_figure(runs: dict[str, Path | Sequence[Path]], metrics: Sequence[str] = ("gm",),
-                  title: Optional[str] = None, band: str = "std", ncols: Optional[int] = None):
+                  title: Optional[str] = None, band: str = "std", ncols: Optional[int] = None,
+                  say_band: bool = True):
     """One panel per metric, one line per label: the mean over its runs (seeds) with a
     shaded band of the same colour (``band="std"``: ± 1 sample std; ``"minmax"``: the
-    range) when it has more than one run. A metric logged on few rounds is drawn with
-    markers; every panel spans the runs' full round range. List-valued metrics
-    (``gm_per_class``) draw one labelled line per class. One legend for all methods.
-    ``ncols``: panels per row (default: all in one row).
+    range) when it has more than one run; accuracy bands are clipped to [0, 100] %. A
+    metric not logged on every round (``eval.every``, ``eval.personal_every``, rounds in
+    which no update arrived) is drawn as markers only, never as a line through the rounds
+    it skipped; a series of at most :data:`SPARSE` points gets markers on its line. Every
+    panel spans the runs' full round range, and each axis says in words what it shows.
+    List-valued metrics (``gm_per_class``) draw one labelled line per class. One legend
+    for all methods, titled with the band's definition unless ``say_band`` is false (a
+    report that says it once for all its figures). ``ncols``: panels per row (default:
+    all in one row).
     """
     if band not in ("std", "minmax"):
         raise ReportError(f"band must be 'std' or 'minmax', got {band!r}")
@@ -277,8 +334,9 @@ def curves_figure(runs: dict[str, Path | Sequence[Path]], metrics: Sequence[str]
             if not len(x):
                 continue
             ys = ys * scale
-            sparse = len(x) <= SPARSE or len(x) < R / 2
-            kw = dict(marker="o", markersize=3.5) if sparse else {}
+            gaps = len(x) > 1 and bool(np.any(np.diff(x) > 1))  # rounds it was not logged on
+            kw = (dict(marker="o", markersize=3.5, ls="none") if gaps
+                  else dict(marker="o", markersize=3.5) if len(x) <= SPARSE else {})
             if ys.ndim == 3:  # per-class values: one line per class, linestyle per method
                 names = class_names(dirs[0], ys.shape[2])
                 cmap = plt.get_cmap("tab10" if ys.shape[2] <= 10 else "tab20")
@@ -292,7 +350,11 @@ def curves_figure(runs: dict[str, Path | Sequence[Path]], metrics: Sequence[str]
             (line,) = ax.plot(x, mean, color=color[label], label=label, **kw)
             method_handles.setdefault(label, line)
             if spread is not None and not np.all(np.isnan(spread[0])):
-                ax.fill_between(x, *spread, color=color[label], alpha=0.2, lw=0)
+                lo, hi = _clip(metric, *spread, ys)
+                if gaps:  # a bar per logged round, not a band across the rounds in between
+                    ax.vlines(x, lo, hi, color=color[label], alpha=0.35, lw=3)
+                else:
+                    ax.fill_between(x, lo, hi, color=color[label], alpha=0.2, lw=0)
                 banded = True
         pad = max(0.5, 0.02 * R)
         ax.set_xlim(1 - pad, R + pad)
@@ -305,14 +367,23 @@ def curves_figure(runs: dict[str, Path | Sequence[Path]], metrics: Sequence[str]
     if method_handles:
         n_runs = sorted({len(runs[label]) for label in method_handles})
         seeds = "/".join(map(str, n_runs))
-        what = ("mean ± 1 std over seeds (shaded)" if band == "std" else "mean, min-max over seeds (shaded)")
-        legend_title = f"{what}, {seeds} run(s) per method" if banded else None
+        legend_title = f"{BANDS[band]}, {seeds} run(s) per method" if banded and say_band else None
         fig.legend(list(method_handles.values()), list(method_handles), loc="outside lower center",
                    ncol=min(len(method_handles), 6), fontsize=8, title=legend_title, title_fontsize=8,
                    frameon=False)
     if title:
         fig.suptitle(title)
     return fig
+
+
+def _clip(metric: str, lo: np.ndarray, hi: np.ndarray, ys: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """A band within what the metric can take: accuracies in [0, 100] %, and nothing below
+    0 for a metric none of whose values is negative (a loss, a spread, bytes, seconds)."""
+    if metric_unit(metric)[1] == "%":
+        return np.clip(lo, 0, 100), np.clip(hi, 0, 100)
+    if not np.any(ys < 0):  # NaN compares False
+        return np.maximum(lo, 0), hi
+    return lo, hi
 
 
 def curves(runs: dict[str, Path | Sequence[Path]], out: Path, metrics: Sequence[str] = ("gm",),
@@ -402,7 +473,7 @@ def partition_heatmap(counts: np.ndarray, out: Path, title: str = "", class_name
 
 
 def load_counts(run_dir: Path) -> np.ndarray:
-    return np.asarray(json.loads((Path(run_dir) / "clients.json").read_text())["train_counts"])
+    return np.asarray(read_file(Path(run_dir) / "clients.json")["train_counts"])
 
 
 # ---------------------------------------------------------------------------------------

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import csv
 import io
-import json
 import math
 from pathlib import Path
 from typing import Iterable, Optional, Sequence
@@ -30,7 +29,9 @@ LOWER_IS_BETTER = ("_std",)  # suffixes of metrics where the smallest value is t
 
 
 def load_summary(run_dir: Path) -> dict:
-    return json.loads((Path(run_dir) / "summary.json").read_text())
+    from .plots import read_file
+
+    return read_file(Path(run_dir) / "summary.json")
 
 
 def mean_std(values: Iterable[Optional[float]]) -> tuple[float, float]:
@@ -239,3 +240,39 @@ def to_csv(rows: list[dict], metrics: Sequence[str] = METRICS) -> str:
         w.writerow([r["method"], *(num(x) for m in metrics for x in r[m]), r["runs"], r["rounds"],
                     num(r["s_per_round"], ".4f"), r.get("select", "final")])
     return buf.getvalue()
+
+
+# ---------------------------------------------------------------------------------------
+# stability of the global model (the demo's finding; a section of every report)
+# ---------------------------------------------------------------------------------------
+STABILITY_WINDOW = 10  # rounds at the end over which stability is measured
+
+
+def stability(run_dir: Path, window: int = STABILITY_WINDOW) -> Optional[dict]:
+    """GM over a run's last ``window`` rounds: the mean |change| from one round to the next
+    (``step``, in points; its window + 1 last values give ``window`` changes), and the
+    ``worst``, ``best`` and ``mean`` round (in %). None unless GM was logged on each of
+    the last ``window + 1`` rounds (with ``eval.every`` > 1 a change would span rounds)."""
+    from .plots import read_metrics
+
+    rows = [r for r in read_metrics(run_dir) if isinstance(r.get("gm"), (int, float))]
+    tail = rows[-window - 1:]
+    if len(tail) < window + 1 or tail[-1]["round"] - tail[0]["round"] != window:
+        return None
+    gm = np.array([r["gm"] for r in rows]) * 100
+    last = gm[-window:]
+    return {"step": float(np.abs(np.diff(gm[-window - 1:])).mean()), "worst": float(last.min()),
+            "best": float(last.max()), "mean": float(last.mean())}
+
+
+def stability_rows(groups: dict[str, list[Path]], window: int = STABILITY_WINDOW) -> list[dict]:
+    """Per label: ``label``, ``per_seed`` (one :func:`stability` dict per run, in the
+    group's order) and ``mean`` (their mean per key); labels whose runs lack the window
+    are left out."""
+    out = []
+    for label, dirs in groups.items():
+        st = [stability(d, window) for d in dirs]
+        if st and all(s is not None for s in st):
+            out.append({"label": label, "per_seed": st,
+                        "mean": {k: float(np.mean([s[k] for s in st])) for k in st[0]}})
+    return out

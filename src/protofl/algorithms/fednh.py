@@ -1,5 +1,7 @@
 """FedNH (Dai et al., AAAI 2023, "Tackling Data Heterogeneity in Federated Learning with
-Class Prototypes"), Algorithm 1, and its ablation FedUH (uniform head, never updated).
+Class Prototypes"), Algorithm 1, and FedUH (the uniform head, never updated): our ablation
+of eq. (4); the paper uses the uniform head (UH) only in its spiral figures, and its Table 1
+has no FedUH row.
 
     model: body f(theta; x) in R^d, L2-normalized; head W (C x d) of unit class prototypes;
            logits = s * W f(theta; x) / ||f(theta; x)||, s learnable (or fixed)

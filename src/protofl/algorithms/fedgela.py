@@ -39,7 +39,7 @@ Hyper-parameters:
 * ``gamma`` (null = 1/C), ``weighting`` (backbone aggregation: "samples" as in the paper,
   or "uniform").
 
-Measured (benchmarks/fixed_heads/fedgela_ew.py, RESULTS.md section 4; FMNIST, cnn_fmnist,
+Measured (benchmarks/fixed_heads/fedgela_ew.py, benchmarks/history.md section 4; FMNIST, cnn_fmnist,
 20 clients x 3 classes x 300 samples, 10 per round, 1 local epoch, 15 rounds, one seed):
 E_W = 10 without clip (the previous default) GM 75.86 %, PA over all clients 91.70 %;
 E_W = 10^3 with clip 20: 73.43 % / 92.60 % without the projection, 72.05 % / 86.70 % with it
@@ -47,7 +47,7 @@ E_W = 10^3 with clip 20: 73.43 % / 92.60 % without the projection, 72.05 % / 86.
 training). E_W = 10^3 trains stably at lr 0.01 with the authors' clip at 20; 10^6 (the
 other end of Fig. 4, logits up to +-1000) was not measured here. Scaled down and one seed:
 the differences are within what another seed or more rounds could change. At 200 rounds
-(FMNIST, 100 clients, Dirichlet(0.3), 5 local epochs, one seed; RESULTS.md section 4) the
+(FMNIST, 100 clients, Dirichlet(0.3), 5 local epochs, one seed; benchmarks/history.md section 4) the
 change from E_W = 10 to 10^3 with the clip moved FedGELA's GM 89.01 -> 88.47 % and its
 last-round PA 95.08 -> 93.21 %, and FedGE's GM 87.37 -> 89.35 %.
 

@@ -26,7 +26,7 @@ Hyper-parameters:
 * ``rho`` (0.9): eq. (4) smoothing.
 * ``weighting`` (body aggregation): ``uniform`` (default) is Algorithm 1 line 9,
   1/|S_t| sum_k theta_k, and the authors' code; ``samples`` weights by n_k as FedAvg does.
-  Measured against ``samples`` (FMNIST, 100 clients, Dirichlet(0.3), one seed; RESULTS.md
+  Measured against ``samples`` (FMNIST, 100 clients, Dirichlet(0.3), one seed; benchmarks/history.md
   section 4): GM +0.24 (FedNH) and +0.45 (FedUH) after 200 rounds, +2.7 and +2.9 after 15.
 * ``proto_weighting`` (alpha in eq. 4; the paper only says "some positive scalars"):
   ``uniform`` (default) alpha_k = 1/|S_t| literally, so a class held by few of the sampled

@@ -77,7 +77,7 @@ def kmeans(x: torch.Tensor, k: int, rng: np.random.Generator, n_init: int = 5,
     inertia 0) and ``rng`` is not drawn from.
 
     In protofl 0.1.0 this was a torch Lloyd loop with plain k-means++ seeding drawn
-    from ``rng`` directly: the same algorithm, 1.6-19x slower (benchmarks/RESULTS.md,
+    from ``rng`` directly: the same algorithm, 1.6-19x slower (benchmarks/history.md,
     section 5), with other initial centroids, so MP-FedCL's numbers changed with the
     switch.
     """

@@ -236,7 +236,6 @@ def _select_text(select: str) -> str:
 
 
 def _paper_col_text(res: Results) -> str:
-    spec = res.plan.spec
     cols = [f"{sp.setting.label}: {sp.setting.paper}" for sp in res.plan.settings if sp.setting.paper]
     return "paper column " + "; ".join(cols) if cols else "the paper gives no numbers for this table"
 

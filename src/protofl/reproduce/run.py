@@ -21,6 +21,7 @@ from typing import Callable, Optional
 
 from ..config import Config, load_config, parse_override
 from ..errors import ConfigError
+from ..report.tables import mean_std
 from .spec import SCALES, Metric, Setting, TableSpec, _METRIC_KEY
 from . import stats
 
@@ -131,17 +132,11 @@ class Cell:
 
     @property
     def mean(self) -> float:
-        return stats_mean(self.present)[0]
+        return mean_std(self.present)[0]
 
     @property
     def std(self) -> float:
-        return stats_mean(self.present)[1]
-
-
-def stats_mean(v: list[float]) -> tuple[float, float]:
-    from ..report.tables import mean_std
-
-    return mean_std(v)
+        return mean_std(self.present)[1]
 
 
 @dataclass
@@ -161,14 +156,9 @@ class Results:
     extras: dict[str, dict[str, dict[str, float]]] = field(default_factory=dict)  # e.g. cluster purity
 
 
-def _complete(d: Path, rounds: int) -> bool:
-    from ..api import is_complete
-
-    return is_complete(d, rounds)
-
-
 def collect(p: Plan) -> Results:
     """Read every finished run of the plan; runs not finished count as missing."""
+    from ..api import is_complete
     from ..report.plots import read_metrics
 
     spec = p.spec
@@ -180,7 +170,7 @@ def collect(p: Plan) -> Results:
         per: dict[str, dict[str, Cell]] = {}
         rows_of = {}
         for r in sp.runs:
-            if _complete(r.dir, r.cfg.rounds):
+            if is_complete(r.dir, r.cfg.rounds):
                 rows_of[(r.label, r.seed)] = read_metrics(r.dir)
             else:
                 missing.append(f"{s.id} / {r.label} / seed {r.seed}")

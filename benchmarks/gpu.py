@@ -69,7 +69,7 @@ from protofl.engine.simulation import Simulation  # noqa: E402
 DRIVERS = Path(__file__).resolve().parent / "peer_drivers"
 
 # protofl's own 2-core CPU figures for the 10-clients-per-round MNIST rows: FedAvg, 2 workers x 1
-# thread, evaluation off, as here (benchmarks/RESULTS.md section 2, 2026-11-21)
+# thread, evaluation off, as here (benchmarks/timing.md section 2, 2026-11-21)
 CPU_REFERENCE = {("fedavg_cnn", 10): 5269, ("lenet5", 10): 19700}
 
 

@@ -115,6 +115,26 @@ def test_fesem_recovers_two_rotation_groups(tmp_path):
     assert cluster_purity(res.server_state.assignment, groups) == 1.0
     assert res.rows[1]["fesem_moved"] > 0 and res.rows[2]["fesem_moved"] == 0
     assert {res.rows[-1]["fesem_size0"], res.rows[-1]["fesem_size1"]} == {4}
+    # the engine logs the purity against the rotation groups every round (round 1 has no
+    # E-step yet: the random start), and the summary carries the final value
+    assert res.rows[0]["cluster_purity"] == cluster_purity(initial, groups)
+    assert [r["cluster_purity"] for r in res.rows[1:]] == [1.0, 1.0]
+    assert res.summary["final"]["cluster_purity"] == 1.0
+
+
+def test_cluster_purity_against_the_clustered_partitions_groups(tmp_path):
+    # no feature skew: the known groups are the clustered partition's (clients 0-2 group 0,
+    # 3-5 group 1); a method that does not cluster (FedAvg) logs no purity
+    base = ["rounds=1", "data.name=digits", "partition.name=clustered", "partition.num_clients=6",
+            "partition.groups=[{clients: 3, classes_per_client: 2}, {clients: 3, classes_per_client: 5}]",
+            "model.name=mlp", "algorithm.name=fesem", "algorithm.centers=2", "eval.personal=false",
+            "execution.workers=0", "output.progress=false", f"output.dir={tmp_path}"]
+    cfg = load_config(None, base)
+    res = run(cfg)
+    initial = np.random.default_rng(seed_for(0, "fesem-assign")).integers(0, 2, size=6)
+    assert res.rows[0]["cluster_purity"] == cluster_purity(initial, [0, 0, 0, 1, 1, 1])
+    assert "cluster_purity" not in run(cfg.replace(**{"algorithm.name": "fedavg"})).rows[0]
+    assert "cluster_purity" not in run(cfg.replace(**{"partition.name": "iid"})).rows[0]
 
 
 def test_personal_model_is_the_centre_or_the_trained_model(digits_cfg, tmp_path):

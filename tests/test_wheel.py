@@ -131,6 +131,10 @@ def test_wheel_installs_and_runs_outside_the_checkout(tmp_path):
     listed = [ln.split()[0] for ln in protofl("configs").splitlines()]
     assert listed == sorted(p.stem for p in CONFIGS.glob("*.yaml")), "packaged configs missing from the wheel"
     assert protofl("configs", "show", "digits") == (CONFIGS / "digits.yaml").read_text()
+    tables = protofl("reproduce", "list")
+    for f in (REPO / "src" / "protofl" / "reproduce" / "tables").glob("*.yaml"):
+        name = re.search(r"^name: (\S+)", f.read_text(), re.M)[1]
+        assert f"| {name} |" in tables, f"reproduce table {name} missing from the wheel"
     out = protofl("run", "digits", "rounds=2", "--quiet")
     assert "fedavg: 2 rounds" in out and "gm=" in out, out
     assert (work / "runs").is_dir() and list((work / "runs").glob("*/summary.json"))

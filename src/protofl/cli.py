@@ -1,4 +1,4 @@
-"""Command line: ``protofl {run,compare,sweep,partition,demo,list,configs,plot,report,flower} ...``.
+"""Command line: ``protofl {run,compare,sweep,reproduce,partition,demo,list,configs,plot,report,flower} ...``.
 
 Exit codes: 0 success; 1 a bug in protofl (two lines; ``--debug`` shows the traceback);
 2 bad input (config, names, missing or damaged data, a combination of components that
@@ -97,6 +97,38 @@ def cmd_sweep(args) -> int:
     if failed:
         print(f"protofl: {len(failed)} run(s) diverged and are left out of the table: "
               + ", ".join(f"{r.label} seed {r.seed}" for r in failed), file=sys.stderr)
+        return EXIT_DIVERGED
+    return 0
+
+
+def cmd_reproduce(args) -> int:
+    from . import reproduce as R
+    from .reproduce.render import list_text
+
+    if args.table == "list":
+        print(list_text(R.all_specs()))
+        print("runs: settings x methods x the scale's seeds (docs/reproduce.md)")
+        return 0
+    overrides = list(args.overrides or [])
+    if args.data_dir:
+        overrides.append(f"data.root={args.data_dir}")
+    seeds = [int(s) for s in args.seeds.split(",") if s.strip()] if args.seeds else None
+    p = R.plan(R.get_spec(args.table), args.scale, seeds, overrides, Path(args.out) if args.out else None)
+    if args.dry_run:
+        for sp in p.settings:
+            print(f"{sp.setting.label}: {len(sp.runs)} runs, {sp.cfg.rounds} rounds -> {sp.out}")
+            for r in sp.runs:
+                print(f"  {r.label} seed {r.seed}: {r.dir.name}")
+        print(f"{p.num_runs} runs in all")
+        return 0
+    failed = [] if args.no_run else R.execute(p, jobs=args.jobs, log=lambda m: print(m, file=sys.stderr))
+    from .reproduce.render import write_all
+
+    files = write_all(R.collect(p))
+    sys.stdout.write(files[0].read_text())
+    print(f"written: {', '.join(str(f) for f in files)}")
+    if failed:
+        print(f"protofl: {len(failed)} run(s) diverged and are left out of the table", file=sys.stderr)
         return EXIT_DIVERGED
     return 0
 
@@ -244,6 +276,23 @@ def build_parser() -> argparse.ArgumentParser:
     sp.add_argument("--workers", help="worker processes per run (0 = sequential, auto)")
     sp.add_argument("--quiet", action="store_true")
     sp.set_defaults(func=cmd_sweep)
+
+    sp = sub.add_parser("reproduce", help="rebuild a seed paper's table: ours beside the paper's, with verdicts",
+                        description="`protofl reproduce list` shows the tables; `protofl reproduce TABLE` runs "
+                        "its grid (resumable; finished runs are reused) and writes table.md, table.csv and "
+                        "report.html.")
+    sp.add_argument("table", help="a table name from `protofl reproduce list`, or list")
+    sp.add_argument("overrides", nargs="*", help="dotted key=value overrides for every run, e.g. execution.device=cuda")
+    sp.add_argument("--scale", choices=("smoke", "cpu", "paper"), default="cpu",
+                    help="smoke (minutes), cpu (a 2-core machine; the default) or paper (the paper's rounds, "
+                    "clients and epochs)")
+    sp.add_argument("--seeds", help="comma-separated seeds (default: the scale's)")
+    sp.add_argument("--jobs", type=int, help="runs at once (default: CPU count / cores one run uses)")
+    sp.add_argument("--out", help="output folder (default <output.dir>/reproduce/TABLE/SCALE)")
+    sp.add_argument("--data-dir", help="data root (default: $PROTOFL_DATA, then ~/.cache/protofl/data)")
+    sp.add_argument("--dry-run", action="store_true", help="list the runs and their folders, run nothing")
+    sp.add_argument("--no-run", action="store_true", help="only tabulate the runs already finished")
+    sp.set_defaults(func=cmd_reproduce)
 
     sp = sub.add_parser("partition", help="print per-client class counts and save a heatmap")
     with_config(sp)

@@ -13,7 +13,7 @@
   runs runs itself and worker processes take the others from the same queue, each run
   after run, so a process's start-up is paid once per worker, never per run; by default
   a worker starts only when a core is idle and the runs left outweigh its start-up, so
-  the default is never slower than one run at a time (benchmarks/RESULTS.md, "Sweep:
+  the default is never slower than one run at a time (benchmarks/timing.md, "Sweep:
   runs at once").
 * It ends like ``compare``: one row per grid point, mean ± std over seeds, in
   ``sweep.md`` and ``sweep.csv``.

@@ -302,6 +302,15 @@ class Algorithm:
         carries none (prototypes only, SCAFFOLD's updates)."""
         return None if self.heterogeneous_models else (reply.weights() or None)
 
+    def cluster_assignment(self, state: Any) -> Optional[Sequence[int]]:
+        """For methods that cluster their clients (FeSEM): the cluster of every client, one
+        entry per client id, as the server holds it after this round's aggregation. When the
+        scenario knows its client groups (feature skew ``rotate``, ``domains``, ``writers``;
+        the ``clustered`` partition) the engine logs the purity of this clustering against
+        them every round (``cluster_purity``, 1.0 = every cluster holds clients of one group
+        only). None (default): the method does not cluster clients."""
+        return None
+
     def class_vectors(self, state: Any) -> Optional[torch.Tensor]:
         """The (C, d) class prototypes or fixed-head rows the server holds, for the geometry
         logs (``proto_min_angle`` every evaluation, ``proto_cos`` in the last round); a zero

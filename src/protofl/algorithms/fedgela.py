@@ -33,13 +33,13 @@ Hyper-parameters:
   reaches cosine at most ||W_c^+|| / ||W_c|| with an ETF direction W_c (W_c^+ its positive
   part; about 0.7 for the randomly rotated ETF in 128 dimensions), so no feature can point
   at its class's direction; the projection makes the features signed. On our models it
-  trained slower and did not pay off (benchmarks/RESULTS.md, section 4), so the default
+  trained slower and did not pay off (benchmarks/history.md, section 4), so the default
   is the ETF directly on the (normalized) ReLU features.
 * ``gamma`` (null = 1/C), ``weighting`` (backbone aggregation: "samples" as in the paper,
   or "uniform").
 
 The measurements behind these defaults (E_W, the clip, the projection;
-benchmarks/fixed_heads/fedgela_ew.py) are in benchmarks/RESULTS.md, section 4.
+benchmarks/fixed_heads/fedgela_ew.py) are in benchmarks/history.md, section 4.
 
 Feature dimension: a simplex ETF of C vectors needs d >= C-1. For d >= C we use the paper's
 construction; for d = C-1 (where U^T U = I_C is impossible) the same Gram matrix

@@ -1,5 +1,7 @@
 """FedNH (Dai et al., AAAI 2023, "Tackling Data Heterogeneity in Federated Learning with
-Class Prototypes"), Algorithm 1, and its ablation FedUH (uniform head, never updated).
+Class Prototypes"), Algorithm 1, and FedUH (the uniform head, never updated): our ablation
+of eq. (4); the paper uses the uniform head (UH) only in its spiral figures, and its Table 1
+has no FedUH row.
 
     model: body f(theta; x) in R^d, L2-normalized; head W (C x d) of unit class prototypes;
            logits = s * W f(theta; x) / ||f(theta; x)||, s learnable (or fixed)
@@ -24,7 +26,7 @@ Hyper-parameters:
 * ``rho`` (0.9): eq. (4) smoothing.
 * ``weighting`` (body aggregation): ``uniform`` (default) is Algorithm 1 line 9,
   1/|S_t| sum_k theta_k, and the authors' code; ``samples`` weights by n_k as FedAvg does
-  (the two compared: benchmarks/RESULTS.md, section 4).
+  (the two compared: benchmarks/history.md, section 4).
 * ``proto_weighting`` (alpha in eq. 4; the paper only says "some positive scalars"):
   ``uniform`` (default) alpha_k = 1/|S_t| literally, so a class held by few of the sampled
   clients moves less than one held by all; ``counts`` alpha_{k,c} = n_{k,c} / sum_j n_{j,c}

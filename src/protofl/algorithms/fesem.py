@@ -50,7 +50,9 @@ all parameters: ``init: random_centers`` with the default ``layers``.
 
 Messages: server -> client: the weights of its centre; client -> server: its trained
 weights and ``num_samples``. Server state: :class:`FeSEMState`. Logs per round:
-``fesem_moved`` (clients whose centre changed) and ``fesem_size<k>`` (clients per centre).
+``fesem_moved`` (clients whose centre changed) and ``fesem_size<k>`` (clients per centre);
+where the scenario knows its client groups, the engine adds ``cluster_purity`` of the
+assignment c(i) against them (:meth:`FeSEM.cluster_assignment`).
 """
 from __future__ import annotations
 
@@ -181,6 +183,9 @@ class FeSEM(Algorithm):
         for k in range(len(centers)):
             ctx.log(f"fesem_size{k}", int((assignment == k).sum()))
         return out
+
+    def cluster_assignment(self, state: FeSEMState):
+        return state.assignment  # c(i) after this round's E-step
 
     def global_predictor(self, state: FeSEMState, ctx):
         return ctx.model(state.weights)

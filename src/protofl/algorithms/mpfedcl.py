@@ -73,7 +73,7 @@ ambiguously:
   largest) clusters per class. The DBSCAN defaults are our choice, not taken from the
   paper: on mlp_mnist features of the MNIST setting, a larger eps (0.5) put every class
   of every client into one cluster (DP-FedCL = SP-FedCL), while eps = 0.3 keeps a dense
-  core and sometimes splits a class in two (benchmarks/RESULTS.md, section 5).
+  core and sometimes splits a class in two (benchmarks/history.md, section 5).
 * Training settings (SGD lr 0.01, momentum 0.5, decay 0.95 per round, batch 32, one local
   epoch) are engine config (``training.*``, see configs/mpfedcl_mnist.yaml).
 

@@ -20,7 +20,7 @@ the reported training loss is the task loss alone. With the engine's other setti
   eta_l / (1 - beta), instead of eta_l: (x - y) / K is about eta_l / (1 - beta) times the
   mean corrected gradient, and c_i must estimate the gradient, not the momentum step.
   With eta_l alone c_i comes out 1/(1 - beta) times too large (10x at beta = 0.9), the
-  correction then out-weighs the gradient and training diverges (benchmarks/RESULTS.md,
+  correction then out-weighs the gradient and training diverges (benchmarks/history.md,
   section 7). At beta = 0 this is the paper's formula exactly.
 * weight decay lambda: PyTorch adds lambda y to the gradient, so c_i estimates the
   gradient of the regularized local objective F_i + lambda/2 ||y||^2; the server's c is the

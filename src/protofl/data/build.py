@@ -6,9 +6,11 @@ build on it).
 """
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Optional
 
 import numpy as np
+import torch
 
 from ..errors import ConfigError
 from .dataset import Dataset
@@ -24,6 +26,10 @@ def build_federated(cfg, dataset: Optional[Dataset] = None) -> FederatedData:
     ``dataset`` replaces the configured loader's output (e.g. a subset built by a script).
     """
     scenario = make_scenario(cfg.features.name, cfg.features.params)
+    if scenario is not None and scenario.builds_dataset and cfg.data.train_size is not None:
+        raise ConfigError("data.train_size", cfg.data.train_size,
+                          f"the {cfg.features.name!r} scenario builds its own training pools; use its own size "
+                          "options (features.*)")
     if scenario is None:
         return _build_label_skew(cfg, dataset)
     fed = None if scenario.builds_dataset else _build_label_skew(cfg, dataset)
@@ -35,9 +41,29 @@ def build_federated(cfg, dataset: Optional[Dataset] = None) -> FederatedData:
         raise ConfigError(f"features ({cfg.features.name})", cfg.features.params, str(e)) from None
 
 
+SUBSET_TAG = 2000  # mixed into the seed of the subset draw (the tag of the earlier MP-FedCL script)
+
+
+def train_subset(ds: Dataset, n: int, seed: int) -> Dataset:
+    """``ds`` with a uniformly random subset of ``n`` training samples (sorted indices,
+    drawn with ``SeedSequence([seed, SUBSET_TAG])``); the test split is kept whole.
+    The partition then splits the subset, and the local test sets follow its labels."""
+    if n > len(ds.y_train):
+        raise ConfigError("data.train_size", n, f"{ds.name} has only {len(ds.y_train)} training samples")
+    rng = np.random.default_rng(np.random.SeedSequence([seed, SUBSET_TAG]))
+    keep = torch.from_numpy(np.sort(rng.choice(len(ds.y_train), size=n, replace=False)))
+    return replace(ds, x_train=ds.x_train[keep].clone(), y_train=ds.y_train[keep].clone(),
+                   users_train=None, users_test=None, user_names=None)
+
+
 def _build_label_skew(cfg, dataset: Optional[Dataset] = None) -> FederatedData:
     ds = dataset if dataset is not None else load_dataset(cfg.data.name, cfg.data.root, seed=cfg.seed,
                                                           **cfg.data.params)
+    if cfg.data.train_size is not None:
+        if cfg.partition.name == "natural":
+            raise ConfigError("data.train_size", cfg.data.train_size,
+                              "the natural partition uses every writer's samples; a random subset would split them")
+        ds = train_subset(ds, cfg.data.train_size, cfg.seed)
     K = cfg.partition.num_clients
     parts = make_partition(cfg.partition.name, ds.train_labels, K, cfg.seed, cfg.partition.params, ds)
     if cfg.partition.name == "natural" and ds.users_test is not None:

@@ -9,7 +9,7 @@
   aggregation stay float32 (fp32 master weights). Server-side training (CReFF's
   classifier retraining, FedGen's generator), prototypes computed after training
   (``ctx.features``) and evaluation stay float32: evaluation is a measurement and should not
-  depend on how the clients trained (benchmarks/RESULTS.md, section 2, "bf16").
+  depend on how the clients trained (benchmarks/timing.md, section 2, "bf16").
 
 bfloat16 pays off only where the hardware has bfloat16 arithmetic (x86 AVX512-BF16 or
 AMX, recent GPUs); elsewhere PyTorch converts back and forth and bf16 is slower than

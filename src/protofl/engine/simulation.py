@@ -442,6 +442,9 @@ class Simulation:
         if rejected:
             row["rejected_reasons"] = [f"client {cid}: {why}" for cid, why in rejected.items()]
         row.update(self.server.pop_logs())
+        purity = self.cluster_purity(state)
+        if purity is not None:
+            row["cluster_purity"] = purity
         local = [algo.local_weights(r) for _, r in replies]  # ReBaFL eq. (24) over the local models that arrived
         if local and all(w is not None for w in local):
             row["weight_diversity"] = weight_diversity(local)
@@ -462,6 +465,21 @@ class Simulation:
             final = self.evaluate_all_clients(state, executor)
         return state, RoundRow(row, gm, tail, final, do_eval, train_s=t_train,
                                eval_s=time.perf_counter() - t1, wall_s=time.perf_counter() - t0)
+
+    def known_groups(self) -> Optional[np.ndarray]:
+        """The client groups the scenario knows: the feature-skew group of each client
+        (``rotate``, ``domains``, ``writers``), else the ``clustered`` partition's group;
+        None when it knows none."""
+        return self.fed.feature_groups if self.fed.feature_groups is not None else self.fed.groups
+
+    def cluster_purity(self, state: Any) -> Optional[float]:
+        """Purity of the method's client clustering (``Algorithm.cluster_assignment``)
+        against :meth:`known_groups`; None when either is missing."""
+        truth = self.known_groups()
+        if truth is None:
+            return None
+        assignment = self.algorithm.cluster_assignment(state)
+        return None if assignment is None else M.cluster_purity(np.asarray(assignment), np.asarray(truth))
 
     def check_reply(self, task: ClientTask, out) -> Optional[str]:
         """Why the server refuses this client output (engine/validate.py), or None."""

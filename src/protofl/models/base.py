@@ -23,7 +23,7 @@ class FLModel(nn.Module):
         self.num_classes = int(num_classes)
         self.is_conv = bool(is_conv)
         # whether `execution.channels_last: auto` turns channels_last on: measured per model
-        # (benchmarks/RESULTS.md); conv models gain 1.1-1.8x, LeNet-5's BatchNorm trains slower
+        # (benchmarks/timing.md); conv models gain 1.1-1.8x, LeNet-5's BatchNorm trains slower
         self.channels_last = self.is_conv if channels_last is None else bool(channels_last)
 
     def features(self, x: torch.Tensor) -> torch.Tensor:

@@ -18,9 +18,10 @@ import numpy as np
 
 from ..errors import ConfigError
 
-METRICS = ("gm", "pm_v", "pm_l", "pa", "ga")
+# cluster_purity: clustering methods on scenarios with known client groups (a fraction, shown in %)
+METRICS = ("gm", "pm_v", "pm_l", "pa", "ga", "cluster_purity")
 LABELS = {"gm": "GM", "pm_v": "PM(V)", "pm_l": "PM(L)", "pa": "PA", "ga": "GA",
-          "pm_v_std": "PM(V) std", "pa_std": "PA std",
+          "pm_v_std": "PM(V) std", "pa_std": "PA std", "cluster_purity": "purity",
           # eval.final_all_clients: every client's personalized model after the last round
           "all_pm_v": "PM(V) all", "all_pm_l": "PM(L) all", "all_pa": "PA all", "all_acc": "acc all"}
 # the same metrics over every client at the end of the run (eval.final_all_clients)

@@ -1,0 +1,39 @@
+"""``protofl reproduce``: a seed paper's table in one command, ours beside theirs.
+
+    protofl reproduce list
+    protofl reproduce fednh-table1 --scale cpu --seeds 0,1,2 --data-dir DATA [key=value ...]
+
+A table is data (``reproduce/tables/<name>.yaml``, :mod:`protofl.reproduce.spec`): the
+paper's numbers with their source, and the grid that rebuilds them at three scales. The
+grid runs on the sweep machinery (resumable, finished runs skipped, ``--jobs`` at once;
+:mod:`protofl.reproduce.run`); the outputs are written by :mod:`protofl.reproduce.render`;
+the verdicts of the paper's claims come from paired tests over seeds
+(:mod:`protofl.reproduce.stats`, which says exactly what "shown", "not shown" and "not
+comparable" mean).
+"""
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Callable, Optional
+
+from .run import Plan, Results, collect, execute, plan
+from .spec import SCALES, TableSpec, all_specs, get_spec
+
+__all__ = ["SCALES", "Plan", "Results", "TableSpec", "all_specs", "collect", "execute", "get_spec", "plan",
+           "reproduce"]
+
+
+def reproduce(name: str, scale: str = "cpu", seeds: Optional[list[int]] = None,
+              overrides: Optional[list[str]] = None, out: Optional[Path] = None, jobs: Optional[int] = None,
+              log: Callable[[str], None] = print, run: bool = True) -> tuple[Results, list[Path], list]:
+    """Run (or reuse) every run of table ``name`` at ``scale`` and write its outputs.
+
+    Returns (results, files written, failed runs). ``run=False`` only collects the runs
+    already finished (the table then marks the missing ones).
+    """
+    from .render import write_all
+
+    p = plan(get_spec(name), scale, seeds, overrides, out)
+    failed = execute(p, jobs=jobs, log=log) if run else []
+    res = collect(p)
+    return res, write_all(res), failed

@@ -1,0 +1,309 @@
+"""A reproducible paper table as data: one YAML file per table in ``reproduce/tables/``.
+
+Each file holds the paper's numbers with their source (paper, table, page, setting) and
+what we run to rebuild the table: a packaged base config, the settings (the table's column
+groups, e.g. Dir(0.3) and Dir(1.0)), the methods (rows), the metrics, the claims the paper
+makes about them, and three scales:
+
+* ``smoke``: seconds to a couple of minutes; checks that the table builds end to end.
+* ``cpu``: what fits a 2-core machine (the scaled settings of protofl's benchmarks); each
+  scale's ``notes`` say how it differs from the paper.
+* ``paper``: the paper's rounds, clients and epochs.
+
+Schema (every key is checked when the file is loaded; unknown keys are errors)::
+
+    name: fednh-table1            # the command's argument (the file name, '_' -> '-')
+    title: ...
+    paper: {title, short, authors, venue, table, page, where, setting, numbers}
+      numbers: {column: {row: {metric: value | [mean, std] | null}}}   # as printed, in %
+    dataset: ...                  # what we run on
+    substitute: ...               # what replaces the paper's data, or null
+    base: fednh_fmnist            # a packaged config (protofl configs)
+    config: {dotted.key: value}   # on top of the base, every setting and scale
+    settings: [{id, label, paper: column | null, config: {...}, methods: [labels] | null,
+                scales: {scale: {...}}}]   # config order: base, config, setting, scale, setting.scales
+    methods: [{label, name, params: {...}, config: {...}, paper: row | null, role}]
+      role: paper (a row of the paper's table) | ablation (ours, not the paper's) | extra
+    metrics: [{id, key, label, select}]   # key: a metrics.jsonl key, or key[i] for a list entry
+    rank: metric id               # the paper's ordering vs ours, per setting
+    claims: [{id, text, source, kind, metric, a, b | among, margin, settings, role, better}]
+      kind: greater | best | equal   (reproduce/stats.py says what each verdict means)
+    scales: {smoke|cpu|paper: {seeds, settings, config, methods: {label: {dotted: value}}, notes}}
+"""
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Optional
+
+import yaml
+
+from ..errors import ConfigError
+
+TABLES_DIR = Path(__file__).resolve().parent / "tables"
+SCALES = ("smoke", "cpu", "paper")
+KINDS = ("greater", "best", "equal")
+ROLES = ("paper", "ablation", "extra")
+_METRIC_KEY = re.compile(r"^([\w@:.\-]+)(?:\[(\d+)\])?$")
+
+
+@dataclass
+class Method:
+    label: str
+    name: str
+    params: dict = field(default_factory=dict)
+    config: dict = field(default_factory=dict)
+    paper: Optional[str] = None  # its row in the paper's table
+    role: str = "paper"
+    note: str = ""
+
+
+@dataclass
+class Setting:
+    id: str
+    label: str
+    paper: Optional[str] = None  # the column group of paper.numbers beside it
+    config: dict = field(default_factory=dict)
+    methods: Optional[list[str]] = None  # None: every method
+    note: str = ""
+    scales: dict = field(default_factory=dict)  # scale -> {dotted: value}, after the scale's own config
+
+
+@dataclass
+class Metric:
+    id: str
+    key: str  # metrics.jsonl key, optionally with [i] (an entry of a per-class list)
+    label: str
+    select: str = "final"  # report/tables.py: final, best, last:K
+
+
+@dataclass
+class Claim:
+    id: str
+    text: str  # the paper's statement, as close to its words as we can
+    source: str  # where in the paper
+    kind: str  # greater | best | equal
+    metric: str
+    a: str
+    b: Optional[str] = None
+    among: list[str] = field(default_factory=list)
+    margin: float = 1.0  # equal: the equivalence margin in points
+    settings: Optional[list[str]] = None  # None: every setting
+    role: str = "paper"  # paper: the paper claims it; ablation: our own question
+    better: str = "higher"  # lower: the smaller value wins (e.g. the spread over clients)
+
+
+@dataclass
+class Scale:
+    seeds: list[int]
+    settings: Optional[list[str]] = None  # the settings run at this scale (None: all)
+    config: dict = field(default_factory=dict)
+    methods: dict = field(default_factory=dict)  # label -> {dotted key: value}
+    notes: str = ""
+
+
+@dataclass
+class TableSpec:
+    name: str
+    title: str
+    paper: dict
+    dataset: str
+    substitute: Optional[str]
+    base: str
+    config: dict
+    settings: list[Setting]
+    methods: list[Method]
+    metrics: list[Metric]
+    rank: Optional[str]
+    claims: list[Claim]
+    scales: dict[str, Scale]
+    path: Path
+    notes: str = ""
+
+    # -- look-ups -------------------------------------------------------------------------
+    def method(self, label: str) -> Method:
+        return next(m for m in self.methods if m.label == label)
+
+    def metric(self, mid: str) -> Metric:
+        return next(m for m in self.metrics if m.id == mid)
+
+    def methods_of(self, setting: Setting) -> list[Method]:
+        return [m for m in self.methods if setting.methods is None or m.label in setting.methods]
+
+    def paper_value(self, setting: Setting, method: Method, metric: Metric) -> Optional[float]:
+        """The paper's mean for this cell (percent), or None."""
+        if setting.paper is None or method.paper is None:
+            return None
+        v = ((self.paper.get("numbers") or {}).get(setting.paper) or {}).get(method.paper, {}).get(metric.id)
+        if isinstance(v, (list, tuple)):
+            v = v[0]
+        return None if v is None else float(v)
+
+    def settings_at(self, scale: str) -> list[Setting]:
+        ids = self.scales[scale].settings
+        return [s for s in self.settings if ids is None or s.id in ids]
+
+    def runs(self, scale: str, seeds: Optional[list[int]] = None) -> int:
+        n = len(seeds if seeds is not None else self.scales[scale].seeds)
+        return sum(len(self.methods_of(s)) for s in self.settings_at(scale)) * n
+
+    def source(self) -> str:
+        p = self.paper
+        page = f", p. {p['page']}" if p.get("page") else ""
+        return f"{p.get('authors', '')}, {p.get('venue', '')}: {p.get('table', '')}{page}".strip(", ")
+
+
+# ---------------------------------------------------------------------------------------
+# loading and checking
+# ---------------------------------------------------------------------------------------
+def _take(raw: dict, where: str, required: tuple, optional: dict) -> dict:
+    if not isinstance(raw, dict):
+        raise ConfigError(where, raw, "expected a mapping")
+    unknown = set(raw) - set(required) - set(optional)
+    if unknown:
+        raise ConfigError(f"{where}.{sorted(unknown)[0]}", raw[sorted(unknown)[0]],
+                          f"unknown key; allowed: {', '.join(sorted([*required, *optional]))}")
+    missing = [k for k in required if k not in raw]
+    if missing:
+        raise ConfigError(f"{where}.{missing[0]}", None, "required key is missing")
+    return {**optional, **raw}
+
+
+def _dotted(d: Any, where: str) -> dict:
+    if d is None:
+        return {}
+    if not isinstance(d, dict) or not all(isinstance(k, str) for k in d):
+        raise ConfigError(where, d, "expected a mapping of dotted config keys to values")
+    return dict(d)
+
+
+def parse_spec(raw: dict, path: Path) -> TableSpec:
+    w = path.name
+    t = _take(raw, w, ("name", "title", "paper", "dataset", "base", "settings", "methods", "metrics", "scales"),
+              {"substitute": None, "config": {}, "rank": None, "claims": [], "notes": ""})
+    paper = _take(t["paper"], f"{w}: paper", ("title", "authors", "venue", "table", "setting"),
+                  {"page": None, "where": "", "numbers": {}, "url": None, "short": None})
+    methods = []
+    for i, m in enumerate(t["methods"]):
+        m = _take(m, f"{w}: methods[{i}]", ("label", "name"),
+                  {"params": {}, "config": {}, "paper": None, "role": "paper", "note": ""})
+        if m["role"] not in ROLES:
+            raise ConfigError(f"{w}: methods[{i}].role", m["role"], f"expected one of {', '.join(ROLES)}")
+        methods.append(Method(str(m["label"]), m["name"], dict(m["params"] or {}),
+                              _dotted(m["config"], f"{w}: methods[{i}].config"), m["paper"], m["role"], m["note"]))
+    labels = [m.label for m in methods]
+    _unique(labels, f"{w}: methods")
+    settings = []
+    for i, s in enumerate(t["settings"]):
+        s = _take(s, f"{w}: settings[{i}]", ("id", "label"),
+                  {"paper": None, "config": {}, "methods": None, "note": "", "scales": {}})
+        for sc in s["scales"] or {}:
+            if sc not in SCALES:
+                raise ConfigError(f"{w}: settings[{i}].scales", sc, f"unknown scale; scales: {', '.join(SCALES)}")
+        for lab in s["methods"] or []:
+            if lab not in labels:
+                raise ConfigError(f"{w}: settings[{i}].methods", lab, f"not a method label; labels: {', '.join(labels)}")
+        if s["paper"] is not None and s["paper"] not in paper["numbers"]:
+            raise ConfigError(f"{w}: settings[{i}].paper", s["paper"],
+                              f"not a column of paper.numbers ({', '.join(paper['numbers']) or 'none'})")
+        settings.append(Setting(str(s["id"]), s["label"], s["paper"], _dotted(s["config"], f"{w}: settings[{i}].config"),
+                                s["methods"], s["note"],
+                                {k: _dotted(v, f"{w}: settings[{i}].scales.{k}") for k, v in (s["scales"] or {}).items()}))
+    _unique([s.id for s in settings], f"{w}: settings")
+    metrics = []
+    for i, m in enumerate(t["metrics"]):
+        m = _take(m, f"{w}: metrics[{i}]", ("id", "label"), {"key": None, "select": "final"})
+        key = m["key"] or m["id"]
+        if not _METRIC_KEY.match(key):
+            raise ConfigError(f"{w}: metrics[{i}].key", key, "expected a metrics key, optionally with [index]")
+        from ..report.tables import parse_select
+
+        parse_select(m["select"])
+        metrics.append(Metric(m["id"], key, m["label"], m["select"]))
+    _unique([m.id for m in metrics], f"{w}: metrics")
+    mids = [m.id for m in metrics]
+    if t["rank"] is not None and t["rank"] not in mids:
+        raise ConfigError(f"{w}: rank", t["rank"], f"not a metric id ({', '.join(mids)})")
+    claims = []
+    for i, c in enumerate(t["claims"]):
+        c = _take(c, f"{w}: claims[{i}]", ("id", "text", "source", "kind", "metric", "a"),
+                  {"b": None, "among": [], "margin": 1.0, "settings": None, "role": "paper", "better": "higher"})
+        where = f"{w}: claims[{i}]"
+        if c["kind"] not in KINDS:
+            raise ConfigError(f"{where}.kind", c["kind"], f"expected one of {', '.join(KINDS)}")
+        if c["metric"] not in mids:
+            raise ConfigError(f"{where}.metric", c["metric"], f"not a metric id ({', '.join(mids)})")
+        for lab in [c["a"], *([c["b"]] if c["b"] else []), *c["among"]]:
+            if lab not in labels:
+                raise ConfigError(f"{where}", lab, f"not a method label; labels: {', '.join(labels)}")
+        if c["kind"] in ("greater", "equal") and not c["b"]:
+            raise ConfigError(f"{where}.b", None, f"a {c['kind']} claim compares a with b")
+        if c["kind"] == "best" and not c["among"]:
+            raise ConfigError(f"{where}.among", None, "a best claim lists the methods it beats")
+        for sid in c["settings"] or []:
+            if sid not in [s.id for s in settings]:
+                raise ConfigError(f"{where}.settings", sid, "not a setting id")
+        if c["role"] not in ("paper", "ablation"):
+            raise ConfigError(f"{where}.role", c["role"], "expected paper or ablation")
+        if c["better"] not in ("higher", "lower"):
+            raise ConfigError(f"{where}.better", c["better"], "expected higher or lower")
+        claims.append(Claim(c["id"], c["text"], c["source"], c["kind"], c["metric"], c["a"], c["b"],
+                            list(c["among"]), float(c["margin"]), c["settings"], c["role"], c["better"]))
+    _unique([c.id for c in claims], f"{w}: claims")
+    scales = {}
+    for name in SCALES:
+        if name not in t["scales"]:
+            raise ConfigError(f"{w}: scales.{name}", None, "every table has the scales smoke, cpu and paper")
+        s = _take(t["scales"][name], f"{w}: scales.{name}", ("seeds",),
+                  {"settings": None, "config": {}, "methods": {}, "notes": ""})
+        for lab in s["methods"] or {}:
+            if lab not in labels:
+                raise ConfigError(f"{w}: scales.{name}.methods", lab, "not a method label")
+        for sid in s["settings"] or []:
+            if sid not in [x.id for x in settings]:
+                raise ConfigError(f"{w}: scales.{name}.settings", sid, "not a setting id")
+        scales[name] = Scale([int(x) for x in s["seeds"]], s["settings"],
+                             _dotted(s["config"], f"{w}: scales.{name}.config"),
+                             {k: _dotted(v, f"{w}: scales.{name}.methods.{k}") for k, v in (s["methods"] or {}).items()},
+                             s["notes"])
+    extra = set(t["scales"]) - set(SCALES)
+    if extra:
+        raise ConfigError(f"{w}: scales", sorted(extra)[0], f"unknown scale; scales: {', '.join(SCALES)}")
+    return TableSpec(t["name"], t["title"], paper, t["dataset"], t["substitute"], t["base"],
+                     _dotted(t["config"], f"{w}: config"), settings, methods, metrics, t["rank"], claims, scales,
+                     path, t["notes"])
+
+
+def _unique(items: list[str], where: str) -> None:
+    dup = next((x for x in items if items.count(x) > 1), None)
+    if dup is not None:
+        raise ConfigError(where, dup, "each entry must appear once")
+
+
+def load_spec(path: Path) -> TableSpec:
+    try:
+        raw = yaml.safe_load(Path(path).read_text())
+    except yaml.YAMLError as e:
+        from ..config import yaml_problem
+
+        raise ConfigError(str(path), None, f"not valid YAML: {yaml_problem(e)}") from None
+    return parse_spec(raw, Path(path))
+
+
+def table_files() -> list[Path]:
+    return sorted(TABLES_DIR.glob("*.yaml"))
+
+
+def all_specs() -> dict[str, TableSpec]:
+    """Every table shipped with protofl, by name."""
+    specs = [load_spec(p) for p in table_files()]
+    return {s.name: s for s in specs}
+
+
+def get_spec(name: str) -> TableSpec:
+    specs = all_specs()
+    if name not in specs:
+        raise ConfigError("TABLE", name, "no reproducible table of that name; `protofl reproduce list` shows them: "
+                          + ", ".join(specs))
+    return specs[name]

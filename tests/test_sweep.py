@@ -4,7 +4,7 @@ import re
 
 import pytest
 
-from protofl.config import ConfigError, load_config
+from protofl.config import ConfigError
 from protofl.engine.callbacks import Callback
 from protofl.api import split_top_level
 from protofl.sweeps import parse_grid, plan, sweep

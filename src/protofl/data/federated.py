@@ -11,7 +11,6 @@ from dataclasses import dataclass
 from typing import Callable, Optional
 
 import numpy as np
-import torch
 
 from ..errors import ConfigError
 from .dataset import Dataset

@@ -33,7 +33,7 @@ from peers import workload  # noqa: E402
 import torch  # noqa: E402
 
 from protofl.data.build import build_federated  # noqa: E402
-from protofl.engine.executor import local_executor  # noqa: E402
+from protofl.engine.backends import local_executor  # noqa: E402
 from protofl.engine.simulation import Simulation  # noqa: E402
 
 VARIANTS = ("eval off", "default eval, overlap on", "default eval, overlap off")

@@ -63,7 +63,7 @@ from protofl.config import from_dict  # noqa: E402
 from protofl.data.dataset import Dataset  # noqa: E402
 from protofl.data.datasets import DATASETS  # noqa: E402
 from protofl.engine.callbacks import Callback  # noqa: E402
-from protofl.engine.executor import EXECUTORS  # noqa: E402
+from protofl.engine.backends import EXECUTORS  # noqa: E402
 from protofl.engine.simulation import Simulation  # noqa: E402
 
 DRIVERS = Path(__file__).resolve().parent / "peer_drivers"

@@ -12,7 +12,8 @@ import pickle
 import pytest
 
 from protofl.engine.callbacks import Callback
-from protofl.engine.executor import SequentialExecutor, local_executor
+from protofl.engine.backends import local_executor
+from protofl.engine.executor import SequentialExecutor
 from protofl.engine.simulation import METRICS, Simulation, read_rows
 
 from conftest import strip_timing

@@ -36,7 +36,7 @@ def test_configs_lists_one_line_per_packaged_config(capsys):
 
 
 def test_configs_without_packaged_files_exits_2(tmp_path, monkeypatch, capsys):
-    monkeypatch.setattr("protofl.config.PACKAGED_CONFIGS", tmp_path)  # an install without package data
+    monkeypatch.setattr("protofl.packaged_configs.PACKAGED_CONFIGS", tmp_path)  # an install without package data
     assert main(["configs"]) == 2
     assert "no example configs installed" in capsys.readouterr().err
 

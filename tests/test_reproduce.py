@@ -215,6 +215,19 @@ def test_missing_runs_are_reported_not_invented(tmp_path):
     assert "**Incomplete:** 6 run(s) not finished" in markdown_page(res, date="D", mach="M")
 
 
+def test_methods_runs_only_the_rows_asked_for(tmp_path):
+    from protofl.reproduce import execute
+
+    spec = load_spec(write_spec(tmp_path))
+    p = plan(spec, "smoke", out=tmp_path / "out", overrides=["execution.workers=0"])
+    with pytest.raises(ConfigError, match="rows of toy: FedAvg, FedProx, Local"):
+        execute(p, jobs=1, log=lambda m: None, methods=["FedNH"])
+    assert execute(p, jobs=1, log=lambda m: None, methods=["FedProx"]) == []
+    res = collect(p)
+    done = {label for label, per in res.cells["s1"].items() if any(c.present for c in per.values())}
+    assert done == {"FedProx"} and len(res.missing) == 4  # the other rows: listed as missing, not invented
+
+
 def test_cli_list_dry_run_and_a_real_tables_smoke_scale(tmp_path, capsys):
     assert main(["reproduce", "list"]) == 0
     out = capsys.readouterr().out

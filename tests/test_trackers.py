@@ -4,7 +4,7 @@ import json
 import pytest
 
 from protofl.cli import main
-from protofl.trackers import flat_params, metric_items
+from protofl.engine.trackers import flat_params, metric_items
 
 from conftest import DIGITS
 

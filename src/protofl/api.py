@@ -9,16 +9,34 @@ print(result.summary["final"]["gm"])
 """
 from __future__ import annotations
 
+import hashlib
+import json
+import os
+import random
+import re
+import sys
 import time
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Callable, Iterable, Optional
 
-from .config import Config
+import numpy as np
+import torch
+
+from .algorithms import ALGORITHMS
+from .config import apply_overrides, check_here, Config, from_dict, parse_override
+from .data.build import build_federated
+from .data.datasets import load_dataset
+from .data.features import make_scenario
 from .engine.callbacks import Callback, OverallProgress
 from .engine.checkpoint import save_json, save_text
-from .engine.simulation import CHECKPOINT, METRICS, SUMMARY, RunResult, Simulation, read_rows, run_dir_for
+from .engine.client import arch_kwargs, ModelCache
+from .engine.server import ServerContext
+from .engine.simulation import (build_task, CHECKPOINT, METRICS, model_mismatch, read_rows, run_dir_for, RunResult,
+                                Simulation, SUMMARY)
 from .errors import ConfigError, one_line
+from .report import tables
+from .report.html import write_report
 
 
 def fresh_dir(cfg: Config) -> Path:
@@ -41,8 +59,6 @@ def newest_run_dir(cfg: Config, log: Optional[Callable[[str], None]] = None) -> 
     """The folder ``--resume`` continues: the config's run folder, or, when several runs of
     this config sit beside it (``<name>``, ``<name>-1``, ... by :func:`fresh_dir`), the one
     written last. An explicit ``output.name`` is taken as it is."""
-    import re
-
     base = run_dir_for(cfg)
     if cfg.output.name or not base.parent.is_dir():
         return base
@@ -56,16 +72,12 @@ def newest_run_dir(cfg: Config, log: Optional[Callable[[str], None]] = None) -> 
 
 
 def _stderr(message: str) -> None:
-    import sys
-
     print(message, file=sys.stderr)
 
 
 def read_summary(run_dir: Path) -> Optional[dict]:
     """A run folder's summary.json, or None when it is missing or unreadable (a run cut
     while writing it is not complete)."""
-    import json
-
     try:
         s = json.loads((Path(run_dir) / SUMMARY).read_text())
     except (OSError, ValueError):
@@ -85,8 +97,6 @@ def run(cfg: Config, resume: bool = False, callbacks: Iterable[Callback] = (),
     training, so an impossible combination stops at once with a
     :class:`~protofl.errors.ConfigError`.
     """
-    from .config import check_here
-
     check_here(cfg)
     if run_dir is None:
         run_dir = newest_run_dir(cfg, log) if resume else fresh_dir(cfg)
@@ -115,11 +125,6 @@ def is_complete(run_dir: Path, rounds: int) -> bool:
 @contextmanager
 def _random_state_kept():
     """The global random streams (torch, numpy, random) as they were on entry, on exit."""
-    import random
-
-    import numpy as np
-    import torch
-
     np_state, py_state = np.random.get_state(), random.getstate()
     with torch.random.fork_rng(devices=[]):
         try:
@@ -143,13 +148,6 @@ def check_task(cfg: Config, datasets: Optional[dict] = None):
     streams are left as they were. ``datasets``: a cache of loaded datasets (a grid checks
     many configs on the same data).
     """
-    import torch
-
-    from .data.build import build_federated
-    from .engine.client import ModelCache, arch_kwargs
-    from .engine.server import ServerContext
-    from .engine.simulation import build_task, model_mismatch
-
     with _random_state_kept():
         fed = build_federated(cfg, _dataset_for(cfg, datasets))
         fed, algo, info = build_task(cfg, fed)
@@ -184,11 +182,6 @@ def _dataset_for(cfg: Config, datasets: Optional[dict]):
     """The loaded dataset of ``cfg`` from ``datasets`` (loading it there on a miss; one
     dataset is kept at a time), or None: without a cache, or for a feature scenario that
     builds its own data."""
-    import json
-
-    from .data.datasets import load_dataset
-    from .data.features import make_scenario
-
     if datasets is None:
         return None
     scenario = make_scenario(cfg.features.name, cfg.features.params)
@@ -205,8 +198,6 @@ def check_runs(runs: Iterable[tuple[str, Config]]) -> None:
     """:func:`check_task` for every (label, config) of a grid, before its first run: a typo
     or an impossible grid point costs seconds, not the runs before it. Identical tasks
     are checked once and each dataset is loaded once (configs are taken in data order)."""
-    import json
-
     def data_key(item):
         c = item[1]
         return json.dumps([c.data.name, c.data.root, c.data.params, c.seed], sort_keys=True, default=str)
@@ -252,10 +243,6 @@ def parse_methods(spec: str) -> dict[str, dict]:
     (``mu``); a dotted key (``training.lr``, ``participation.p``, ``algorithm.mu``) or
     ``rounds`` sets that config key for this entry only. Seeds come from ``--seeds``.
     """
-    import re
-
-    from .config import ConfigError, parse_override
-
     items = split_top_level(spec)
     out: dict[str, dict] = {}
     pat = re.compile(r"^\s*(?:([\w.\-+]+)\s*=\s*)?([\w\-]+)\s*(?:\((.*)\))?\s*$")
@@ -298,14 +285,10 @@ def parse_methods(spec: str) -> dict[str, dict]:
 # ---------------------------------------------------------------------------------------
 def extendable(cfg: Config) -> bool:
     """Whether a finished run of ``cfg`` may be continued to more rounds (see the reuse rule)."""
-    from .algorithms import ALGORITHMS
-
     return not ALGORITHMS.get(cfg.algorithm.name).uses_total_rounds
 
 
 def grid_config(cfg: Config, method: dict, seed: int, label: str) -> Config:
-    from .config import apply_overrides, from_dict
-
     raw = cfg.to_dict()
     base = raw["algorithm"] if raw["algorithm"]["name"] == method["algorithm"]["name"] else {}
     raw["algorithm"] = {**base, **method["algorithm"]}  # the config's params count for its own method
@@ -320,9 +303,6 @@ def grid_config(cfg: Config, method: dict, seed: int, label: str) -> Config:
 
 def _set_name(labels: Iterable[str], limit: int = 60) -> str:
     """A file-name-safe name for a set of method labels, e.g. ``fedavg+prox``."""
-    import hashlib
-    import re
-
     labels = list(labels)
     name = "+".join(re.sub(r"[^\w.\-]+", "_", x) for x in labels)
     if len(name) > limit:
@@ -338,11 +318,6 @@ def write_tables(rows: list[dict], out: Path, labels: Iterable[str], stem: str =
     that table first moves to ``<stem>-<its labels>.{md,tex,csv}``; an older copy under
     this set's own name is superseded and removed.
     """
-    import json
-    import os
-
-    from .report import tables
-
     labels = list(labels)
     written, meta = [], out / f"{stem}.json"
     try:
@@ -368,8 +343,6 @@ def compare(cfg: Config, methods: dict[str, dict], seeds: list[int], out: Path,
             report: bool = True) -> tuple[list[dict], Path]:
     """Run every (method, seed) not already complete in ``out`` (extending finished runs
     to more rounds by the reuse rule above), then :func:`finish_grid`."""
-    from .report import tables
-
     tables.parse_select(select)
     out = Path(out)
     # every (method, seed) is resolved and checked before the first run starts
@@ -405,8 +378,6 @@ def finish_grid(groups: dict[str, list[Path]], out: Path, stem: str, select: str
     """The end of every grid of runs (compare, sweep): one row per label (mean ± std over
     its runs) written by :func:`write_tables`, ``<stem>.json`` (which runs form each row;
     what ``protofl report`` reads) and, with ``report``, ``report.html``."""
-    from .report import tables
-
     rows = tables.compare_rows(groups, select=select)
     out.mkdir(parents=True, exist_ok=True)
     write_tables(rows, out, groups, stem)
@@ -415,7 +386,5 @@ def finish_grid(groups: dict[str, list[Path]], out: Path, stem: str, select: str
         "groups": {label: [str(Path(d).relative_to(out)) if Path(d).is_relative_to(out) else str(d)
                            for d in dirs] for label, dirs in groups.items()}})
     if report:
-        from .report.html import write_report
-
         write_report(out, select=select)
     return rows

@@ -121,7 +121,9 @@ def cmd_reproduce(args) -> int:
                 print(f"  {r.label} seed {r.seed}: {r.dir.name}")
         print(f"{p.num_runs} runs in all")
         return 0
-    failed = [] if args.no_run else R.execute(p, jobs=args.jobs, log=lambda m: print(m, file=sys.stderr))
+    only = [m.strip() for m in args.methods.split(",") if m.strip()] if args.methods else None
+    failed = [] if args.no_run else R.execute(p, jobs=args.jobs, log=lambda m: print(m, file=sys.stderr),
+                                              methods=only)
     from .reproduce.render import write_all
 
     files = write_all(R.collect(p))
@@ -175,7 +177,7 @@ def cmd_list(args) -> int:
 
 
 def cmd_configs(args) -> int:
-    from .config import config_description, defaults_yaml, packaged_config, packaged_configs
+    from .packaged_configs import config_description, packaged_config, packaged_configs
 
     what = args.configs_command or "list"
     if what == "list":
@@ -191,6 +193,8 @@ def cmd_configs(args) -> int:
     elif what == "path":
         print(packaged_config(args.name))
     elif what == "defaults":
+        from .config import defaults_yaml
+
         sys.stdout.write(defaults_yaml())
     return 0
 
@@ -287,6 +291,8 @@ def build_parser() -> argparse.ArgumentParser:
                     help="smoke (minutes), cpu (a 2-core machine; the default) or paper (the paper's rounds, "
                     "clients and epochs)")
     sp.add_argument("--seeds", help="comma-separated seeds (default: the scale's)")
+    sp.add_argument("--methods", help="comma-separated row labels to run (default: every row); the table "
+                                      "still shows every finished run")
     sp.add_argument("--jobs", type=int, help="runs at once (default: CPU count / cores one run uses)")
     sp.add_argument("--out", help="output folder (default <output.dir>/reproduce/TABLE/SCALE)")
     sp.add_argument("--data-dir", help="data root (default: $PROTOFL_DATA, then ~/.cache/protofl/data)")

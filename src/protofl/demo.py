@@ -19,13 +19,21 @@ unstable one). It writes ``<out>/report.html`` (everything, one file) and
 """
 from __future__ import annotations
 
+import json
+import os
+import shutil
+import sys
 from pathlib import Path
 from typing import Optional
 
 import numpy as np
+import torch
 
 from .api import compare, parse_methods
 from .config import Config, from_dict
+from .engine.checkpoint import load_torch
+from .engine.server import ServerContext
+from .engine.simulation import build_task
 from .report import tables
 from .report.plots import curves
 
@@ -89,10 +97,6 @@ def next_steps(out: Path) -> list[str]:
     """What to try after the demo, and how to reach the ``protofl`` command from this
     shell: ``make demo`` runs the demo from the virtual environment without activating
     it, and ``protofl`` alone is then "command not found"."""
-    import os
-    import shutil
-    import sys
-
     bin_dir = Path(sys.executable).parent
     exe = bin_dir / ("protofl.exe" if os.name == "nt" else "protofl")
     found = shutil.which("protofl")
@@ -115,8 +119,6 @@ def next_steps(out: Path) -> list[str]:
 
 
 def _groups(out: Path) -> dict[str, list[str]]:
-    import json
-
     return json.loads((out / "compare.json").read_text())["groups"]
 
 
@@ -124,12 +126,6 @@ def global_features(run_dir: Path, cfg: Config, max_points: int = 3000, seed: in
     """A finished run's global model on its test set: (features (N, 2), labels (N,),
     head rows (C, d) = the class prototype directions). At most ``max_points`` test points.
     (Used by benchmarks/fixed_heads/spiral.py.)"""
-    import torch
-
-    from .engine.checkpoint import load_torch
-    from .engine.server import ServerContext
-    from .engine.simulation import build_task
-
     fed, algo, info = build_task(cfg)
     model = ServerContext(cfg, algo, info).model(load_torch(Path(run_dir) / "model.pt"))
     ds = fed.dataset

@@ -14,6 +14,7 @@ is reported by name and left out; it does not break protofl.
 from __future__ import annotations
 
 import warnings
+from importlib.metadata import entry_points
 from typing import Callable, Generic, Iterator, Optional, TypeVar
 
 T = TypeVar("T")
@@ -39,7 +40,6 @@ class Registry(Generic[T]):
         if self._plugins_loaded and not reload:
             return
         self._plugins_loaded = True
-        from importlib.metadata import entry_points
 
         for ep in entry_points(group=self.group):
             if ep.name in self._items:

@@ -21,19 +21,26 @@
 from __future__ import annotations
 
 import itertools
+import multiprocessing as mp
 import os
 import re
+import threading
 import time
+from collections import deque
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Iterable, Optional
 
-from .api import split_top_level
-from .config import Config, ConfigError, ceil_fraction, parse_override
-from .engine.callbacks import Callback, OverallProgress
+from . import api
+from .api import grid_config, run, split_top_level
+from .config import ceil_fraction, Config, ConfigError, from_dict, parse_override
+from .engine.callbacks import Callback, OverallProgress, short_metrics
 from .engine.checkpoint import save_text
+from .engine.executor import resolve_workers
 from .engine.simulation import CHECKPOINT
+from .engine.trackers import prepare_trackers
+from .engine.train import NonFiniteLossError
 
 SWEEP = "sweep"
 
@@ -80,8 +87,6 @@ def full_fingerprint(cfg: Config) -> str:
 def plan(cfg: Config, grid: dict[str, list[Any]], seeds: list[int], out: Path,
          methods: Optional[dict[str, dict]] = None) -> list[SweepRun]:
     """Every (method x grid point x seed) as a validated config with its run folder."""
-    from .api import grid_config
-
     keys = list(grid)
     short = _short_keys(keys)
     runs: list[SweepRun] = []
@@ -112,8 +117,6 @@ def cores_per_run(cfg: Config) -> int:
     per core, at most one per client of a round), each with one thread; without workers, its
     intra-op threads (``execution.threads``; 0 is torch's default, every core). A run on a
     GPU counts as the whole machine (one process should own the device)."""
-    from .engine.executor import resolve_workers
-
     ex, cores = cfg.execution, os.cpu_count() or 1
     if ex.device != "cpu" or ex.backend != "local":
         return cores
@@ -138,16 +141,11 @@ def default_jobs(runs: list[SweepRun]) -> int:
 def _run_child(raw: dict, run_dir: str) -> dict:
     """One run in a worker process of the sweep (each worker process takes one run after
     another, so the start-up cost of a process is paid once per worker, not per run)."""
-    from .config import from_dict
-
     return _run_here(from_dict(raw), Path(run_dir))
 
 
 def _run_here(cfg: Config, run_dir: Path, callbacks: Iterable[Callback] = ()) -> dict:
     """One run of the sweep; a diverged run is reported in its summary, not raised."""
-    from .api import run
-    from .engine.train import NonFiniteLossError
-
     try:
         return run(cfg, resume=True, callbacks=callbacks, run_dir=run_dir).summary
     except NonFiniteLossError as e:
@@ -155,8 +153,6 @@ def _run_here(cfg: Config, run_dir: Path, callbacks: Iterable[Callback] = ()) ->
 
 
 def _outcome(summary: dict) -> str:
-    from .engine.callbacks import short_metrics
-
     return ", ".join(f"{k}={v}" for k, v in short_metrics(summary.get("final", {})).items() if k != "loss")
 
 
@@ -178,8 +174,6 @@ def sweep(cfg: Config, grid: dict[str, list[Any]], seeds: list[int], out: Path,
     left outweigh the worker's start-up, so the default is never slower than one at a
     time; with ``callbacks``, one at a time.
     """
-    from . import api
-
     startup_s = startup_estimate()
     out = Path(out)
     runs = plan(cfg, grid, seeds, out, methods)
@@ -228,8 +222,6 @@ def sweep(cfg: Config, grid: dict[str, list[Any]], seeds: list[int], out: Path,
             log(f"[sweep] {len(todo)} runs, up to {jobs} at a time: a worker process starts when a core is "
                 "idle and the runs left outweigh its start-up")
         if todo[0].cfg.output.trackers:
-            from .trackers import prepare_trackers
-
             prepare_trackers(todo[0].cfg)
         cores = max(cores_per_run(r.cfg) for r in todo)
         queue = _SharedQueue(todo, jobs - 1, started, finished, log, eager=eager, cores=cores, startup_s=startup_s)
@@ -316,10 +308,6 @@ class _SharedQueue:
 
     def __init__(self, todo: list[SweepRun], workers: int, started, finished, log, eager: bool, cores: int,
                  startup_s: float) -> None:
-        import multiprocessing as mp
-        import threading
-        from collections import deque
-
         self.queue, self.workers, self.log = deque(todo), workers, log
         self.started, self.finished = started, finished
         self.eager, self.cores, self.startup_s = eager, cores, startup_s
@@ -360,8 +348,6 @@ class _SharedQueue:
             self.report(r, summary, t0)
 
     def add_worker(self) -> None:
-        import threading
-
         t = threading.Thread(target=self.helper, daemon=True, name=f"sweep-worker-{len(self.threads) + 1}")
         self.threads.append(t)
         t.start()
@@ -383,10 +369,6 @@ class _SharedQueue:
                 self.add_worker()
 
     def run(self) -> None:
-        import threading
-
-        from .config import from_dict
-
         monitor = None
         try:
             if self.eager:

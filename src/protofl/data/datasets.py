@@ -10,7 +10,9 @@ Data root resolution (first that is set): ``--data-dir`` / ``data.root``, the
 """
 from __future__ import annotations
 
+import gzip
 import hashlib
+import importlib.util
 import json
 import math
 import os
@@ -175,9 +177,6 @@ def _digits_arrays() -> tuple[np.ndarray, np.ndarray]:
     (its import costs seconds, which every Flower client process would pay); falls back
     to ``sklearn.datasets.load_digits`` if the file is not where we expect it.
     """
-    import gzip
-    import importlib.util
-
     spec = importlib.util.find_spec("sklearn")
     for folder in (spec.submodule_search_locations or []) if spec else []:
         path = Path(folder) / "datasets" / "data" / "digits.csv.gz"

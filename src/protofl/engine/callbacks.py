@@ -1,6 +1,7 @@
 """Side concerns as callbacks: progress (bar or log lines), metrics.jsonl. The engine only emits events."""
 from __future__ import annotations
 
+import importlib.util
 import json
 import logging
 import math
@@ -8,6 +9,8 @@ import sys
 import time
 from pathlib import Path
 from typing import Any, Optional
+
+from .store import usage_line
 
 
 class Callback:
@@ -112,7 +115,6 @@ class ProgressBar(Callback):
     def on_start(self, info: dict[str, Any]) -> None:
         if not self.enabled:
             return
-        import importlib.util
 
         if importlib.util.find_spec("ipywidgets") is not None:
             from tqdm.auto import tqdm  # a widget in notebooks
@@ -173,8 +175,6 @@ class RoundLogger(Callback):
                       per_round, _clock(per_round * (self.rounds - rnd)))
 
     def on_end(self, summary: dict[str, Any]) -> None:
-        from .store import usage_line
-
         line = usage_line(summary.get("client_state"))
         if line:
             self.log.info("%s %s", self.name, line)

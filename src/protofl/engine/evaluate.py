@@ -1,7 +1,7 @@
 """Batched evaluation of predictors; the metric formulas live in :mod:`protofl.metrics`."""
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, Mapping
+from typing import Mapping
 
 import numpy as np
 import torch
@@ -9,11 +9,6 @@ from torch import nn
 
 from ..algorithms.base import Predictor, Predictors
 from .. import metrics as M
-
-if TYPE_CHECKING:  # pragma: no cover
-    from ..algorithms.base import Algorithm
-    from .client import ClientRuntime
-    from .server import ServerContext
 
 
 def as_named(predictors: Predictors) -> dict[str, Predictor]:
@@ -67,36 +62,4 @@ def personal_metrics(predictors: Predictors, *, test_x, test_y, local_x, local_y
         if len(local_y):
             lc, ln = class_correct(predict, local_x, local_y, num_classes, batch_size, channels_last)
             out["pa" + sfx] = M.accuracy(lc, ln)
-    return out
-
-
-def global_metrics(algorithm: "Algorithm", state: Any, server: "ServerContext",
-                   runtime: "ClientRuntime") -> dict[str, Any]:
-    """GM of the server state on the global test set: ``gm``, ``gm_per_class``, ``gm@name``
-    for extra predictors and ``gm:group`` per feature-skew test block; {} without a global model.
-
-    The same function runs in the driver and, with ``execution.overlap_eval``, in a pool
-    worker (with the worker's own :class:`ServerContext`): the same numbers either way.
-    """
-    predictors = algorithm.global_predictor(state, server)
-    if predictors is None:
-        return {}
-    tx, ty = runtime.test_data
-    C, bs, cl = runtime.info.num_classes, runtime.cfg.eval.batch_size, runtime.channels_last
-    out: dict[str, Any] = {}
-    groups = runtime.fed.test_groups
-    for i, (name, predict) in enumerate(as_named(predictors).items()):
-        sfx = f"@{name}" if i > 0 else ""
-        if groups and i == 0:  # feature groups: the primary predictor per test block (gm:rot90)
-            correct = count = 0
-            for g, idx in groups.items():
-                t = torch.from_numpy(idx)
-                c, n = class_correct(predict, tx[t], ty[t], C, bs, cl)
-                out[f"gm:{g}"] = M.accuracy(c, n)
-                correct, count = correct + c, count + n
-        else:
-            correct, count = class_correct(predict, tx, ty, C, bs, cl)
-        out["gm" + sfx] = M.accuracy(correct, count)
-        if i == 0:
-            out["gm_per_class"] = M.per_class_accuracy(correct, count)
     return out

@@ -10,8 +10,8 @@ is the same whichever backend ran the clients.
 * :class:`~protofl.engine.ray_executor.RayExecutor` runs them on actors of a Ray cluster
   (``execution.backend: ray``; Ray is imported only then).
 
-``EXECUTORS`` maps ``execution.backend`` to a factory ``factory(simulation) -> executor``,
-an :class:`Executor`: ``run(tasks)`` and ``close()``, ``describe() -> dict`` (merged into
+:mod:`protofl.engine.backends` maps ``execution.backend`` to a factory
+``factory(simulation) -> executor``, an :class:`Executor`: ``run(tasks)`` and ``close()``, ``describe() -> dict`` (merged into
 the run summary's ``execution``), and, where ``defers_eval`` is set,
 ``evaluate_later(state) -> handle`` (the global-model evaluation as a pool task that runs
 with the next round's clients, ``handle.result()`` its metrics; see
@@ -33,13 +33,11 @@ from typing import Optional
 
 import torch
 
-from ..errors import ConfigError
 from ..messages import Record
-from ..registry import Registry
+from ..models import MODELS
 from .client import ClientOutput, ClientRuntime
-from .evaluate import global_metrics
 from .malloc import tune_malloc
-from .server import ServerContext
+from .server import global_metrics, ServerContext
 
 
 @dataclass
@@ -93,7 +91,6 @@ def _init_worker(cfg, fed, shipped: bytes, info) -> None:
     torch.set_num_threads(1)
     tune_malloc()
     algorithm, models = pickle.loads(shipped)
-    from ..models import MODELS
 
     for name, builder in models.items():  # model builders defined in the parent's __main__
         if name not in MODELS:
@@ -159,8 +156,6 @@ def ship_to_workers(runtime: ClientRuntime) -> bytes:
     value, with cloudpickle. Raises if that is impossible; the caller then falls back
     to running clients in this process.
     """
-    from ..models import MODELS
-
     builder = MODELS.get(runtime.cfg.model.name)
     models = {runtime.cfg.model.name: builder} if from_main(builder) else {}
     if not models and not from_main(runtime.algorithm):
@@ -267,52 +262,3 @@ def make_executor(runtime: ClientRuntime, workers, threads: int, clients_per_rou
             return SequentialExecutor(runtime, threads)
         return ProcessExecutor(runtime, n, shipped)
     return SequentialExecutor(runtime, threads)
-
-
-EXECUTORS: Registry = Registry("execution backend")
-
-RAY_HINT = "Ray is not installed; install the extra: pip install 'protofl[ray]'"
-
-
-def require_ray() -> None:
-    """Fail in one line (exit 2) if Ray is not importable; does not import it."""
-    import importlib.util
-    import sys
-
-    try:
-        found = sys.modules.get("ray", False) is not None and importlib.util.find_spec("ray") is not None
-    except (ImportError, ValueError):
-        found = False
-    if not found:
-        raise ConfigError("execution.backend", "ray", RAY_HINT)
-
-
-def use_batched(cfg) -> bool:
-    """``execution.executor``: batched when asked, or (auto) on a GPU; never with worker processes."""
-    ex = cfg.execution
-    if ex.executor == "auto":
-        return ex.device != "cpu" and ex.workers in ("auto", 0)
-    return ex.executor == "batched"
-
-
-@EXECUTORS.register("local")
-def local_executor(sim):
-    """This machine: sequential (``workers: 0``), a pool of worker processes, or the
-    batched executor (``execution.executor``, engine/batched.py) in this process."""
-    ex = sim.cfg.execution
-    if use_batched(sim.cfg):
-        from .batched import BatchedExecutor
-
-        return BatchedExecutor(sim.runtime, ex.batch_clients, ex.threads, compile=ex.compile)
-    return make_executor(sim.runtime, ex.workers, ex.threads, sim.participation.m)
-
-
-@EXECUTORS.register("ray")
-def ray_executor(sim):
-    """Actors on a Ray cluster (``execution.address``) or on a private local Ray."""
-    require_ray()
-    from .ray_executor import RayExecutor, check_address
-
-    if sim.cfg.execution.address:  # a wrong address fails in seconds, before Ray is even imported
-        check_address(sim.cfg.execution.address)
-    return RayExecutor(sim)

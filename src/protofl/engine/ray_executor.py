@@ -47,6 +47,7 @@ from typing import Any, Callable, Optional
 import numpy as np
 import torch
 
+from ..data.build import build_federated
 from ..data.dataset import Dataset
 from ..data.federated import FederatedData
 from ..errors import ConfigError
@@ -181,7 +182,6 @@ class ClientActor:
         if data is not None:
             fed = _unpack(data)
         else:  # data: node -- this node's files ($PROTOFL_DATA of its `ray start`, else data.root)
-            from ..data.build import build_federated
 
             root = os.environ.get("PROTOFL_DATA") or cfg.data.root
             fed = build_federated(cfg.replace(**{"data.root": root}))

@@ -26,8 +26,6 @@ import time
 from pathlib import Path
 from typing import Optional
 
-import protofl
-
 
 def free_port() -> int:
     with socket.socket() as s:
@@ -39,7 +37,7 @@ def ray_env(fast_failure_detection: bool = False) -> dict:
     """The environment for ``ray start`` and drivers of a local multi-node cluster."""
     env = dict(os.environ)
     env.pop("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", None)
-    src = str(Path(protofl.__file__).resolve().parents[1])
+    src = str(Path(__file__).resolve().parents[2])  # the folder that holds the protofl package
     env["PYTHONPATH"] = os.pathsep.join([src, *filter(None, [os.environ.get("PYTHONPATH")])])
     env["RAY_USAGE_STATS_ENABLED"] = "0"
     if fast_failure_detection:  # a dead node is noticed within ~3 s instead of ~30 s

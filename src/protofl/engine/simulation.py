@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import json
 import logging
+import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -25,23 +26,23 @@ import numpy as np
 import torch
 
 from .. import metrics as M
-from ..errors import CheckpointError, ConfigError, InputError, OutputDirError, WriteError
-from ..algorithms import ALGORITHMS
 from ..algorithms.base import Algorithm, TaskInfo, weight_diversity
-from ..config import Config, hyper
+from ..config import Config, method
 from ..data.build import build_federated
 from ..data.federated import FederatedData
-from ..models import build_model, num_params
+from ..errors import CheckpointError, ConfigError, InputError, OutputDirError, WriteError
+from ..models import build_model, MODELS, num_params
+from .backends import EXECUTORS
 from .callbacks import Callback, JsonlWriter, progress_callback
 from .checkpoint import load_checkpoint, save_checkpoint, save_json, save_text, save_torch
-from .client import ClientRuntime, arch_kwargs
-from .evaluate import global_metrics
-from .executor import EXECUTORS, ClientTask, resolve_workers
+from .client import arch_kwargs, ClientRuntime
+from .executor import ClientTask, resolve_workers
 from .malloc import tune_malloc
 from .participation import Participation
 from .precision import check_precision
-from .server import ServerContext
-from .store import STATE_DIR, SpillStore, load_spilled, make_store
+from .server import global_metrics, ServerContext
+from .store import load_spilled, make_store, SpillStore, STATE_DIR
+from .trackers import make_trackers
 from .train import NonFiniteLossError
 from .validate import check_reply
 
@@ -74,8 +75,6 @@ def read_rows(path: Path) -> list[dict]:
 
 
 def _warn(message: str) -> None:
-    import sys
-
     print(message, file=sys.stderr)
 
 
@@ -121,8 +120,8 @@ def build_task(cfg: Config, fed: Optional[FederatedData] = None) -> tuple[Federa
     probe = build_probe(cfg, ds, arch_kwargs(cfg, 0))
     info = TaskInfo(num_classes=ds.num_classes, num_clients=fed.num_clients, feature_dim=probe.feature_dim,
                     input_shape=tuple(ds.input_shape), seed=cfg.seed, rounds=cfg.rounds)
-    algo_cls = ALGORITHMS.get(cfg.algorithm.name)
-    return fed, algo_cls(hyper(cfg), info), info
+    algo_cls, hp = method(cfg)
+    return fed, algo_cls(hp, info), info
 
 
 def build_probe(cfg: Config, ds, kwargs: dict):
@@ -152,8 +151,6 @@ def model_mismatch(cfg: Config, ds, why: str, kwargs: dict) -> ConfigError:
 def models_for(ds) -> list[str]:
     """The registered models that build for ``ds``'s inputs with their default parameters
     and compute class scores from two of its samples (used on the error path only)."""
-    from ..models import MODELS
-
     x = ds.normalize(ds.x_train[:2])
     fits = []
     with torch.random.fork_rng(devices=[]), torch.inference_mode():  # probes leave the global stream alone
@@ -297,10 +294,7 @@ class Simulation:
         progress = progress_callback(cfg.output.progress, cfg.output.log_every)
         if progress is not None:
             callbacks.append(progress)
-        if cfg.output.trackers:
-            from ..trackers import make_trackers
-
-            callbacks += make_trackers(cfg)
+        callbacks += make_trackers(cfg)
         callbacks += self.user_callbacks
         for cb in callbacks:
             cb.on_start({"name": self.dir.name, "rounds": cfg.rounds, "start_round": start, "dir": str(self.dir)})

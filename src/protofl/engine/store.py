@@ -20,6 +20,7 @@ from collections import OrderedDict
 from pathlib import Path
 from typing import NamedTuple, Optional, Union
 
+from ..errors import CheckpointError
 from ..messages import Record
 
 
@@ -261,8 +262,6 @@ class SpillStore(ClientStateStore):
                     p.unlink()
         for cid, ref in refs.items():
             if not (self.root / ref.file).exists():
-                from ..errors import CheckpointError
-
                 raise CheckpointError(f"cannot resume: the checkpoint names client {cid}'s state file "
                                       f"{self.root / ref.file}, which is missing; start the run again "
                                       "without --resume")

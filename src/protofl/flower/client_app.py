@@ -29,10 +29,12 @@ from __future__ import annotations
 
 from typing import Any, Optional
 
+import torch
 from flwr.app import ConfigRecord, Context, Message, RecordDict
 from flwr.clientapp import ClientApp
+from torch import nn
 
-from .project import CONFIG_KEY, NODE_OVERRIDES, config_from_run, partition_of
+from .project import config_from_run, CONFIG_KEY, NODE_OVERRIDES, partition_of
 
 NODE_KEY = "node"
 RUN_KEY = "protofl-run"  # in a query's content and in the node's Context.state: the run's config
@@ -50,9 +52,6 @@ def warm_up() -> None:
     ``torch._dynamo``, about 1 s here). The global RNG is left as it was; results do
     not depend on it anyway (every client turn seeds its own streams).
     """
-    import torch
-    from torch import nn
-
     from ..algorithms.base import cross_entropy_loss
     from ..engine import client, simulation  # noqa: F401
     from ..engine.train import local_train
@@ -114,7 +113,7 @@ def query(msg: Message, context: Context) -> Message:
 @app.train()
 def train(msg: Message, context: Context) -> Message:
     from ..engine.train import NonFiniteLossError
-    from .records import ERROR_KEY, RUN_INFO_KEY, content_to_task, load_state, output_to_content, save_state
+    from .records import content_to_task, ERROR_KEY, load_state, output_to_content, RUN_INFO_KEY, save_state
 
     runtime, cfg = _runtime(context)
     pid = partition_of(context.node_config, cfg.partition.num_clients)

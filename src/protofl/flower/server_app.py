@@ -14,6 +14,7 @@ the method's own Record, mapped 1:1 by :mod:`protofl.flower.records`.
 """
 from __future__ import annotations
 
+from logging import INFO
 from pathlib import Path
 from typing import Any, Optional
 
@@ -22,14 +23,12 @@ from flwr.serverapp import Grid, ServerApp
 
 from ..config import Config
 from ..engine.callbacks import Callback, short_metrics
-from .project import CONFIG_KEY, config_from_run, run_config_for, setting
+from .project import config_from_run, CONFIG_KEY, run_config_for, setting
 
 app = ServerApp()
 
 
 def _log(msg: str) -> None:
-    from logging import INFO
-
     from flwr.supercore import log
 
     log(INFO, msg)

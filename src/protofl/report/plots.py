@@ -11,12 +11,15 @@ from __future__ import annotations
 
 import json
 import re
+import warnings
 from pathlib import Path
 from typing import Optional, Sequence
 
 import numpy as np
+import yaml
 
-from ..errors import InputError
+from ..engine.simulation import METRICS, read_rows
+from ..errors import InputError, one_line
 
 
 class ReportError(InputError, ValueError):
@@ -114,8 +117,6 @@ def axis_label(metric: str) -> str:
 # run folders
 # ---------------------------------------------------------------------------------------
 def read_metrics(run_dir: Path) -> list[dict]:
-    from ..engine.simulation import METRICS, read_rows
-
     return read_rows(Path(run_dir) / METRICS)
 
 
@@ -154,15 +155,11 @@ def expand_runs(paths: Sequence[Path | str]) -> list[Path]:
 def read_file(path: Path, kind: str = "json"):
     """A run or grid folder's JSON or YAML file; a damaged one (cut short, overwritten by
     something else) is a :class:`ReportError` naming it, not a traceback."""
-    import yaml
-
     path = Path(path)
     try:
         text = path.read_text(encoding="utf-8")
         data = json.loads(text) if kind == "json" else yaml.safe_load(text)
     except (UnicodeDecodeError, ValueError, yaml.YAMLError) as e:
-        from ..errors import one_line
-
         raise ReportError(f"{path}: not a readable {kind.upper()} file ({one_line(e, 160)}); "
                           "it was cut short or replaced: run it again, or move it away") from e
     if not isinstance(data, dict):
@@ -270,8 +267,6 @@ def _series(dirs: Sequence[Path], metric: str) -> tuple[np.ndarray, np.ndarray]:
 
 def _nanstats(ys: np.ndarray, band: str) -> tuple[np.ndarray, Optional[tuple[np.ndarray, np.ndarray]]]:
     """Mean over runs ignoring missing values, and the band where >= 2 runs have a value."""
-    import warnings
-
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", RuntimeWarning)  # all-NaN rounds stay NaN (a gap)
         mean = np.nanmean(ys, axis=0)

@@ -17,6 +17,7 @@ from typing import Iterable, Optional, Sequence
 import numpy as np
 
 from ..errors import ConfigError
+from .plots import read_file, read_metrics
 
 # cluster_purity: clustering methods on scenarios with known client groups (a fraction, shown in %)
 METRICS = ("gm", "pm_v", "pm_l", "pa", "ga", "cluster_purity")
@@ -30,8 +31,6 @@ LOWER_IS_BETTER = ("_std",)  # suffixes of metrics where the smallest value is t
 
 
 def load_summary(run_dir: Path) -> dict:
-    from .plots import read_file
-
     return read_file(Path(run_dir) / "summary.json")
 
 
@@ -102,8 +101,6 @@ def select_rows(rows: Sequence[dict], how: str = "final") -> dict[str, float]:
 
 def load_rows(run_dir: Path) -> list[dict]:
     """A run's per-round rows (``metrics.jsonl``, read as the engine reads it on resume)."""
-    from .plots import read_metrics
-
     return read_metrics(run_dir)
 
 
@@ -122,8 +119,6 @@ def compare_rows(groups: dict[str, list[Path]], metrics: Iterable[str] = METRICS
     sample std over its runs (seeds). ``row[m] = (mean, std)``; std is NaN with one value.
     ``row["count"][m]`` = how many runs had the metric. ``row["global_model"]`` = False
     when no run of the label has a global model (GA is then not a copy of GM)."""
-    from .plots import read_metrics
-
     parse_select(select)
     out = []
     for label, dirs in groups.items():
@@ -254,8 +249,6 @@ def stability(run_dir: Path, window: int = STABILITY_WINDOW) -> Optional[dict]:
     (``step``, in points; its window + 1 last values give ``window`` changes), and the
     ``worst``, ``best`` and ``mean`` round (in %). None unless GM was logged on each of
     the last ``window + 1`` rounds (with ``eval.every`` > 1 a change would span rounds)."""
-    from .plots import read_metrics
-
     rows = [r for r in read_metrics(run_dir) if isinstance(r.get("gm"), (int, float))]
     tail = rows[-window - 1:]
     if len(tail) < window + 1 or tail[-1]["round"] - tail[0]["round"] != window:

@@ -16,8 +16,9 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Callable, Optional
 
-from .run import Plan, Results, collect, execute, plan
-from .spec import SCALES, TableSpec, all_specs, get_spec
+from .render import write_all
+from .run import collect, execute, Plan, plan, Results
+from .spec import all_specs, get_spec, SCALES, TableSpec
 
 __all__ = ["SCALES", "Plan", "Results", "TableSpec", "all_specs", "collect", "execute", "get_spec", "plan",
            "reproduce"]
@@ -31,8 +32,6 @@ def reproduce(name: str, scale: str = "cpu", seeds: Optional[list[int]] = None,
     Returns (results, files written, failed runs). ``run=False`` only collects the runs
     already finished (the table then marks the missing ones).
     """
-    from .render import write_all
-
     p = plan(get_spec(name), scale, seeds, overrides, out)
     failed = execute(p, jobs=jobs, log=log) if run else []
     res = collect(p)

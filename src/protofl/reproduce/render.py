@@ -15,17 +15,20 @@ import platform
 from pathlib import Path
 from typing import Optional
 
-from .run import Cell, Results, command_line
-from .spec import TableSpec
+import torch
+
+from ..report import plots
+from ..report.html import _img, _table, CSS
+from ..report.tables import markdown, parse_select
 from . import stats
+from .run import Cell, command_line, Results
+from .spec import TableSpec
 
 VERDICT_MARK = {stats.SHOWN: "**shown**", stats.NOT_SHOWN: "not shown", stats.NOT_COMPARABLE: "not comparable"}
 
 
 def machine() -> str:
     """One line naming this machine (CPU model and count, GPU if used, torch, Python)."""
-    import torch
-
     cpu = ""
     try:
         for line in Path("/proc/cpuinfo").read_text().splitlines():
@@ -94,8 +97,6 @@ def table_rows(res: Results, settings: Optional[list] = None) -> tuple[list[str]
 
 
 def _md_table(header: list[str], rows: list[list[str]]) -> str:
-    from ..report.tables import markdown
-
     return markdown(header, rows)
 
 
@@ -228,8 +229,6 @@ def extras_lines(res: Results) -> list[str]:
 
 
 def _select_text(select: str) -> str:
-    from ..report.tables import parse_select
-
     how, k = parse_select(select)
     return {"final": "the last evaluation", "best": "the best evaluation",
             "last": f"the mean of the last {k} evaluations"}[how]
@@ -267,9 +266,6 @@ def _num(x: Optional[float]) -> str:
 # report.html
 # ---------------------------------------------------------------------------------------
 def build_html(res: Results, date: Optional[str] = None, mach: Optional[str] = None) -> str:
-    from ..report import plots
-    from ..report.html import CSS, _img, _table
-
     spec, p = res.plan.spec, res.plan
     date = date or datetime.date.today().isoformat()
     mach = mach or machine()
@@ -347,8 +343,6 @@ def write_all(res: Results, date: Optional[str] = None) -> list[Path]:
 
 def list_text(specs: dict[str, TableSpec]) -> str:
     """``protofl reproduce list``: one block per table."""
-    from ..report.tables import markdown
-
     rows = []
     for name, s in specs.items():
         rows.append([name, f"{s.paper['short'] or s.paper['title']}, {s.paper['table']}", s.dataset,

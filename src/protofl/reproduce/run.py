@@ -17,13 +17,16 @@ import math
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable, Optional
+from typing import Callable, Optional, Sequence
 
-from ..config import Config, load_config, parse_override
+from ..api import is_complete
+from ..config import check_here, Config, load_config, parse_override
 from ..errors import ConfigError
-from ..report.tables import mean_std
-from .spec import SCALES, Metric, Setting, TableSpec, _METRIC_KEY
+from ..report.plots import read_metrics
+from ..report.tables import mean_std, select_value
+from ..sweeps import plan as sweep_plan, sweep
 from . import stats
+from .spec import _METRIC_KEY, Metric, SCALES, Setting, TableSpec
 
 
 @dataclass
@@ -62,8 +65,6 @@ def plan(spec: TableSpec, scale: str = "cpu", seeds: Optional[list[int]] = None,
          overrides: Optional[list[str]] = None, out: Optional[Path] = None) -> Plan:
     """Every run of ``spec`` at ``scale``, validated (``overrides``: ``key=value`` strings
     applied last, to every setting)."""
-    from ..sweeps import plan as sweep_plan
-
     if scale not in SCALES:
         raise ConfigError("--scale", scale, f"expected one of {', '.join(SCALES)}")
     sc = spec.scales[scale]
@@ -87,18 +88,28 @@ def plan(spec: TableSpec, scale: str = "cpu", seeds: Optional[list[int]] = None,
     return Plan(spec, scale, seeds, overrides, out, settings)
 
 
-def execute(p: Plan, jobs: Optional[int] = None, log: Callable[[str], None] = print) -> list:
-    """Run every run of the plan not complete yet; returns the runs that failed."""
-    from ..config import check_here
-    from ..sweeps import sweep
+def execute(p: Plan, jobs: Optional[int] = None, log: Callable[[str], None] = print,
+            methods: Optional[Sequence[str]] = None) -> list:
+    """Run every run of the plan not complete yet; returns the runs that failed.
 
+    ``methods``: only the rows with these labels (the table still shows every finished
+    run and names the missing ones)."""
+    if methods is not None:
+        known = {label for sp in p.settings for label in sp.methods}
+        unknown = [m for m in methods if m not in known]
+        if unknown or not methods:
+            raise ConfigError("--methods", ",".join(methods),
+                              f"rows of {p.spec.name}: {', '.join(sorted(known, key=str.lower))}")
     for sp in p.settings:
         check_here(sp.cfg)
     failed = []
     for i, sp in enumerate(p.settings, start=1):
+        chosen = {k: v for k, v in sp.methods.items() if methods is None or k in methods}
+        if not chosen:
+            continue
         log(f"[reproduce {p.spec.name}] setting {i}/{len(p.settings)}: {sp.setting.label} "
-            f"({len(sp.runs)} runs) -> {sp.out}")
-        _, _, bad = sweep(sp.cfg, {}, p.seeds, sp.out, methods=sp.methods, jobs=jobs, log=log)
+            f"({len(chosen) * len(p.seeds)} runs) -> {sp.out}")
+        _, _, bad = sweep(sp.cfg, {}, p.seeds, sp.out, methods=chosen, jobs=jobs, log=log)
         failed += bad
     return failed
 
@@ -108,8 +119,6 @@ def execute(p: Plan, jobs: Optional[int] = None, log: Callable[[str], None] = pr
 # ---------------------------------------------------------------------------------------
 def run_value(rows: list[dict], metric: Metric) -> Optional[float]:
     """The metric's selected value of one run, in percent (None: the run never logged it)."""
-    from ..report.tables import select_value
-
     m = _METRIC_KEY.match(metric.key)
     key, idx = m.group(1), m.group(2)
     if idx is not None:
@@ -158,9 +167,6 @@ class Results:
 
 def collect(p: Plan) -> Results:
     """Read every finished run of the plan; runs not finished count as missing."""
-    from ..api import is_complete
-    from ..report.plots import read_metrics
-
     spec = p.spec
     cells: dict[str, dict[str, dict[str, Cell]]] = {}
     missing = []

@@ -39,7 +39,9 @@ from typing import Any, Optional
 
 import yaml
 
+from ..config import yaml_problem
 from ..errors import ConfigError
+from ..report.tables import parse_select
 
 TABLES_DIR = Path(__file__).resolve().parent / "tables"
 SCALES = ("smoke", "cpu", "paper")
@@ -217,7 +219,6 @@ def parse_spec(raw: dict, path: Path) -> TableSpec:
         key = m["key"] or m["id"]
         if not _METRIC_KEY.match(key):
             raise ConfigError(f"{w}: metrics[{i}].key", key, "expected a metrics key, optionally with [index]")
-        from ..report.tables import parse_select
 
         parse_select(m["select"])
         metrics.append(Metric(m["id"], key, m["label"], m["select"]))
@@ -285,8 +286,6 @@ def load_spec(path: Path) -> TableSpec:
     try:
         raw = yaml.safe_load(Path(path).read_text())
     except yaml.YAMLError as e:
-        from ..config import yaml_problem
-
         raise ConfigError(str(path), None, f"not valid YAML: {yaml_problem(e)}") from None
     return parse_spec(raw, Path(path))
 

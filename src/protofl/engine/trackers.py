@@ -17,30 +17,17 @@ read back, so the integration could not be tested here.
 """
 from __future__ import annotations
 
-import importlib.util
 import json
 import math
 import re
+import time
 from pathlib import Path
 from typing import Any, Iterator, Optional
 
-from .engine.callbacks import Callback
-from .errors import ConfigError
+from ..config.machine import check_trackers, TRACKERS  # noqa: F401  (re-exported)
+from .callbacks import Callback
 
-# tracker name -> (module it needs, the extra that installs it)
-TRACKERS = {"tensorboard": ("tensorboard", "tensorboard"), "mlflow": ("mlflow", "mlflow")}
 _BAD = re.compile(r"[^\w\-. /]")
-
-
-def check_trackers(names: list[str], key: str = "output.trackers") -> None:
-    """Known names whose package is installed; else a :class:`~protofl.errors.ConfigError`."""
-    for i, name in enumerate(names):
-        if name not in TRACKERS:
-            raise ConfigError(f"{key}[{i}]", name, f"unknown tracker; known: {', '.join(TRACKERS)}")
-        module, extra = TRACKERS[name]
-        if importlib.util.find_spec(module) is None:
-            raise ConfigError(f"{key}[{i}]", name,
-                              f"needs the {module} package: pip install 'protofl[{extra}]'")
 
 
 def metric_items(row: dict[str, Any]) -> Iterator[tuple[str, float]]:
@@ -150,8 +137,6 @@ class MLflowTracker(Callback):
     def on_round(self, row: dict[str, Any]) -> None:
         if self.client is None:
             return
-        import time
-
         from mlflow.entities import Metric
 
         ts = int(time.time() * 1000)

@@ -1,0 +1,157 @@
+"""Type checking of YAML values against annotations and signatures.
+
+YAML gives strings, numbers, lists and mappings; a config field or a component's
+parameter has an annotation. :func:`coerce` turns the one into the other or raises a
+:class:`~protofl.errors.ConfigError` naming the key, the value and the expected type.
+"""
+from __future__ import annotations
+
+import dataclasses
+import inspect
+import re
+import types
+import typing
+from typing import Any, Literal, Union
+
+from ..errors import ConfigError
+
+_NUMBER = re.compile(r"^[+-]?(\d+\.?\d*|\.\d+)([eE][+-]?\d+)?$")
+
+
+def _type_name(tp: Any) -> str:
+    origin = typing.get_origin(tp)
+    if origin in (Union, types.UnionType):
+        return " or ".join(_type_name(a) for a in typing.get_args(tp))
+    if origin is Literal:
+        return "one of " + ", ".join(repr(a) for a in typing.get_args(tp))
+    if origin is not None:
+        args = typing.get_args(tp)
+        return f"{getattr(origin, '__name__', str(origin))}[{', '.join(_type_name(a) for a in args)}]"
+    if tp is type(None):
+        return "null"
+    return getattr(tp, "__name__", str(tp))
+
+
+def coerce(value: Any, tp: Any, key: str) -> Any:
+    """Check ``value`` against annotation ``tp``; int -> float widening and list -> tuple allowed."""
+    if tp is Any or tp is inspect.Parameter.empty:
+        return value
+    origin = typing.get_origin(tp)
+    args = typing.get_args(tp)
+    if origin in (Union, types.UnionType):
+        errors = []
+        for a in args:
+            try:
+                return coerce(value, a, key)
+            except ConfigError as e:
+                errors.append(e)
+        raise ConfigError(key, value, f"expected {_type_name(tp)}")
+    if origin is Literal:
+        if value in args:
+            return value
+        raise ConfigError(key, value, f"expected {_type_name(tp)}")
+    if tp is type(None):
+        if value is None:
+            return None
+        raise ConfigError(key, value, "expected null")
+    if origin in (list, tuple, typing.Sequence, __import__("collections.abc").abc.Sequence):
+        if not isinstance(value, (list, tuple)):
+            raise ConfigError(key, value, f"expected a list ({_type_name(tp)})")
+        if origin is tuple and args and args[-1] is not Ellipsis:
+            if len(args) != len(value):
+                raise ConfigError(key, value, f"expected {len(args)} items ({_type_name(tp)})")
+            return tuple(coerce(v, a, f"{key}[{i}]") for i, (v, a) in enumerate(zip(value, args)))
+        inner = args[0] if args else Any
+        out = [coerce(v, inner, f"{key}[{i}]") for i, v in enumerate(value)]
+        return tuple(out) if origin is tuple else out
+    if origin is dict or tp is dict:
+        if not isinstance(value, dict):
+            raise ConfigError(key, value, "expected a mapping")
+        if args:
+            return {k: coerce(v, args[1], f"{key}.{k}") for k, v in value.items()}
+        return dict(value)
+    if tp is bool:
+        if isinstance(value, bool):
+            return value
+        raise ConfigError(key, value, "expected true or false")
+    if tp is int:
+        if isinstance(value, int) and not isinstance(value, bool):
+            return value
+        if isinstance(value, float) and value.is_integer():
+            return int(value)
+        raise ConfigError(key, value, "expected an integer")
+    if tp is float:
+        if isinstance(value, (int, float)) and not isinstance(value, bool):
+            return float(value)
+        if isinstance(value, str) and _NUMBER.match(value.strip()):  # YAML 1.1 reads 1e6 as a string
+            return float(value)
+        raise ConfigError(key, value, "expected a number")
+    if tp is str:
+        if isinstance(value, str):
+            return value
+        raise ConfigError(key, value, "expected a string")
+    if isinstance(tp, type) and isinstance(value, tp):
+        return value
+    raise ConfigError(key, value, f"expected {_type_name(tp)}")
+
+
+def check_kwargs(fn: Any, params: dict, section: str, skip: int = 0,
+                 provided: tuple[str, ...] = ()) -> dict:
+    """Validate ``params`` against the keyword parameters of ``fn`` after the first ``skip``.
+
+    Unknown keys are rejected with the list of known ones; values are type-checked
+    against the annotations. Returns the coerced kwargs (only those given). Names in
+    ``provided`` are supplied by the library (e.g. the natural partition's users).
+    """
+    sig = inspect.signature(fn)
+    plist = list(sig.parameters.values())[skip:]
+    try:
+        hints = typing.get_type_hints(fn)
+    except Exception:  # pragma: no cover - unresolved annotations: skip type checks
+        hints = {}
+    known = {p.name: p for p in plist
+             if p.kind in (p.KEYWORD_ONLY, p.POSITIONAL_OR_KEYWORD) and p.name not in provided}
+    out = {}
+    for k, v in params.items():
+        if k not in known:
+            allowed = ", ".join(sorted(known)) or "no parameters"
+            raise ConfigError(f"{section}.{k}", v, f"unknown parameter; allowed: {allowed}")
+        out[k] = coerce(v, hints.get(k, Any), f"{section}.{k}")
+    missing = [n for n, p in known.items() if p.default is inspect.Parameter.empty and n not in out]
+    if missing:
+        raise ConfigError(f"{section}.{missing[0]}", None, "required parameter is missing")
+    # the resolved form: every parameter with its value, defaults included, so that the
+    # saved config and the run fingerprint change when a default changes
+    defaults = {n: plain(p.default) for n, p in known.items() if n not in out}
+    return {**defaults, **out}
+
+
+def plain(value: Any) -> Any:
+    """Tuples -> lists (YAML/JSON friendly), recursively."""
+    if isinstance(value, (list, tuple)):
+        return [plain(v) for v in value]
+    if isinstance(value, dict):
+        return {k: plain(v) for k, v in value.items()}
+    return value
+
+
+def check_dataclass(cls: type, params: dict, section: str) -> Any:
+    """Build dataclass ``cls`` from ``params`` with type checks; unknown keys rejected."""
+    hints = typing.get_type_hints(cls)
+    fields = {f.name: f for f in dataclasses.fields(cls) if f.init}
+    kwargs = {}
+    for k, v in params.items():
+        if k not in fields:
+            allowed = ", ".join(sorted(fields)) or "no parameters"
+            raise ConfigError(f"{section}.{k}", v, f"unknown key; allowed: {allowed}")
+        kwargs[k] = coerce(v, hints[k], f"{section}.{k}")
+    try:
+        obj = cls(**kwargs)
+    except ConfigError:
+        raise
+    except TypeError as e:  # a required field missing
+        raise ConfigError(section, params, str(e)) from None
+    validate = getattr(obj, "validate", None)
+    if validate is not None:
+        validate(section)
+    return obj

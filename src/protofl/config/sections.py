@@ -1,0 +1,230 @@
+"""The config's sections: one dataclass per section, each validating its own fields.
+
+Named components (dataset, partitioner, features, model, algorithm) keep their own
+parameters next to the name (``params``); those are checked against the registries when
+a :class:`~protofl.config.schema.Config` is built.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Literal, Optional, Union
+
+from ..errors import require
+from .coerce import coerce
+from .machine import TRACKERS
+
+
+@dataclass
+class DataConfig:
+    name: str = "digits"
+    root: Optional[str] = None  # else PROTOFL_DATA, else the cache dir
+    # a seeded uniform random subset of this many training samples, drawn before the
+    # partition (MP-FedCL's Table VI trains on 2,000 MNIST images); null = the whole split
+    train_size: Optional[int] = None
+    params: dict = field(default_factory=dict)  # the loader's own options
+
+    def validate(self, s: str) -> None:
+        require(self.train_size is None or self.train_size >= 1, f"{s}.train_size", self.train_size,
+                "must be >= 1 or null")
+
+
+@dataclass
+class PartitionConfig:
+    name: str = "dirichlet"
+    num_clients: int = 10
+    params: dict = field(default_factory=dict)  # the partitioner's own parameters
+
+
+@dataclass
+class FeaturesConfig:
+    """Feature-distribution skew (data/features.py); ``none`` leaves the data as loaded."""
+
+    name: str = "none"
+    params: dict = field(default_factory=dict)  # the scenario's own options
+
+
+@dataclass
+class ModelConfig:
+    name: str = "mlp"
+    params: dict = field(default_factory=dict)
+    # heterogeneous architectures: {kwarg: [v1, v2, ...]}; a list as long as the number of
+    # clients is used as is, a shorter one is assigned in contiguous equal blocks
+    # (three values -> thirds), as in FedProto's 18/20/22-channel setting
+    per_client: dict = field(default_factory=dict)
+
+
+@dataclass
+class TrainingConfig:
+    lr: float = 0.01
+    momentum: float = 0.0
+    weight_decay: float = 0.0
+    lr_decay: float = 1.0  # per-round exponential: lr_r = lr * lr_decay ** (r - 1)
+    epochs: int = 1
+    steps: Optional[int] = None  # if set, local steps per round instead of epochs
+    batch_size: int = 32
+    clip_grad: Optional[float] = None  # max gradient L2 norm
+    # a client whose loss turns NaN/inf: stop the run (reveals a bad lr in simulation) or
+    # drop that client's reply for the round (what a deployment wants: one client cannot stop it)
+    on_nonfinite: Literal["stop", "drop"] = "stop"
+
+    def validate(self, s: str) -> None:
+        require(self.lr > 0, f"{s}.lr", self.lr, "must be > 0")
+        require(0 <= self.momentum < 1, f"{s}.momentum", self.momentum, "must be in [0, 1)")
+        require(self.weight_decay >= 0, f"{s}.weight_decay", self.weight_decay, "must be >= 0")
+        require(0 < self.lr_decay <= 1, f"{s}.lr_decay", self.lr_decay, "must be in (0, 1]")
+        require(self.epochs >= 1, f"{s}.epochs", self.epochs, "must be >= 1")
+        require(self.steps is None or self.steps >= 1, f"{s}.steps", self.steps, "must be >= 1 or null")
+        require(self.batch_size >= 1, f"{s}.batch_size", self.batch_size, "must be >= 1")
+        require(self.clip_grad is None or self.clip_grad > 0, f"{s}.clip_grad", self.clip_grad,
+                 "must be > 0 or null")
+
+
+@dataclass
+class ParticipationConfig:
+    """Who is asked and whose reply arrives.
+
+    ceil(fraction * K) clients are sampled per round (or ``clients_per_round``). A
+    sampled client's reply arrives only if it is *available*: client k is available with
+    probability p_k (``p``, or ``group_p[group of k]`` for clustered partitions), drawn
+    afresh every ``period`` rounds. period = 1 is independent dropout each round;
+    period = s > 1 is persistent straggling (the active set is redrawn every s rounds).
+    """
+
+    fraction: float = 1.0
+    clients_per_round: Optional[int] = None
+    p: float = 1.0
+    group_p: Optional[list[float]] = None
+    period: int = 1
+
+    def validate(self, s: str) -> None:
+        require(0 < self.fraction <= 1, f"{s}.fraction", self.fraction, "must be in (0, 1]")
+        require(self.clients_per_round is None or self.clients_per_round >= 1,
+                 f"{s}.clients_per_round", self.clients_per_round, "must be >= 1 or null")
+        require(0 <= self.p <= 1, f"{s}.p", self.p, "must be in [0, 1]")
+        for i, q in enumerate(self.group_p or []):
+            require(0 <= q <= 1, f"{s}.group_p[{i}]", q, "must be in [0, 1]")
+        require(self.period >= 1, f"{s}.period", self.period, "must be >= 1")
+
+
+@dataclass
+class AlgorithmConfig:
+    name: str = "fedavg"
+    params: dict = field(default_factory=dict)  # validated against the method's Hyper
+
+
+@dataclass
+class EvalConfig:
+    every: int = 1  # global model (GM) and PA every k rounds; the last round always
+    personal: bool = True  # evaluate the personalized models of the clients that trained
+    # PM(V)/PM(L)/acc need a pass of every personalized model over the full test set: every
+    # k rounds and the last (0 = on every evaluation round). PA (local test sets) is cheap
+    # and comes with every evaluation round.
+    personal_every: int = 10
+    batch_size: int = 256  # measured fastest for inference on CPU (cache-sized batches)
+    local_test_fraction: Optional[float] = None  # client test size / train size; null = |test|/|train|
+    # after the last round, every client's personalized model (a local update from the final
+    # server state, nothing aggregated) on the full and local test sets: keys all_* (docs/metrics.md)
+    final_all_clients: bool = True
+
+    def validate(self, s: str) -> None:
+        require(self.every >= 1, f"{s}.every", self.every, "must be >= 1")
+        require(self.personal_every >= 0, f"{s}.personal_every", self.personal_every, "must be >= 0")
+        require(self.batch_size >= 1, f"{s}.batch_size", self.batch_size, "must be >= 1")
+        require(self.local_test_fraction is None or self.local_test_fraction > 0,
+                 f"{s}.local_test_fraction", self.local_test_fraction, "must be > 0 or null")
+
+
+@dataclass
+class ExecutionConfig:
+    # auto: one process per CPU core (at most one per client of a round), each with one
+    # intra-op thread; 0 = sequential in this process; N = N worker processes
+    workers: Union[int, Literal["auto"]] = "auto"
+    # intra-op threads of the sequential executor (workers always use 1). With 1 the
+    # numbers are the same in every mode and on any number of cores; 0 = torch's default
+    threads: int = 1
+    channels_last: Union[bool, Literal["auto"]] = "auto"  # auto: the model's measured preference
+    # arithmetic of the clients' local training: bf16 = bfloat16 autocast for the forward
+    # pass, fp32 weights, messages and aggregation (engine/precision.py); changes the results
+    precision: Literal["fp32", "bf16"] = "fp32"
+    device: str = "cpu"
+    # with worker processes: evaluate round t's global model as a pool task while round t+1
+    # trains (same numbers; its row comes when that is done). Not on checkpoint rounds, the
+    # last round, or with a callback that must see each row at once (docs/metrics.md)
+    overlap_eval: bool = True
+    # where client tasks run (engine/backends.py EXECUTORS): local = this machine (the
+    # ``workers`` above); ray = actors on a Ray cluster (docs/scale.md). The options below
+    # apply to ray only.
+    backend: str = "local"
+    address: Optional[str] = None  # "host:port" of a running cluster's head; null = a private local Ray
+    actors: Union[int, Literal["auto"]] = "auto"  # auto: cluster CPUs / client_resources.num_cpus
+    client_resources: dict = field(default_factory=lambda: {"num_cpus": 1.0, "num_gpus": 0.0})
+    retries: int = 2  # a task whose actor or node died runs again on another actor this often
+    state: Literal["driver", "cluster"] = "driver"  # where per-client state lives between rounds
+    data: Literal["ship", "node"] = "ship"  # ship: once through the object store; node: each node loads it
+    # how a round's clients train on one device (docs/gpu.md): sequential = one after another;
+    # batched = the sampled clients stacked and trained in one set of kernels (methods that
+    # support it, else sequential with a note); auto = batched on a GPU, sequential on the CPU
+    executor: Literal["auto", "sequential", "batched"] = "auto"
+    batch_clients: int = 0  # batched: at most this many clients at a time (slots); 0 = chosen per stack
+    # batched: compile the stack's SGD step with torch.compile (on a GPU with CUDA graphs),
+    # for stacks whose step has one fixed shape; results within float rounding of eager
+    compile: bool = False
+    # per-client state (personal models, heads, control variates) kept in memory on the
+    # driver; beyond it, the least recently used states go to <run folder>/client_state/ and
+    # are read back when their client is sampled. null = no limit (state: driver only)
+    state_memory_mb: Optional[float] = 512
+
+    def validate(self, s: str) -> None:
+        require(self.batch_clients >= 0, f"{s}.batch_clients", self.batch_clients, "must be >= 0")
+        require(self.workers == "auto" or self.workers >= 0, f"{s}.workers", self.workers, "must be >= 0 or auto")
+        require(self.threads >= 0, f"{s}.threads", self.threads, "must be >= 0")
+        require(self.device == "cpu" or self.device.startswith("cuda"), f"{s}.device", self.device,
+                 "expected cpu or cuda[:N]")
+        require(self.actors == "auto" or self.actors >= 1, f"{s}.actors", self.actors, "must be >= 1 or auto")
+        require(self.retries >= 0, f"{s}.retries", self.retries, "must be >= 0")
+        if self.state_memory_mb is not None:
+            self.state_memory_mb = coerce(self.state_memory_mb, float, f"{s}.state_memory_mb")
+            require(math.isfinite(self.state_memory_mb) and self.state_memory_mb >= 0, f"{s}.state_memory_mb",
+                    self.state_memory_mb, "must be >= 0 (MB), or null for no limit")
+        unknown = set(self.client_resources) - {"num_cpus", "num_gpus"}
+        require(not unknown, f"{s}.client_resources", self.client_resources, "allowed keys: num_cpus, num_gpus")
+        res = {"num_cpus": 1.0, "num_gpus": 0.0}
+        for k, v in self.client_resources.items():
+            res[k] = coerce(v, float, f"{s}.client_resources.{k}")
+        require(res["num_cpus"] > 0 and res["num_gpus"] >= 0, f"{s}.client_resources", self.client_resources,
+                 "num_cpus must be > 0 and num_gpus >= 0")
+        self.client_resources = res
+        if self.address is not None:
+            host, _, port = self.address.rpartition(":")
+            require(self.address != "auto", f"{s}.address", self.address,
+                     "give the head node's host:port explicitly ('auto' would join whichever cluster "
+                     "the machine's shared Ray files point to)")
+            require(bool(host) and port.isdigit() and 0 < int(port) < 65536, f"{s}.address", self.address,
+                     "expected host:port, e.g. 10.0.0.1:6379")
+        if self.backend != "ray":
+            require(self.state == "driver", f"{s}.state", self.state, "state: cluster needs backend: ray")
+            require(self.address is None, f"{s}.address", self.address, "an address needs backend: ray")
+
+
+@dataclass
+class OutputConfig:
+    dir: str = "runs"
+    name: Optional[str] = None  # run folder name; null = derived from the config
+    checkpoint_every: int = 10  # rounds; 0 = only at the end
+    progress: bool = True  # a bar on a terminal / in a notebook, else plain log lines
+    log_every: int = 1  # without a terminal: one log line every N rounds (and the last)
+    save_model: bool = True
+    trackers: list[str] = field(default_factory=list)  # tensorboard, mlflow (optional extras)
+    tracking_uri: Optional[str] = None  # MLflow; null = SQLite store <dir>/mlflow.db
+    experiment: str = "protofl"  # MLflow experiment name
+
+    def validate(self, s: str) -> None:
+        require(self.checkpoint_every >= 0, f"{s}.checkpoint_every", self.checkpoint_every, "must be >= 0")
+        require(self.log_every >= 1, f"{s}.log_every", self.log_every, "must be >= 1")
+        for i, t in enumerate(self.trackers):
+            require(t in TRACKERS, f"{s}.trackers[{i}]", t, f"unknown tracker; known: {', '.join(TRACKERS)}")
+
+
+def ceil_fraction(fraction: float, n: int) -> int:
+    return max(1, min(n, math.ceil(fraction * n - 1e-9)))

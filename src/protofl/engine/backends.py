@@ -1,0 +1,45 @@
+"""``execution.backend`` -> the factory of its executor: ``factory(simulation) -> Executor``.
+
+``local`` is this machine (sequential, worker processes, or the batched executor on one
+device); ``ray`` is actors on a Ray cluster (Ray itself is imported only when a
+:class:`~protofl.engine.ray_executor.RayExecutor` starts). The names are
+:data:`protofl.config.BACKENDS`, which the config checks before any work.
+"""
+from __future__ import annotations
+
+from ..config import BACKENDS, require_ray
+from ..registry import Registry
+from .batched import BatchedExecutor
+from .executor import make_executor
+from .ray_executor import check_address, RayExecutor
+
+EXECUTORS: Registry = Registry("execution backend")
+
+def use_batched(cfg) -> bool:
+    """``execution.executor``: batched when asked, or (auto) on a GPU; never with worker processes."""
+    ex = cfg.execution
+    if ex.executor == "auto":
+        return ex.device != "cpu" and ex.workers in ("auto", 0)
+    return ex.executor == "batched"
+
+
+@EXECUTORS.register("local")
+def local_executor(sim):
+    """This machine: sequential (``workers: 0``), a pool of worker processes, or the
+    batched executor (``execution.executor``, engine/batched.py) in this process."""
+    ex = sim.cfg.execution
+    if use_batched(sim.cfg):
+        return BatchedExecutor(sim.runtime, ex.batch_clients, ex.threads, compile=ex.compile)
+    return make_executor(sim.runtime, ex.workers, ex.threads, sim.participation.m)
+
+
+@EXECUTORS.register("ray")
+def ray_executor(sim):
+    """Actors on a Ray cluster (``execution.address``) or on a private local Ray."""
+    require_ray()
+    if sim.cfg.execution.address:  # a wrong address fails in seconds, before Ray is even imported
+        check_address(sim.cfg.execution.address)
+    return RayExecutor(sim)
+
+
+assert tuple(EXECUTORS.names()) == tuple(sorted(BACKENDS)), "config.BACKENDS lists the execution backends"

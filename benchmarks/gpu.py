@@ -111,7 +111,7 @@ def settings(smoke: bool) -> list[dict]:
 
 
 def config(s: dict, executor: str, device: str, data_dir: str, rounds: int, out: str, smoke: bool,
-           batch_clients: int, method: str = "fedavg") -> dict:
+           batch_clients: int, method: str = "fedavg", compile_step: bool = False) -> dict:
     data = {"name": s["data"], "root": data_dir}
     if s["data"] == "generated32" and smoke:
         data.update(train=10_000, test=1000)
@@ -124,7 +124,7 @@ def config(s: dict, executor: str, device: str, data_dir: str, rounds: int, out:
         "algorithm": {"name": method},
         "eval": {"every": 10_000, "personal": False, "final_all_clients": False},
         "execution": {"device": device, "executor": executor, "workers": 0, "threads": 0,
-                      "batch_clients": batch_clients},
+                      "batch_clients": batch_clients, "compile": compile_step and executor == "batched"},
         "output": {"dir": out, "checkpoint_every": 0, "progress": False, "save_model": False},
     }
 
@@ -306,6 +306,8 @@ def main() -> int:
     p.add_argument("--methods", default="fedavg", help="comma-separated protofl methods, e.g. fedavg,fednh,rebafl")
     p.add_argument("--executors", default="sequential,batched")
     p.add_argument("--batch-clients", type=int, default=0, help="execution.batch_clients (0 = chosen per round)")
+    p.add_argument("--compile", action="store_true", help="execution.compile for the batched rows (torch.compile "
+                                                          "of the stack's step; CUDA graphs on a GPU)")
     p.add_argument("--no-launches", action="store_true", help="skip the profiled run (occupancy stays)")
     p.add_argument("--pfllib", help="PFLlib checkout prepared as in benchmarks/peers_setup.md (MNIST fedavg_cnn rows)")
     p.add_argument("--pfllib-python", default=sys.executable, help="the Python that runs PFLlib")
@@ -334,7 +336,8 @@ def main() -> int:
                 got = {}
                 for ex in executors:  # interleaved per setting
                     got[ex] = measure(config(s, ex, args.device, args.data_dir, args.rounds, tmp, args.smoke,
-                                             args.batch_clients, method), args.device, not args.no_launches)
+                                             args.batch_clients, method, args.compile), args.device,
+                                      not args.no_launches)
                     r = got[ex]
                     print(f"[{i}] {s['name']}, {s['clients']} clients, {s['m']}/round, {method}, {ex}: "
                           f"{r['samples_s']:,.0f} samples/s, occupancy {fmt(r['occupancy'], '.2f')}, "

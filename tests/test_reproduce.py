@@ -216,12 +216,13 @@ def test_missing_runs_are_reported_not_invented(tmp_path):
 
 
 def test_methods_runs_only_the_rows_asked_for(tmp_path):
-    from protofl.reproduce import execute
+    from protofl.reproduce import execute, row_labels
 
     spec = load_spec(write_spec(tmp_path))
     p = plan(spec, "smoke", out=tmp_path / "out", overrides=["execution.workers=0"])
     with pytest.raises(ConfigError, match="rows of toy: FedAvg, FedProx, Local"):
         execute(p, jobs=1, log=lambda m: None, methods=["FedNH"])
+    assert row_labels(p, "FedProx, Local") == ["FedProx", "Local"]
     assert execute(p, jobs=1, log=lambda m: None, methods=["FedProx"]) == []
     res = collect(p)
     done = {label for label, per in res.cells["s1"].items() if any(c.present for c in per.values())}

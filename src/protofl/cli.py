@@ -121,7 +121,7 @@ def cmd_reproduce(args) -> int:
                 print(f"  {r.label} seed {r.seed}: {r.dir.name}")
         print(f"{p.num_runs} runs in all")
         return 0
-    only = [m.strip() for m in args.methods.split(",") if m.strip()] if args.methods else None
+    only = R.row_labels(p, args.methods) if args.methods else None
     failed = [] if args.no_run else R.execute(p, jobs=args.jobs, log=lambda m: print(m, file=sys.stderr),
                                               methods=only)
     from .reproduce.render import write_all

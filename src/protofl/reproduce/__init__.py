@@ -17,11 +17,11 @@ from pathlib import Path
 from typing import Callable, Optional
 
 from .render import write_all
-from .run import collect, execute, Plan, plan, Results
+from .run import collect, execute, Plan, plan, Results, row_labels
 from .spec import all_specs, get_spec, SCALES, TableSpec
 
 __all__ = ["SCALES", "Plan", "Results", "TableSpec", "all_specs", "collect", "execute", "get_spec", "plan",
-           "reproduce"]
+           "reproduce", "row_labels"]
 
 
 def reproduce(name: str, scale: str = "cpu", seeds: Optional[list[int]] = None,

@@ -88,6 +88,18 @@ def plan(spec: TableSpec, scale: str = "cpu", seeds: Optional[list[int]] = None,
     return Plan(spec, scale, seeds, overrides, out, settings)
 
 
+def row_labels(p: Plan, text: str) -> list[str]:
+    """``--methods``: comma-separated row labels; a label may itself hold a comma
+    ("FedGELA, Φ = 1"), so pieces are joined back while they spell a known label."""
+    known = {label for sp in p.settings for label in sp.methods}
+    pieces, out, i = [x.strip() for x in text.split(",")], [], 0
+    while i < len(pieces):
+        j = next((j for j in range(len(pieces), i, -1) if ", ".join(pieces[i:j]) in known), i + 1)
+        out.append(", ".join(pieces[i:j]))
+        i = j
+    return [x for x in out if x]
+
+
 def execute(p: Plan, jobs: Optional[int] = None, log: Callable[[str], None] = print,
             methods: Optional[Sequence[str]] = None) -> list:
     """Run every run of the plan not complete yet; returns the runs that failed.

@@ -90,9 +90,9 @@ def test_the_tracker_command_without_its_extras_stops_with_the_promised_line(tmp
 
 def test_the_readme_states_the_suite_size_and_what_skips_without_data():
     text = (REPO / "README.md").read_text()
-    m = re.search(r"runs the whole suite \((\d+) tests;", text)
+    m = re.search(r"runs\s+the\s+whole\s+suite\s+\((\d+)\s+tests;", text)
     assert m, "README.md: the suite's size is missing"
-    passed, skipped = map(int, re.search(r"(\d+) passed and (\d+) skipped", text).groups())
+    passed, skipped = map(int, re.search(r"(\d+)\s+passed\s+and\s+(\d+)\s+skipped", text).groups())
     assert passed + skipped == int(m.group(1))
     assert re.search(r"without\s+the\s+real\s+datasets[^.]*?(\d+)\s+more\s+tests?\s+skip", text, re.I), \
         "README.md must say how many more tests skip without the real data"

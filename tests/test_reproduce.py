@@ -14,7 +14,8 @@ from protofl.config import ConfigError, load_config
 from protofl.data.build import SUBSET_TAG, build_federated
 from protofl.reproduce import all_specs, collect, get_spec, plan, reproduce, stats
 from protofl.reproduce.render import markdown_page
-from protofl.reproduce.spec import TABLES_DIR, load_spec, parse_spec
+from protofl.reproduce.run import Cell, judge
+from protofl.reproduce.spec import TABLES_DIR, Claim, load_spec, parse_spec
 
 
 # ---------------------------------------------------------------------------------------
@@ -63,6 +64,20 @@ def test_equivalence_and_best():
     assert v.verdict == stats.SHOWN
     v = stats.best(hi, {"x": by_seed(70.0, 71.0, 71.5), "z": by_seed(79.0, 83.0, 80.0)})
     assert v.verdict == stats.NOT_SHOWN and "not above z" in v.detail
+
+
+def test_a_lower_is_better_claim_is_judged_and_written_as_below():
+    claim = Claim(id="spread", text="", source="", kind="best", metric="pa_std", a="P",
+                  among=["x", "y"], better="lower")
+    # P's spread is below both others by (1, 2, 3) and (2, 2.5, 4) points: shown
+    cells = {"P": {"pa_std": Cell(by_seed(1.0, 1.0, 1.0), None)},
+             "x": {"pa_std": Cell(by_seed(2.0, 3.0, 4.0), None)},
+             "y": {"pa_std": Cell(by_seed(3.0, 3.5, 5.0), None)}}
+    v = judge(claim, cells)
+    assert v.verdict == stats.SHOWN and "vs x: +2.00 pts" in v.detail and "lower is better" in v.detail
+    # a larger spread than x's is not shown, whatever its size
+    cells["P"]["pa_std"] = Cell(by_seed(5.0, 6.0, 7.0), None)
+    assert judge(claim, cells).verdict == stats.NOT_SHOWN
 
 
 def test_rank_correlation_kendall_tau_b():

@@ -129,8 +129,9 @@ def verdict_rows(res: Results, role: str) -> list[list[str]]:
         c = cr.claim
         if c.role != role:
             continue
-        what = {"greater": f"{c.a} > {c.b}", "equal": f"{c.a} ≈ {c.b} (±{c.margin:g} pts)",
-                "best": f"{c.a} > each of {', '.join(c.among)}"}[c.kind]
+        op = "<" if c.better == "lower" else ">"  # lower is better: the claim is "a below b"
+        what = {"greater": f"{c.a} {op} {c.b}", "equal": f"{c.a} ≈ {c.b} (±{c.margin:g} pts)",
+                "best": f"{c.a} {op} each of {', '.join(c.among)}"}[c.kind]
         rows.append([c.id, cr.setting.label, spec.metric(c.metric).label, what,
                      VERDICT_MARK[cr.verdict.verdict], cr.verdict.detail])
     return rows

@@ -259,7 +259,7 @@ def judge(claim, cells: dict[str, dict[str, Cell]]) -> stats.Verdict:
 
 def _lower_note(v: stats.Verdict, sign: float) -> stats.Verdict:
     if sign < 0 and v.verdict != stats.NOT_COMPARABLE:
-        v.detail += " (lower is better: the differences are b - a)"
+        v.detail += ' (lower is better: "above" means lower here, and the differences are b - a)'
     return v
 
 

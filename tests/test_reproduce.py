@@ -66,7 +66,7 @@ def test_equivalence_and_best():
     assert v.verdict == stats.NOT_SHOWN and "not above z" in v.detail
 
 
-def test_a_lower_is_better_claim_is_judged_and_written_as_below():
+def test_a_lower_is_better_claim_wins_with_the_smaller_values():
     claim = Claim(id="spread", text="", source="", kind="best", metric="pa_std", a="P",
                   among=["x", "y"], better="lower")
     # P's spread is below both others by (1, 2, 3) and (2, 2.5, 4) points: shown

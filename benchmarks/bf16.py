@@ -65,7 +65,7 @@ def one_run(cfg, precision: str, eval_n: int) -> dict:
 
 def time_inference(sim, weights, n: int) -> dict:
     """Seconds per 1,000 test images of the global model, fp32 and bf16 autocast, alternated."""
-    model = sim.server.model(weights)
+    model = sim.server.shared_model(weights)
     x, y = sim.runtime.test_data
     x, y = x[:n], y[:n]
     times = {"fp32": [], "bf16": []}

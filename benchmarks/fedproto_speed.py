@@ -4,7 +4,7 @@ Workload: MNIST, 100 clients, Dirichlet(0.3), ``fedavg_cnn``, 5 local epochs, ba
 SGD lr 0.01 (benchmarks/peers.py). For each client that rounds 1..R select, the script
 runs, back to back in one process with one thread, the client's FedAvg update, its
 FedProto update with the local prototypes embedded in batches of 1024 (before) and in
-the current batches (:data:`protofl.engine.client.EMBED_BATCH_SIZE`), each without the
+the current batches (:data:`protofl.engine.train.EMBED_BATCH_SIZE`), each without the
 personalized evaluation, i.e. the work a round cannot skip. FedProto gets global
 prototypes for every class, so its L_R term is active as from round 2. Reported:
 samples/s (epochs x client size / time) from process CPU time, which a shared machine
@@ -34,6 +34,7 @@ from peers import workload  # noqa: E402
 
 from protofl.algorithms.fedproto import ProtoState  # noqa: E402
 from protofl.engine import client as client_mod  # noqa: E402
+from protofl.engine.client import ClientTask  # noqa: E402
 from protofl.engine.simulation import Simulation  # noqa: E402
 
 
@@ -66,8 +67,8 @@ def main() -> int:
     proto_state = ProtoState(torch.randn(C, d, generator=g).abs(), torch.full((C,), 100, dtype=torch.int64))
     avg_state = avg.algorithm.server_init(avg.server)
     variants = {
-        "FedAvg": lambda cid, rnd: avg.runtime.run(cid, rnd, avg.algorithm.configure(avg_state, rnd, cid, avg.server),
-                                                  None, evaluate=False),
+        "FedAvg": lambda cid, rnd: avg.runtime.run(
+            ClientTask(cid, rnd, avg.algorithm.configure(avg_state, rnd, avg.server), None, None, evaluate=False)),
         "FedProto, embed batch 1024 (before)": lambda cid, rnd: run_proto(pro, proto_state, cid, rnd, 1024),
         f"FedProto, embed batch {client_mod.EMBED_BATCH_SIZE} (now)":
             lambda cid, rnd: run_proto(pro, proto_state, cid, rnd, client_mod.EMBED_BATCH_SIZE),
@@ -123,7 +124,8 @@ def run_proto(sim: Simulation, state: ProtoState, cid: int, rnd: int, batch: int
     saved = client_mod.EMBED_BATCH_SIZE
     client_mod.EMBED_BATCH_SIZE = batch
     try:
-        return sim.runtime.run(cid, rnd, sim.algorithm.configure(state, rnd, cid, sim.server), None, evaluate=False)
+        return sim.runtime.run(ClientTask(cid, rnd, sim.algorithm.configure(state, rnd, sim.server), None, None,
+                                          evaluate=False))
     finally:
         client_mod.EMBED_BATCH_SIZE = saved
 

@@ -18,7 +18,7 @@ from conftest import record_run, strip_timing, worker_path_executor
 @pytest.mark.parametrize("name", ALGORITHMS.names())
 def test_every_method_two_rounds_on_digits(name, digits_cfg, tmp_path):
     cfg = digits_cfg(f"algorithm.name={name}", "rounds=2")
-    _, res, seen = record_run(cfg, tmp_path / "a")
+    sim, res, seen = record_run(cfg, tmp_path / "a")
     assert res.summary["status"] == "complete" and len(res.rows) == 2
     algo = ALGORITHMS.get(name)
     for row in res.rows:
@@ -31,11 +31,14 @@ def test_every_method_two_rounds_on_digits(name, digits_cfg, tmp_path):
         assert 0.0 <= res.rows[-1][key] <= 1.0, (key, res.rows[-1][key])
     # messages, replies and client states are transport-agnostic Records
     assert seen
-    for _, _, msg, reply, state in seen:
+    for _, cid, msg, reply, state in seen:
         assert isinstance(msg, Record) and isinstance(reply, Record)
         assert state is None or isinstance(state, Record)
         for rec in (msg, reply):
-            assert all(isinstance(v, torch.Tensor) for v in rec.arrays.values())
+            assert all(isinstance(t, torch.Tensor) for _, t in rec.tensors())
+            assert all(isinstance(v, torch.Tensor) or all(isinstance(t, torch.Tensor) for t in v.values())
+                       for v in rec.arrays.values())  # a tensor, or a group of them
+        assert reply.num_samples == len(sim.fed.train_idx[cid])  # the engine attaches n_k
     # same seed -> identical results, also through the process workers' code path (the
     # method shipped and every task and reply pickled, two stand-in workers, largest client
     # first); tests/test_speed_invariance.py runs real worker processes
@@ -71,7 +74,7 @@ def float_tensors(sim, res) -> dict[str, torch.Tensor]:
     for cid in range(sim.fed.num_clients):
         state = sim.store.get(cid)
         if state is not None:
-            walk(f"client{cid}", state.arrays)
+            walk(f"client{cid}", {"weights": state.weights, "arrays": state.arrays})
     return out
 
 

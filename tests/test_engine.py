@@ -104,8 +104,8 @@ def test_bytes_are_real_message_sizes(digits_cfg, tmp_path):
     model_bytes = sum(v.numel() * v.element_size() for v in sim.server.init_weights().values())
     row = res.rows[0]
     assert row["bytes_down"] == row["selected"] * model_bytes
-    assert row["bytes_up"] == row["arrived"] * (model_bytes + 8)  # + the num_samples metric
-    assert num_params(sim.server.model()) * 4 == model_bytes
+    assert row["bytes_up"] == row["arrived"] * (model_bytes + 8)  # + the sample count (num_samples)
+    assert num_params(sim.server.shared_model()) * 4 == model_bytes
 
 
 def test_sampling_fraction_and_eval_schedule(digits_cfg, tmp_path):

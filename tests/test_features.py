@@ -16,6 +16,7 @@ from protofl.data.features import noise, resize_digits, rotate
 from protofl.data.build import build_federated
 from protofl.data.federated import FederatedData
 from protofl.engine.client import ClientRuntime
+from protofl.engine.task import Task
 from protofl.engine.simulation import Simulation
 
 from conftest import DIGITS, shared_data, strip_timing
@@ -32,7 +33,7 @@ def _runtime(cfg, fed):
     info = TaskInfo(num_classes=10, num_clients=fed.num_clients, feature_dim=64, input_shape=(1, 8, 8),
                     seed=cfg.seed, rounds=cfg.rounds)
     algo = ALGORITHMS.get("fedavg")(None, info)
-    return ClientRuntime(cfg, fed, algo, info)
+    return ClientRuntime(Task(cfg, fed, algo, info))
 
 
 def test_noise_std_is_sigma_k_over_k_minus_1_and_global_test_stays_clean():

@@ -9,7 +9,8 @@ from protofl.algorithms.fedgela import AdaptedETF, FedGELA, gela_loss, local_ada
 from protofl.cli import EXIT_BAD_INPUT, main
 from protofl.config import ConfigError
 from protofl.engine.client import ClientContext, run_update
-from protofl.engine.simulation import Simulation, build_task
+from protofl.engine.simulation import Simulation
+from protofl.engine.task import Task
 from protofl.messages import Record
 from protofl.nn.heads import simplex_etf
 
@@ -58,7 +59,7 @@ def make_sim(digits_cfg, tmp_path, *overrides):
 
 def test_head_is_the_scaled_etf_on_unit_features(digits_cfg, tmp_path):
     sim = make_sim(digits_cfg, tmp_path, "algorithm.name=fedgela", "algorithm.E_W=4")
-    model = sim.server.model()
+    model = sim.server.shared_model()
     C, d = sim.info.num_classes, sim.info.feature_dim
     M = simplex_etf(C, d, sim.info.seed)  # (d, C)
     assert torch.allclose(model.head.weight, (2.0 * M).T.float())  # W = sqrt(E_W) M
@@ -73,15 +74,15 @@ def test_client_trains_the_backbone_only_and_returns_its_predictor(name, digits_
     sim = make_sim(digits_cfg, tmp_path, f"algorithm.name={name}")
     algo = sim.algorithm
     state = algo.server_init(sim.server)
-    msg = algo.configure(state, 1, 2, sim.server)
+    msg = algo.configure(state, 1, sim.server)
     ctx = ClientContext(sim.runtime, 2, 1)
     res = run_update(algo, msg, None, ctx)
     personal = res.personal
     model = personal.model if name == "fedgela" else personal
-    assert torch.equal(model.head.weight, msg.arrays["w.head.weight"])  # the ETF never moves
-    assert not any(k.startswith("w.head.") for k in res.reply.arrays)
-    key = next(k for k in res.reply.arrays if k.endswith("weight"))
-    assert not torch.equal(res.reply.arrays[key], msg.arrays[key])
+    assert torch.equal(model.head.weight, msg.weights["head.weight"])  # the ETF never moves
+    assert not any(k.startswith("head.") for k in res.reply.weights)
+    key = next(k for k in res.reply.weights if k.endswith("weight"))
+    assert not torch.equal(res.reply.weights[key], msg.weights[key])
     x = ctx.data[0][:7]
     if name == "fedgela":  # PA: the client's backbone with its adapted ETF, Phi_k W^T h
         assert isinstance(personal, AdaptedETF)
@@ -98,8 +99,8 @@ def test_server_averages_the_backbone_by_samples_and_keeps_the_etf(digits_cfg, t
     algo = sim.algorithm
     state = algo.server_init(sim.server)
     body = [k for k in state.weights if not k.startswith("head.")]
-    replies = [(i, Record(arrays={"w." + k: torch.full_like(state.weights[k], v) for k in body},
-                          metrics={"num_samples": n})) for i, (n, v) in enumerate([(30, 1.0), (10, 5.0)])]
+    replies = [(i, Record(weights={k: torch.full_like(state.weights[k], v) for k in body}, num_samples=n))
+               for i, (n, v) in enumerate([(30, 1.0), (10, 5.0)])]
     new = algo.aggregate(state, 1, replies, sim.server)
     for k in body:  # (30 * 1 + 10 * 5) / 40 = 2
         assert torch.allclose(new.weights[k], torch.full_like(state.weights[k], 2.0))
@@ -114,10 +115,10 @@ def test_server_averages_the_backbone_by_samples_and_keeps_the_etf(digits_cfg, t
 # feature dimension: d >= C-1 needed
 # ---------------------------------------------------------------------------------------
 def test_feature_dim_c_minus_1_works_and_smaller_is_refused(digits_cfg, tmp_path, capsys):
-    fed, algo, info = build_task(digits_cfg("algorithm.name=fedgela", "model.feature_dim=9"))
-    assert info.feature_dim == 9 and isinstance(algo, FedGELA)
+    task = Task.build(digits_cfg("algorithm.name=fedgela", "model.feature_dim=9"))
+    assert task.info.feature_dim == 9 and isinstance(task.algorithm, FedGELA)
     with pytest.raises(ConfigError, match="feature_dim >= num_classes - 1 = 9"):
-        build_task(digits_cfg("algorithm.name=fedge", "model.feature_dim=8"))
+        Task.build(digits_cfg("algorithm.name=fedge", "model.feature_dim=8"))
     rc = main(["run", str(DIGITS), "algorithm.name=fedgela", "model.feature_dim=8", "rounds=1",
                f"output.dir={tmp_path}", "--quiet"])
     assert rc == EXIT_BAD_INPUT
@@ -129,16 +130,16 @@ def test_projection_option_and_paper_defaults(digits_cfg, tmp_path):
     assert (hp.E_W, hp.projection, hp.clip_grad) == (1000.0, False, 20.0)
     sim = make_sim(digits_cfg, tmp_path, "algorithm.name=fedgela", "algorithm.projection=true")
     assert sim.algorithm.train_overrides() == {"clip_grad": 20.0}
-    model = sim.server.model()
+    model = sim.server.shared_model()
     d = sim.info.feature_dim
     assert isinstance(model.body[1], torch.nn.Linear) and model.body[1].weight.shape == (d, d)
     with torch.no_grad():  # signed features: the ReLU body alone gives none below zero
         x = torch.randn(16, *sim.info.input_shape)
         assert (model.body(x) < 0).any() and not (model.body[0](x) < 0).any()
-    plain = make_sim(digits_cfg, tmp_path, "algorithm.name=fedgela", "algorithm.clip_grad=null").server.model()
+    plain = make_sim(digits_cfg, tmp_path, "algorithm.name=fedgela", "algorithm.clip_grad=null").server.shared_model()
     assert any(k.startswith("body.0.") for k in model.state_dict())  # Sequential(old body, Linear)
     assert not any(k.startswith("body.0.") for k in plain.state_dict())  # the mlp's body.0 is Flatten
-    fednh = make_sim(digits_cfg, tmp_path, "algorithm.name=fednh", "algorithm.projection=true").server.model()
+    fednh = make_sim(digits_cfg, tmp_path, "algorithm.name=fednh", "algorithm.projection=true").server.shared_model()
     assert isinstance(fednh.body[1], torch.nn.Linear)
 
 

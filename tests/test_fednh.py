@@ -92,7 +92,7 @@ def fednh_sim(digits_cfg, tmp_path):
 
 def test_adapt_model_fixes_the_max_separated_head(fednh_sim):
     sim = fednh_sim()
-    model = sim.server.model()
+    model = sim.server.shared_model()
     C, d = sim.info.num_classes, sim.info.feature_dim
     assert isinstance(model.head, FixedHead)
     assert torch.equal(model.head.weight, max_separated_prototypes(C, d, sim.info.seed))
@@ -104,15 +104,15 @@ def test_client_keeps_the_head_fixed_and_reports_eq3_means(fednh_sim):
     sim = fednh_sim()
     algo = sim.algorithm
     state = algo.server_init(sim.server)
-    msg = algo.configure(state, 1, 3, sim.server)
+    msg = algo.configure(state, 1, sim.server)
     ctx = ClientContext(sim.runtime, 3, 1)
     res = run_update(algo, msg, None, ctx)
     model = res.personal
     # W did not move; theta and s did
-    assert torch.equal(model.head.weight, msg.arrays["w." + HEAD_W])
-    assert "w." + HEAD_W not in res.reply.arrays  # the client never changes W: not sent back
-    assert not torch.equal(res.reply.arrays["w.head.scale"], msg.arrays["w.head.scale"])
-    assert not torch.equal(res.reply.arrays["w.body.1.weight"], msg.arrays["w.body.1.weight"])
+    assert torch.equal(model.head.weight, msg.weights[HEAD_W])
+    assert HEAD_W not in res.reply.weights  # the client never changes W: not sent back
+    assert not torch.equal(res.reply.weights["head.scale"], msg.weights["head.scale"])
+    assert not torch.equal(res.reply.weights["body.1.weight"], msg.weights["body.1.weight"])
     # eq. (3): the mean of normalized features per owned class, zero for the others
     x, y = ctx.data
     with torch.no_grad():
@@ -134,8 +134,8 @@ def test_fixed_scale_option(fednh_sim):
     sim = fednh_sim("algorithm.scale=30", "algorithm.learn_scale=false")
     algo = sim.algorithm
     state = algo.server_init(sim.server)
-    res = run_update(algo, algo.configure(state, 1, 0, sim.server), None, ClientContext(sim.runtime, 0, 1))
-    assert float(res.reply.arrays["w.head.scale"]) == 30.0
+    res = run_update(algo, algo.configure(state, 1, sim.server), None, ClientContext(sim.runtime, 0, 1))
+    assert float(res.reply.weights["head.scale"]) == 30.0
 
 
 @pytest.mark.parametrize("weighting,body", [("uniform", 1.5), ("samples", 1.75)])
@@ -151,9 +151,8 @@ def test_server_averages_the_body_and_sets_W_by_eq4(fednh_sim, weighting, body):
         counts[cid] = n
         mu = torch.zeros(C, d)
         mu[cid] = 0.5 * torch.ones(d) / math.sqrt(d)
-        arrays = {"w." + k: torch.full_like(state.weights[k], fill) for k in keys}
-        arrays.update(proto=mu, counts=counts)
-        replies.append((cid, Record(arrays=arrays, metrics={"num_samples": n})))
+        replies.append((cid, Record(weights={k: torch.full_like(state.weights[k], fill) for k in keys},
+                                    arrays={"proto": mu, "counts": counts}, num_samples=n)))
     new = algo.aggregate(state, 1, replies, sim.server)
     # Algorithm 1 line 9 (default): (1 + 2) / 2 = 1.5; sample-weighted: (10 * 1 + 30 * 2) / 40 = 1.75
     for k in keys:

@@ -20,7 +20,7 @@ INFO = TaskInfo(num_classes=3, num_clients=2, feature_dim=2, input_shape=(2,), s
 
 def reply(protos, classes, counts):
     return Record(arrays={"protos": torch.tensor(protos), "classes": torch.tensor(classes),
-                          "counts": torch.tensor(counts)}, metrics={"num_samples": sum(counts)})
+                          "counts": torch.tensor(counts)}, num_samples=sum(counts))
 
 
 # ---------------------------------------------------------------------------------------
@@ -109,7 +109,7 @@ def test_local_prototypes_are_class_means_of_the_trained_embeddings(digits_cfg, 
     sim, res, seen = record_run(cfg, tmp_path / "r")
     rt = sim.runtime
     for rnd, cid, msg, rep, state in seen:
-        model = rt.models.get({**cfg.model.params}, state.arrays).eval()
+        model = rt.models.get({**cfg.model.params}, state.weights).eval()
         x, y = rt.client_train_data(cid)
         with torch.no_grad():
             z = model.body(x)
@@ -132,11 +132,11 @@ def test_messages_carry_only_prototypes_and_bytes_are_prototype_sized(digits_cfg
             assert not set(rec.arrays) & weight_keys
             m = len(rec.arrays["classes"])
             assert rec.arrays["protos"].shape == (m, d)
-        assert set(rep.metrics) == {"num_samples"}
-        assert set(state.arrays) == weight_keys  # the model stays on the client
+        assert not rep.metrics and not rep.weights and rep.num_samples == len(sim.fed.train_idx[cid])
+        assert set(state.weights) == weight_keys  # the model stays on the client
     for row in res.rows:
         msgs = [(m, r) for rnd, _, m, r, _ in seen if rnd == row["round"]]
-        # float32 prototypes + int64 classes and counts (+ 8 bytes for num_samples upstream)
+        # float32 prototypes + int64 classes and counts (+ 8 bytes for the sample count upstream)
         assert row["bytes_down"] == sum(len(m.arrays["classes"]) * (4 * d + 16) for m, _ in msgs)
         assert row["bytes_up"] == sum(len(r.arrays["classes"]) * (4 * d + 16) + 8 for _, r in msgs)
         assert row["bytes_up"] < 4 * n_params  # less than one model's weights for all clients together
@@ -154,7 +154,7 @@ def test_own_class_predictor_is_restricted_to_the_clients_classes(digits_cfg, tm
     algo, C, d = sim.algorithm, sim.info.num_classes, sim.info.feature_dim
     glob = ProtoState(torch.randn(C, d), torch.ones(C, dtype=torch.int64))  # every class has one
     ctx = ClientContext(sim.runtime, 3, 2)
-    res = run_update(algo, algo.configure(glob, 2, 3, sim.server), algo.client_init(ctx), ctx)
+    res = run_update(algo, algo.configure(glob, 2, sim.server), algo.client_init(ctx), ctx)
     own = torch.nonzero(ctx.class_counts > 0).flatten()
     assert list(res.personal) == ["proto", "own", "logits"]
     assert res.personal["proto"].labels.tolist() == list(range(C))
@@ -168,7 +168,7 @@ def test_heterogeneous_mlps_on_digits(digits_cfg, tmp_path):
     cfg = digits_cfg("algorithm.name=fedproto", "rounds=3", "model.per_client={hidden: [[32], [64], [96]]}")
     sim, res, seen = record_run(cfg, tmp_path / "r")
     assert res.summary["status"] == "complete" and len(res.rows) == 3
-    widths = {cid: state.arrays["body.1.weight"].shape[0] for _, cid, _, _, state in seen}
+    widths = {cid: state.weights["body.1.weight"].shape[0] for _, cid, _, _, state in seen}
     expected = {cid: [32, 64, 96][min(2, cid * 3 // 10)] for cid in widths}  # thirds of 10 clients
     assert widths == expected and len(set(widths.values())) == 3
 
@@ -199,7 +199,7 @@ def test_heterogeneous_cnn_mnist_18_20_22_three_rounds(tmp_path):
     })
     sim, res, seen = record_run(cfg, tmp_path / "r")
     assert res.summary["status"] == "complete" and len(res.rows) == 3
-    channels = {cid: state.arrays["body.0.weight"].shape[0] for _, cid, _, _, state in seen}
+    channels = {cid: state.weights["body.0.weight"].shape[0] for _, cid, _, _, state in seen}
     assert channels == {0: 18, 1: 18, 2: 20, 3: 20, 4: 22, 5: 22}
     for _, _, msg, rep, _ in seen:
         assert rep.arrays["protos"].shape[1] == 50  # feature dim shared by all architectures

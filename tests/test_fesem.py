@@ -26,8 +26,7 @@ def W(a, b):
 
 
 def reply(a, b, n):
-    return Record(arrays={"w.a": torch.tensor([float(a)]), "w.b": torch.tensor([float(b)])},
-                  metrics={"num_samples": n})
+    return Record(weights={"a": torch.tensor([float(a)]), "b": torch.tensor([float(b)])}, num_samples=n)
 
 
 def algo(**hp):

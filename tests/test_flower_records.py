@@ -89,15 +89,37 @@ def test_record_roundtrip_is_one_to_one():
     assert back.config == rec.config
     assert [type(v) for v in back.config.values()] == [bool, bool, str, int, float]
     assert back.nbytes() == rec.nbytes()
+    assert back.num_samples is None
+
+
+def test_weights_groups_and_the_sample_count_map_to_their_own_records():
+    w = {"body.0.weight": torch.randn(4, 3), "head.weight": torch.randn(2, 4)}
+    rec = Record(weights=w, arrays={"proto": torch.randn(2, 4), "c": {"body.0.weight": torch.randn(4, 3)}},
+                 metrics={"loss": 0.5}, num_samples=12)
+    rd = wire(record_to_recorddict(rec))
+    assert set(rd) == {"weights", "arrays", "arrays/c", "metrics", "config"}
+    assert all(isinstance(rd[k], ArrayRecord) for k in ("weights", "arrays", "arrays/c"))
+    assert dict(rd["metrics"]) == {"loss": 0.5, "num-examples": 12}  # Flower's typed sample count
+    back = recorddict_to_record(rd)
+    assert list(back.weights) == list(w) and all(same_bits(back.weights[k], w[k]) for k in w)
+    assert same_bits(back.arrays["proto"], rec.arrays["proto"])
+    assert same_bits(back.arrays["c"]["body.0.weight"], rec.arrays["c"]["body.0.weight"])
+    assert back.metrics == {"loss": 0.5} and back.num_samples == 12
+    assert back.nbytes() == rec.nbytes()
+    with pytest.raises(ValueError, match="num-examples"):
+        record_to_recorddict(Record(metrics={"num-examples": 3}))
 
 
 def test_task_and_output_contents():
-    msg = Record(arrays={"w": torch.randn(3, 2)}, metrics={"lr": 0.1}, config={"phase": "warmup"})
-    task = ClientTask(cid=4, rnd=7, msg=msg, state=Record(), evaluate=True, full_test=False)
+    shared = Record(weights={"fc.weight": torch.randn(3, 2)}, metrics={"lr": 0.1}, config={"phase": "warmup"})
+    own = Record(arrays={"c": {"fc.weight": torch.randn(3, 2)}})
+    task = ClientTask(cid=4, rnd=7, shared=shared, own=own, state=Record(), evaluate=True, full_test=False)
     back = content_to_task(wire(task_to_content(task)))
     assert (back.cid, back.rnd, back.evaluate, back.full_test) == (4, 7, True, False)
     assert back.state is None  # client state never travels: it stays in the node's Context
-    assert torch.equal(back.msg.arrays["w"], msg.arrays["w"]) and back.msg.config == msg.config
+    msg = back.msg  # the broadcast and the client's own part, in one message
+    assert torch.equal(msg.weights["fc.weight"], shared.weights["fc.weight"]) and msg.config == shared.config
+    assert torch.equal(msg.arrays["c"]["fc.weight"], own.arrays["c"]["fc.weight"])
 
     out = ClientOutput(reply=Record(arrays={"p": torch.ones(2, 3)}, metrics={"n": 12}),
                        state=Record(arrays={"h": torch.zeros(1)}),
@@ -146,9 +168,12 @@ def test_every_method_messages_cross_flower_unchanged(name, digits_cfg, tmp_path
             if rec is None:
                 continue
             back = recorddict_to_record(wire(record_to_recorddict(rec)))
-            assert list(back.arrays) == list(rec.arrays)
-            assert all(same_bits(back.arrays[k], rec.arrays[k].cpu()) for k in rec.arrays)
+            assert sorted(back.arrays) == sorted(rec.arrays) and list(back.weights) == list(rec.weights)
+            got = dict(back.tensors())
+            assert list(got) == [k for k, _ in back.tensors()] and got.keys() == dict(rec.tensors()).keys()
+            assert all(same_bits(got[k], t.cpu()) for k, t in rec.tensors())
             assert back.metrics == rec.metrics and back.config == rec.config
+            assert back.num_samples == rec.num_samples
 
 
 # ---------------------------------------------------------------------------------------

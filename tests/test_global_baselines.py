@@ -9,7 +9,7 @@ import torch
 from torch import nn
 
 from protofl import run
-from protofl.algorithms.base import Fit, Fitted, Pending, TaskInfo, weights_of
+from protofl.algorithms.base import Fit, Fitted, TaskInfo, weights_of
 from protofl.algorithms.creff import (class_gradient, linear_class_gradients, matching_loss, retrain_linear,
                                       row_cosine_distance)
 from protofl.algorithms.fedavg import FedAvg, FedAvgHyper
@@ -19,7 +19,7 @@ from protofl.algorithms.moon import MOON, MOONHyper, model_contrastive_loss
 from protofl.algorithms.scaffold import Scaffold, ScaffoldHyper, ScaffoldState
 from protofl.engine.client import run_update
 from protofl.engine.simulation import Simulation
-from protofl.engine.train import local_train
+from protofl.engine.train import TrainSettings, fit
 from protofl.messages import Record
 from protofl.models import build_model
 
@@ -41,7 +41,7 @@ class Server:
         self.init = {k: v.clone() for k, v in self.m.state_dict().items()}
         self.device = torch.device("cpu")
 
-    def model(self, weights=None):
+    def shared_model(self, weights=None):
         self.m.load_state_dict(self.init if weights is None else weights)
         return self.m
 
@@ -59,35 +59,34 @@ class QuadClient:
         self.a, self.b, self.steps, self._lr, self.momentum = a, b, steps, lr, momentum
         self.m = nn.Linear(1, 1, bias=False)
 
-    def model(self, weights):
+    def shared_model(self, weights):
         self.m.load_state_dict(weights)
         return self.m
 
     def like_model(self, weights):
-        return weights_of(self.model(weights))
+        return weights_of(self.shared_model(weights))
 
     def trainable(self, weights):
         return {k: weights[k] for k, p in self.m.named_parameters() if p.requires_grad}
 
+    @property
     def lr(self):
         return self._lr
 
+    @property
     def step_size(self):
         return self._lr / (1 - self.momentum)
 
     def fit(self, weights, loss, *, extras=None, trainable=None, grad=None, **settings):
-        return Pending(Fit(weights, loss, {**(extras or {}), "quad": (self.a, self.b)}, trainable, grad))
+        return Fit(weights, loss, {**(extras or {}), "quad": (self.a, self.b)}, trainable, grad)
 
     def execute(self, req):
-        model = self.model(req.weights)
-        named = [(k, p) for k, p in model.named_parameters() if req.trainable is None or k.startswith(req.trainable)]
-        names = [k for k, _ in named]
-        grad = None if req.grad is None else (lambda gs: list(req.grad(dict(zip(names, gs)), req.extras).values()))
+        model = self.shared_model(req.weights)
+        names = [k for k, _ in model.named_parameters() if req.trainable is None or k.startswith(req.trainable)]
         x, y = torch.zeros(1, 1), torch.zeros(1, dtype=torch.long)
-        stats = local_train(model, x, y, loss=lambda m, xb, yb: req.loss(m, xb, yb, req.extras),
-                            params=[p for _, p in named], lr=self._lr, momentum=self.momentum, weight_decay=0.0,
-                            batch_size=1, epochs=1, steps=self.steps, clip_grad=None,
-                            generator=torch.Generator().manual_seed(0), grad=grad)
+        stats = fit(model, x, y, loss=req.loss, extras=req.extras, names=names, grad=req.grad,
+                    settings=TrainSettings(lr=self._lr, momentum=self.momentum, batch_size=1, steps=self.steps),
+                    generator=torch.Generator().manual_seed(0))
         return Fitted(weights_of(model), stats)
 
 
@@ -109,9 +108,10 @@ def run_rounds(algo, clients, rounds, steps=5, lr=0.1, w0=0.0, momentum=0.0):
     for rnd in range(1, rounds + 1):
         replies = []
         for cid, (a, b) in enumerate(clients):
-            res = run_update(algo, algo.configure(state, rnd, cid, server), states.get(cid),
+            res = run_update(algo, algo.configure(state, rnd, server), states.get(cid),
                              QuadClient(a, b, steps, lr, momentum))
             states[cid] = res.state
+            res.reply.num_samples = QuadClient.num_samples  # what the engine attaches
             replies.append((cid, res.reply))
         state = algo.aggregate(state, rnd, replies, server)
     return state
@@ -152,27 +152,27 @@ def test_scaffold_with_momentum_converges_to_the_global_optimum():
 
 def test_scaffold_corrected_step_and_option_ii_by_hand():
     algo = quadratic(Scaffold)(ScaffoldHyper(), info(4))
-    msg = Record(arrays={"w.weight": torch.tensor([[1.0]]), "c.weight": torch.tensor([[0.7]])})
-    state = Record(arrays={"c.weight": torch.tensor([[-0.2]])})
+    msg = Record(weights={"weight": torch.tensor([[1.0]])}, arrays={"c": {"weight": torch.tensor([[0.7]])}})
+    state = Record(arrays={"c": {"weight": torch.tensor([[-0.2]])}})
     # K = 1: y = x - lr (g(x) - c_i + c) with g(1) = 2 (1 - 3) = -4  ->  1.31
     res = run_update(algo, msg, state, QuadClient(2.0, 3.0, steps=1, lr=0.1))
-    assert float(res.reply.arrays["dy.weight"]) == pytest.approx(0.31, abs=1e-6)
+    assert float(res.reply.arrays["dy"]["weight"]) == pytest.approx(0.31, abs=1e-6)
     # option II: c_i+ = c_i - c + (x - y) / (K lr) = -0.2 - 0.7 + (-0.31 / 0.1) = -4 (= g(x) when K = 1)
-    assert float(res.state.arrays["c.weight"]) == pytest.approx(-4.0, abs=1e-5)
-    assert float(res.reply.arrays["dc.weight"]) == pytest.approx(-3.8, abs=1e-5)
+    assert float(res.state.arrays["c"]["weight"]) == pytest.approx(-4.0, abs=1e-5)
+    assert float(res.reply.arrays["dc"]["weight"]) == pytest.approx(-3.8, abs=1e-5)
     # K = 2: y2 = 1.31 - 0.1 (2 (1.31 - 3) + 0.2 + 0.7) = 1.558; c_i+ = -0.9 + (1 - 1.558) / 0.2 = -3.69
     res = run_update(algo, msg, state, QuadClient(2.0, 3.0, steps=2, lr=0.1))
-    assert float(res.reply.arrays["dy.weight"]) == pytest.approx(0.558, abs=1e-6)
-    assert float(res.state.arrays["c.weight"]) == pytest.approx(-3.69, abs=1e-5)
+    assert float(res.reply.arrays["dy"]["weight"]) == pytest.approx(0.558, abs=1e-6)
+    assert float(res.state.arrays["c"]["weight"]) == pytest.approx(-3.69, abs=1e-5)
 
 
 def test_scaffold_server_update():
     algo = Scaffold(ScaffoldHyper(server_lr=0.5), info(4))
     state = ScaffoldState({"weight": torch.tensor([[1.0]])}, {"weight": torch.tensor([[0.4]])})
-    replies = [(0, Record(arrays={"dy.weight": torch.tensor([[0.2]]), "dc.weight": torch.tensor([[1.0]])},
-                          metrics={"num_samples": 10})),
-               (3, Record(arrays={"dy.weight": torch.tensor([[0.6]]), "dc.weight": torch.tensor([[-3.0]])},
-                          metrics={"num_samples": 30}))]
+    replies = [(0, Record(arrays={"dy": {"weight": torch.tensor([[0.2]])}, "dc": {"weight": torch.tensor([[1.0]])}},
+                          num_samples=10)),
+               (3, Record(arrays={"dy": {"weight": torch.tensor([[0.6]])}, "dc": {"weight": torch.tensor([[-3.0]])}},
+                          num_samples=30))]
     new = algo.aggregate(state, 1, replies, None)
     assert float(new.weights["weight"]) == pytest.approx(1.0 + 0.5 * 0.4)  # x + eta_g mean(dy)
     assert float(new.control["weight"]) == pytest.approx(0.4 + (1.0 - 3.0) / 4)  # c + sum(dc) / N
@@ -182,7 +182,7 @@ def test_scaffold_messages_carry_model_and_control_variates(digits_cfg, tmp_path
     cfg = digits_cfg("rounds=1", "training.steps=1", "eval.personal=false")
     fedavg = run(cfg, run_dir=tmp_path / "a").rows[0]
     scaffold = run(cfg.replace(**{"algorithm.name": "scaffold"}), run_dir=tmp_path / "b").rows[0]
-    ints = 8  # the MLP has no integer buffers; one number (num_samples) per reply
+    ints = 8  # the MLP has no integer buffers; one number (the sample count) per reply
     assert scaffold["bytes_down"] == 2 * fedavg["bytes_down"]
     assert scaffold["bytes_up"] == 2 * (fedavg["bytes_up"] - ints * scaffold["arrived"]) + ints * scaffold["arrived"]
 
@@ -202,16 +202,15 @@ def test_feddyn_linear_term_value_and_gradient():
 
 def test_feddyn_client_state_and_server_update():
     algo = quadratic(FedDyn)(FedDynHyper(alpha=0.1), info(4))
-    msg = Record(arrays={"w.weight": torch.tensor([[1.0]])})
+    msg = Record(weights={"weight": torch.tensor([[1.0]])})
     # one SGD step on f(w) - g w + alpha/2 (w - 1)^2 at w = 1: gradient 2 (1 - 3) - 0.5 = -4.5 -> 1.45
-    res = run_update(algo, msg, Record(arrays={"g.weight": torch.tensor([[0.5]])}),
+    res = run_update(algo, msg, Record(arrays={"grad": {"weight": torch.tensor([[0.5]])}}),
                      QuadClient(2.0, 3.0, steps=1, lr=0.1))
-    assert float(res.reply.arrays["w.weight"]) == pytest.approx(1.45)
-    assert float(res.state.arrays["g.weight"]) == pytest.approx(0.5 - 0.1 * 0.45)  # g - alpha (theta_k - theta)
+    assert float(res.reply.weights["weight"]) == pytest.approx(1.45)
+    assert float(res.state.arrays["grad"]["weight"]) == pytest.approx(0.5 - 0.1 * 0.45)  # g - alpha (theta_k - theta)
     # server: h = 0.2 - 0.1 / 4 * ((2 - 1) + (4 - 1)) = 0.1; theta = mean(2, 4) - h / alpha = 2
     state = FedDynState({"weight": torch.tensor([[1.0]])}, {"weight": torch.tensor([[0.2]])})
-    replies = [(cid, Record(arrays={"w.weight": torch.tensor([[w]])}, metrics={"num_samples": 1}))
-               for cid, w in ((0, 2.0), (2, 4.0))]
+    replies = [(cid, Record(weights={"weight": torch.tensor([[w]])}, num_samples=1)) for cid, w in ((0, 2.0), (2, 4.0))]
     new = algo.aggregate(state, 1, replies, None)
     assert float(new.h["weight"]) == pytest.approx(0.1)
     assert float(new.weights["weight"]) == pytest.approx(2.0)

@@ -9,12 +9,12 @@ import pytest
 import torch
 from torch import nn
 
-from protofl.algorithms.base import ClientResult, weights_of
+from protofl.algorithms.base import weights_of
 from protofl.algorithms.fedavg import FedAvg
 from protofl.api import run
 from protofl.config import ConfigError, load_config
 from protofl.models import MODELS
-from protofl.messages import Record, prefixed
+from protofl.messages import Record
 from protofl.models.base import FLModel
 
 from conftest import DIGITS, StopAfter, strip_timing
@@ -105,34 +105,38 @@ def test_batched_in_chunks_equals_one_stack(tmp_path):
     assert_close_runs(one, two, atol=1e-6)
 
 
-class PlainFedAvg(FedAvg):
-    """A method written the imperative way (a plain-function client_update on a live model),
-    as a plugin may be: it still runs, one client after another."""
+def test_a_plain_function_client_update_is_refused_at_class_creation():
+    with pytest.raises(TypeError, match="async def"):
+        class PlainFedAvg(FedAvg):  # noqa: F841 - the imperative form, retired
+            name = "plain_fedavg"
 
-    name = "plain_fedavg"
-
-    def client_update(self, msg, state, ctx):
-        model = ctx.model(msg.subarrays("w."))
-        ctx.train(model)
-        return ClientResult(Record(arrays=prefixed("w.", weights_of(model)), metrics={"num_samples": ctx.num_samples}),
-                            personal=model)
+            def client_update(self, msg, state, ctx):
+                return None
 
 
-def test_a_plain_function_method_falls_back_with_a_note(tmp_path, caplog, monkeypatch):
+class _Yields:
+    """An awaitable that is not a protofl request (what ``asyncio.sleep(0)`` is to the engine)."""
+
+    def __await__(self):
+        yield None
+
+
+class AwaitsSomethingElse(FedAvg):
+    name = "awaits_something_else"
+
+    async def client_update(self, msg, state, ctx):
+        await _Yields()
+
+
+@pytest.mark.parametrize("executor", ["sequential", "batched"])
+def test_awaiting_anything_but_a_request_is_the_same_clear_error_on_both_executors(tmp_path, monkeypatch, executor):
     from protofl.algorithms import ALGORITHMS
 
-    monkeypatch.setitem(ALGORITHMS._items, "plain_fedavg", PlainFedAvg)
-    cfg = cfg_for(tmp_path, "algorithm.name=plain_fedavg")
-    with caplog.at_level("INFO", logger="protofl"):
-        bat = run(cfg.replace(**{"execution.executor": "batched"}), run_dir=tmp_path / "bat")
-    seq = run(cfg.replace(**{"execution.executor": "sequential"}), run_dir=tmp_path / "seq")
-    notes = [r.message for r in caplog.records if "batched executor not used" in r.message]
-    assert len(notes) == 1 and "plain_fedavg" in notes[0]
-    assert bat.summary["execution"]["executor"] == "sequential"
-    assert strip_timing(bat.rows) == strip_timing(seq.rows)  # the fallback is the sequential run
-    # ... and the imperative form computes what the coroutine form does
-    ref = run(cfg.replace(**{"algorithm.name": "fedavg", "execution.executor": "sequential"}), run_dir=tmp_path / "ref")
-    assert strip_timing(ref.rows) == strip_timing(seq.rows)
+    monkeypatch.setitem(ALGORITHMS._items, AwaitsSomethingElse.name, AwaitsSomethingElse)
+    cfg = cfg_for(tmp_path, f"algorithm.name={AwaitsSomethingElse.name}", "rounds=1")
+    with pytest.raises(TypeError, match=r"client_update awaited NoneType; it may await ctx.fit\(...\) and "
+                                        r"ctx.features\(...\) only"):
+        run(cfg.replace(**{"execution.executor": executor}), run_dir=tmp_path / executor)
 
 
 def test_heterogeneous_models_fall_back_with_a_note(tmp_path):

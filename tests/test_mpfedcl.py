@@ -105,8 +105,8 @@ def test_aggregate_weights_like_fedavg_and_builds_the_pool():
     state = PoolState({"w": torch.zeros(2)}, torch.tensor([[9.0, 9.0]]), torch.tensor([2]))
 
     def rep(w, n, protos, labels):
-        return Record(arrays={"w.w": torch.tensor(w), "protos": torch.tensor(protos), "labels": torch.tensor(labels)},
-                      metrics={"num_samples": n})
+        return Record(weights={"w": torch.tensor(w)}, arrays={"protos": torch.tensor(protos),
+                                                              "labels": torch.tensor(labels)}, num_samples=n)
 
     replies = [(0, rep([1.0, 0.0], 10, [[1.0, 0.0], [3.0, 0.0]], [0, 0])),
                (1, rep([0.0, 4.0], 30, [[0.0, 1.0]], [1]))]
@@ -133,7 +133,7 @@ def test_mpfedcl_clients_send_k_kmeans_centroids_per_class(digits_cfg, tmp_path)
     cfg = digits_cfg("algorithm.name=mpfedcl", "algorithm.k=3", "rounds=2", "participation.fraction=0.3")
     sim, res, seen = record_run(cfg, tmp_path / "r")
     for rnd, cid, msg, rep, _ in seen:
-        z, y = client_embeddings(sim, cid, rep.subarrays("w."))
+        z, y = client_embeddings(sim, cid, rep.weights)
         for j in torch.unique(y).tolist():
             c = rep.arrays["protos"][rep.arrays["labels"] == j]
             n_distinct = len(torch.unique(z[y == j], dim=0))
@@ -142,7 +142,7 @@ def test_mpfedcl_clients_send_k_kmeans_centroids_per_class(digits_cfg, tmp_path)
             assign = torch.cdist(z[y == j], c).argmin(1)
             for k in range(len(c)):
                 torch.testing.assert_close(c[k], z[y == j][assign == k].mean(0), atol=1e-4, rtol=1e-4)
-        pool_labels = msg.arrays["pool.labels"]
+        pool_labels = msg.arrays["pool"]["labels"]
         if rnd == 1:
             assert len(pool_labels) == 0
         else:  # padded: every class holds a multiple of K prototypes
@@ -154,7 +154,7 @@ def test_spfedcl_prototypes_are_class_means(digits_cfg, tmp_path):
     cfg = digits_cfg("algorithm.name=spfedcl", "rounds=1", "participation.fraction=0.3")
     sim, res, seen = record_run(cfg, tmp_path / "r")
     for rnd, cid, msg, rep, _ in seen:
-        z, y = client_embeddings(sim, cid, rep.subarrays("w."))
+        z, y = client_embeddings(sim, cid, rep.weights)
         classes = torch.unique(y)
         assert rep.arrays["labels"].tolist() == classes.tolist()
         for j, p in zip(classes.tolist(), rep.arrays["protos"]):

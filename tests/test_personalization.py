@@ -13,7 +13,7 @@ from protofl.algorithms.fedrod import FedRoD, TwoHeads, rod_losses
 from protofl.cli import EXIT_BAD_INPUT, main
 from protofl.engine.client import ClientContext, drive, run_update
 from protofl.engine.simulation import Simulation
-from protofl.messages import Record, prefixed
+from protofl.messages import Record
 from protofl.models.base import FLModel
 
 from conftest import DIGITS, StopAfter, record_run, strip_timing, worker_path_executor
@@ -43,24 +43,25 @@ def test_personal_head_never_sent_and_body_is_the_sample_weighted_mean(name, per
     cfg = digits_cfg(f"algorithm.name={name}", "rounds=2", *fast(name))
     sim, res, seen = record_run(cfg, tmp_path / "r")
     init = sim.server.init_weights()
-    shared = {"w." + k for k in init if not k.startswith(personal)}
+    shared = {k for k in init if not k.startswith(personal)}
     for _, _, msg, reply, _ in seen:
-        assert set(msg.arrays) == shared and set(reply.arrays) == shared
+        assert set(msg.weights) == shared and set(reply.weights) == shared
+        assert not msg.arrays and not reply.arrays
     # no tensor of any client's personal part appears in any message or reply
-    sent = [t for _, _, msg, reply, _ in seen for rec in (msg, reply) for t in rec.arrays.values()]
+    sent = [t for _, _, msg, reply, _ in seen for rec in (msg, reply) for _, t in rec.tensors()]
     states = [s for *_, s in seen if s is not None]
     assert len(states) == (0 if name == "fedbabu" else len(seen))
     for s in states:
-        assert set(s.arrays) == {k for k in init if k.startswith(personal)}
-        for t in s.arrays.values():
+        assert set(s.weights) == {k for k in init if k.startswith(personal)}
+        for t in s.weights.values():
             assert not any(u.shape == t.shape and torch.equal(u, t) for u in sent)
     # the round-2 message is sum_k n_k w_k / sum_k n_k over the round-1 replies, by hand
     r1 = [reply for rnd, _, _, reply, _ in seen if rnd == 1]
     msg2 = next(msg for rnd, _, msg, _, _ in seen if rnd == 2)
-    n = [float(r.metrics["num_samples"]) for r in r1]
+    n = [float(r.num_samples) for r in r1]
     for key in shared:
-        expected = sum(nk * r.arrays[key].double() for nk, r in zip(n, r1)) / sum(n)
-        assert torch.allclose(msg2.arrays[key].double(), expected, atol=1e-6), key
+        expected = sum(nk * r.weights[key].double() for nk, r in zip(n, r1)) / sum(n)
+        assert torch.allclose(msg2.weights[key].double(), expected, atol=1e-6), key
     # the server's personal entries never move (FedBABU's fixed head, the others' unused copy)
     final = res.server_state.weights
     assert all(torch.equal(final[k], init[k]) for k in init if k.startswith(personal))
@@ -71,13 +72,13 @@ def test_personal_head_carries_over_between_rounds(digits_cfg, tmp_path):
     _, _, seen = record_run(cfg, tmp_path / "r")
     # client 0 trains in every round; its state after round r is the head it starts from in r+1
     states = {rnd: s for rnd, cid, _, _, s in seen if cid == 0}
-    assert not same(states[1].arrays, states[2].arrays)  # it trains
+    assert not same(states[1].weights, states[2].weights)  # it trains
 
     sim = Simulation(cfg, run_dir=tmp_path / "x")
     ctx = ClientContext(sim.runtime, 0, 3)
     msg = next(m for rnd, cid, m, _, _ in seen if cid == 0 and rnd == 3)
     out = run_update(sim.algorithm, msg, states[2], ctx)
-    assert same(out.state.arrays, states[3].arrays)  # same start, same stream -> same head
+    assert same(out.state.weights, states[3].weights)  # same start, same stream -> same head
 
 
 # ---------------------------------------------------------------------------------------
@@ -102,7 +103,7 @@ def test_fedrep_phases_touch_only_their_own_parameters(digits_cfg, tmp_path):
     algo = sim.algorithm
     ctx = ClientContext(sim.runtime, 0, 1)
     execute, fits = recording(ctx)
-    msg = algo.configure(algo.server_init(sim.server), 1, 0, sim.server)
+    msg = algo.configure(algo.server_init(sim.server), 1, sim.server)
     drive(algo.client_update(msg, algo.client_init(ctx), ctx), execute)
     (w0, w1), (w1_, w2) = fits  # phase 1 (head), then phase 2 (body) from where phase 1 ended
     part = lambda w, prefix: {k: v for k, v in w.items() if k.startswith(prefix)}  # noqa: E731
@@ -121,7 +122,7 @@ def test_fedbabu_head_stays_at_its_initialization(digits_cfg, tmp_path):
     algo = sim.algorithm
     state = algo.server_init(sim.server)
     head0 = {k: v for k, v in state.weights.items() if k.startswith("head.")}
-    msg = algo.configure(state, 1, 0, sim.server)
+    msg = algo.configure(state, 1, sim.server)
     outs = {}
     for evaluating in (False, True):
         ctx = ClientContext(sim.runtime, 0, 1, evaluating=evaluating)
@@ -131,10 +132,10 @@ def test_fedbabu_head_stays_at_its_initialization(digits_cfg, tmp_path):
     assert len(fits) == 1 and out.personal is None  # not evaluated: no fine-tuning at all
     trained = fits[0][1]  # the weights right after local training
     assert all(torch.equal(trained[k], v) for k, v in head0.items())  # the head: bit-identical
-    assert out.state is None and not any(k.startswith("w.head.") for k in out.reply.arrays)
+    assert out.state is None and not any(k.startswith("head.") for k in out.reply.weights)
     tuned_out, tuned_fits = outs[True]
     assert len(tuned_fits) == 2  # evaluated: the received global model is fine-tuned too
-    assert same(tuned_out.reply.arrays, out.reply.arrays)  # ... after the reply, which it leaves alone
+    assert same(tuned_out.reply.weights, out.reply.weights)  # ... after the reply, which it leaves alone
     tuned = tuned_fits[1][1]
     assert not torch.equal(tuned["head.weight"], head0["head.weight"])  # the head moves only here
     assert torch.equal(tuned_out.personal.head.weight, tuned["head.weight"])
@@ -231,18 +232,18 @@ def test_ditto_one_step_is_sgd_on_ce_plus_proximal_term(digits_cfg, tmp_path):
     v = {k: t + 0.1 * torch.randn(t.shape, generator=g) for k, t in w_t.items()}  # v != w_t
 
     def ce_grads(weights):  # gradient of the full-batch CE (one step = one batch = all data)
-        model = ctx.model(weights)
+        model = ctx.shared_model(weights)
         names = [n for n, _ in model.named_parameters()]
         grads = torch.autograd.grad(F.cross_entropy(model(x), y), list(model.parameters()))
         return dict(zip(names, (gr.clone() for gr in grads)))
 
     gw, gv = ce_grads(w_t), ce_grads(v)
-    out = run_update(sim.algorithm, Record(arrays=prefixed("w.", w_t)), Record(arrays=v), ctx)
+    out = run_update(sim.algorithm, Record(weights=w_t), Record(weights=v), ctx)
     for k in gw:
         # global model: one FedAvg step from w_t
-        assert torch.allclose(out.reply.arrays["w." + k], w_t[k] - lr * gw[k], atol=1e-6), k
+        assert torch.allclose(out.reply.weights[k], w_t[k] - lr * gw[k], atol=1e-6), k
         # personal model: v - lr (grad CE(v) + lam (v - w_t))
-        assert torch.allclose(out.state.arrays[k], v[k] - lr * (gv[k] + lam * (v[k] - w_t[k])), atol=1e-6), k
+        assert torch.allclose(out.state.weights[k], v[k] - lr * (gv[k] + lam * (v[k] - w_t[k])), atol=1e-6), k
 
 
 # ---------------------------------------------------------------------------------------

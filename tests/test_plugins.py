@@ -53,14 +53,12 @@ def test_example_fedavgm_server_momentum_by_hand():
         from protofl_example.fedavgm import FedAvgM, FedAvgMHyper, MomentumState
     finally:
         sys.path.remove(str(EXAMPLE / "src"))
-    from protofl.messages import Record, prefixed
+    from protofl.messages import Record
 
     algo = FedAvgM(FedAvgMHyper(beta=0.5, server_lr=1.0), None)
     w = {"a": torch.tensor([1.0, 2.0]), "n": torch.tensor(3)}
-    reps = [(0, Record(arrays=prefixed("w.", {"a": torch.tensor([0.0, 0.0]), "n": torch.tensor(5)}),
-                       metrics={"num_samples": 1})),
-            (1, Record(arrays=prefixed("w.", {"a": torch.tensor([0.0, 4.0]), "n": torch.tensor(5)}),
-                       metrics={"num_samples": 3}))]
+    reps = [(0, Record(weights={"a": torch.tensor([0.0, 0.0]), "n": torch.tensor(5)}, num_samples=1)),
+            (1, Record(weights={"a": torch.tensor([0.0, 4.0]), "n": torch.tensor(5)}, num_samples=3))]
     s1 = algo.aggregate(MomentumState(w), 1, reps, None)  # avg a = [0, 3]: Δ = [1, -1], v = Δ
     assert torch.allclose(s1.weights["a"], torch.tensor([0.0, 3.0])) and int(s1.weights["n"]) == 5
     s2 = algo.aggregate(s1, 2, reps, None)  # Δ = [0, 0], v = 0.5 [1, -1]

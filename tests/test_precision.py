@@ -8,7 +8,7 @@ from torch import nn
 from protofl import run
 from protofl.config import ConfigError, from_dict, load_config
 from protofl.engine import precision as P
-from protofl.engine.train import local_train
+from protofl.engine.train import TrainSettings, fit
 
 from conftest import DIGITS
 
@@ -32,10 +32,10 @@ def tiny_problem():
 
 
 def train(model, x, y, precision, loss=None, epochs=20):
-    loss = loss or (lambda m, xb, yb: nn.functional.cross_entropy(m(xb), yb))
-    return local_train(model, x, y, loss=loss, params=model.parameters(), lr=0.1, momentum=0.9,
-                       weight_decay=0.0, batch_size=16, epochs=epochs, steps=None, clip_grad=None,
-                       generator=torch.Generator().manual_seed(1), precision=precision)
+    loss = loss or (lambda m, xb, yb, extras: nn.functional.cross_entropy(m(xb), yb))
+    return fit(model, x, y, loss=loss, extras={}, names=[k for k, _ in model.named_parameters()],
+               settings=TrainSettings(lr=0.1, momentum=0.9, batch_size=16, epochs=epochs),
+               generator=torch.Generator().manual_seed(1), precision=precision)
 
 
 def test_config_precision_default_fp32_and_bad_value_names_the_choices():
@@ -59,7 +59,7 @@ def test_bf16_forward_runs_in_bfloat16_and_weights_stay_float32():
     model, x, y = tiny_problem()
     seen = []
 
-    def loss(m, xb, yb):
+    def loss(m, xb, yb, extras):
         out = m(xb)
         seen.append(out.dtype)
         return nn.functional.cross_entropy(out, yb)

@@ -162,8 +162,8 @@ class FakeServer:
 
 
 def reply(w, protos, counts, n):
-    return Record(arrays={"w.a": torch.tensor(w), "proto": torch.tensor(protos), "counts": torch.tensor(counts)},
-                  metrics={"num_samples": n})
+    return Record(weights={"a": torch.tensor(w)}, arrays={"proto": torch.tensor(protos), "counts": torch.tensor(counts)},
+                  num_samples=n)
 
 
 def test_aggregation_of_weights_and_prototypes():
@@ -222,5 +222,6 @@ def test_ablation_without_augmentation_sends_no_prototypes(digits_cfg, tmp_path)
     cfg = digits_cfg("algorithm.name=rebafl", "algorithm.faug=false", "rounds=1", "eval.personal=false")
     sim = Simulation(cfg, run_dir=tmp_path / "r")
     state = sim.algorithm.server_init(sim.server)
-    assert set(sim.algorithm.configure(state, 1, 0, sim.server).arrays) == {f"w.{k}" for k in state.weights}
+    msg = sim.algorithm.configure(state, 1, sim.server)
+    assert set(msg.weights) == set(state.weights) and not msg.arrays
     assert sim.run().summary["status"] == "complete"

@@ -297,32 +297,38 @@ def test_resume_with_another_config_is_one_line_exit_2(tmp_path, capsys):
 # ---------------------------------------------------------------------------------------
 # the server's reply checks
 # ---------------------------------------------------------------------------------------
-SENT = Record(arrays={"w.a": torch.zeros(2, 3), "w.b": torch.zeros(3)})
+SENT = Record(weights={"a": torch.zeros(2, 3), "b": torch.zeros(3)})
 
 
-def reply(**arrays):
-    base = {"w.a": torch.ones(2, 3), "w.b": torch.ones(3)}
-    base.update(arrays)
-    return Record(arrays={k: v for k, v in base.items() if v is not None}, metrics={"num_samples": 5})
+def reply(arrays=None, **weights):
+    base = {"a": torch.ones(2, 3), "b": torch.ones(3)}
+    base.update(weights)
+    return Record(weights={k: v for k, v in base.items() if v is not None}, arrays=arrays or {}, num_samples=5)
 
 
 @pytest.mark.parametrize("rec, fragment", [
     (reply(), None),
-    (reply(**{"w.b": None}), None),  # a subset of the weights (e.g. the body only) is fine
-    (reply(**{"w.a": torch.full((2, 3), float("nan"))}), "non-finite"),
-    (reply(**{"w.a": torch.ones(3, 2)}), "shape"),
-    (reply(**{"w.a": torch.ones(2, 3, dtype=torch.float64)}), "float64"),
-    (reply(**{"w.c": torch.ones(1)}), "not one of the model weights"),
-    (reply(counts=torch.tensor([3, -1])), "negative counts"),
-    (reply(extra=torch.ones(1)), "unexpected array"),
-    (Record(arrays={"w.a": torch.ones(2, 3)}, metrics={"num_samples": 6}), "num_samples=6"),
-    (Record(arrays={"w.a": torch.ones(2, 3)}, metrics={"num_samples": 2.5}), "num_samples=2.5"),
-    (Record(arrays={"w.a": torch.ones(2, 3)}, metrics={"loss": float("inf")}), "not finite"),
+    (reply(b=None), None),  # a subset of the weights (e.g. the body only) is fine
+    (reply(a=torch.full((2, 3), float("nan"))), "non-finite"),
+    (reply(a=torch.ones(3, 2)), "shape"),
+    (reply(a=torch.ones(2, 3, dtype=torch.float64)), "float64"),
+    (reply(c=torch.ones(1)), "not one of the model weights"),
+    (reply({"counts": torch.tensor([3, -1])}), "negative counts"),
+    (reply({"group": {"x": torch.tensor([-2])}}), "negative counts"),  # inside a group too
+    (reply({"extra": torch.ones(1)}), "unexpected array"),
+    (Record(weights={"a": torch.ones(2, 3)}, num_samples=6), "num_samples=6"),
+    (Record(weights={"a": torch.ones(2, 3)}, num_samples=-1), "num_samples=-1"),
+    (Record(weights={"a": torch.ones(2, 3)}, metrics={"loss": float("inf")}), "not finite"),
     ("not a record", "not a Record"),
 ])
 def test_check_reply_cases(rec, fragment):
-    why = check_reply(rec, SENT, client_size=5, model_bytes=36, patterns=("w.*", "counts"))
+    why = check_reply(rec, SENT, client_size=5, model_bytes=36, patterns=("counts", "group"))
     assert (why is None) if fragment is None else (fragment in why), why
+
+
+def test_a_sample_count_is_a_whole_number():
+    with pytest.raises(TypeError, match="num_samples must be an int"):
+        Record(num_samples=2.5)
 
 
 def test_check_reply_size_bound_without_declared_names():
@@ -336,30 +342,34 @@ def test_check_reply_size_bound_without_declared_names():
 BAD = 3  # the client that misbehaves
 
 
-def corrupt(kind):
-    async def client_update(self, msg, state, ctx):
-        res = await ORIGINAL(self, msg, state, ctx)
-        if ctx.cid != BAD:
-            return res
-        r = res.reply
-        arrays, metrics = dict(r.arrays), dict(r.metrics)
-        first = next(iter(arrays))
-        if kind == "nan":
-            arrays[first] = torch.full_like(arrays[first], float("nan"))
-        elif kind == "shape":
-            arrays[first] = torch.zeros(7, 7)
-        elif kind == "negative count":
-            metrics["num_samples"] = -5
-        elif kind == "extra key":
+class Corrupting(SequentialExecutor):
+    """Client BAD's reply altered on its way to the server (a broken or hostile node)."""
+
+    def __init__(self, runtime, kind):
+        super().__init__(runtime, 1)
+        self.kind = kind
+
+    def run(self, tasks):
+        outs = super().run(tasks)
+        for t, o in zip(tasks, outs):
+            if t.cid == BAD:
+                o.reply = self.corrupt(o.reply)
+        return outs
+
+    def corrupt(self, r):
+        weights, arrays, n = dict(r.weights), dict(r.arrays), r.num_samples
+        first = next(iter(weights))
+        if self.kind == "nan":
+            weights[first] = torch.full_like(weights[first], float("nan"))
+        elif self.kind == "shape":
+            weights[first] = torch.zeros(7, 7)
+        elif self.kind == "negative count":
+            n = -5
+        elif self.kind == "extra key":
             arrays["backdoor"] = torch.ones(4)
-        elif kind == "huge":
-            arrays["w.huge"] = torch.zeros(1 << 22)
-        res.reply = Record(arrays=arrays, metrics=metrics)
-        return res
-    return client_update
-
-
-ORIGINAL = FedAvg.client_update
+        elif self.kind == "huge":
+            arrays["huge"] = torch.zeros(1 << 22)
+        return Record(weights=weights, arrays=arrays, num_samples=n)
 
 
 class Without(SequentialExecutor):
@@ -386,8 +396,7 @@ def baseline(digits_cfg, tmp_path):
 @pytest.mark.parametrize("kind", ["nan", "shape", "negative count", "extra key", "huge"])
 def test_a_bad_client_is_rejected_and_the_run_equals_the_run_without_it(kind, baseline, tmp_path, monkeypatch):
     cfg, base = baseline
-    monkeypatch.setattr(FedAvg, "client_update", corrupt(kind))
-    res = Simulation(cfg, run_dir=tmp_path / kind).run()
+    res = Simulation(cfg, run_dir=tmp_path / kind, executor_factory=lambda s: Corrupting(s.runtime, kind)).run()
     assert res.summary["status"] == "complete"
     assert [r["rejected"] for r in res.rows] == [1, 1, 1]
     assert all(r["rejected_reasons"][0].startswith(f"client {BAD}:") for r in res.rows)

@@ -30,10 +30,9 @@ from .data.datasets import load_dataset
 from .data.features import make_scenario
 from .engine.callbacks import Callback, OverallProgress
 from .engine.checkpoint import save_json, save_text
-from .engine.client import arch_kwargs, ModelCache
 from .engine.server import ServerContext
-from .engine.simulation import (build_task, CHECKPOINT, METRICS, model_mismatch, read_rows, run_dir_for, RunResult,
-                                Simulation, SUMMARY)
+from .engine.simulation import CHECKPOINT, METRICS, read_rows, run_dir_for, RunResult, Simulation, SUMMARY
+from .engine.task import model_mismatch, Task
 from .errors import ConfigError, one_line
 from .report import tables
 from .report.html import write_report
@@ -110,8 +109,7 @@ def run(cfg: Config, resume: bool = False, callbacks: Iterable[Callback] = (),
         if summary is not None and summary.get("status") == "complete" \
                 and summary.get("fingerprint") == cfg.fingerprint() and summary.get("rounds_completed") == cfg.rounds:
             return RunResult(run_dir, read_rows(run_dir / METRICS), summary, already_complete=True)
-    fed = check_task(cfg)
-    return Simulation(cfg, callbacks=callbacks, run_dir=run_dir, fed=fed).run(resume=resume)
+    return Simulation(cfg, callbacks=callbacks, run_dir=run_dir, task=check_task(cfg)).run(resume=resume)
 
 
 def is_complete(run_dir: Path, rounds: int) -> bool:
@@ -134,9 +132,10 @@ def _random_state_kept():
             random.setstate(py_state)
 
 
-def check_task(cfg: Config, datasets: Optional[dict] = None):
+def check_task(cfg: Config, datasets: Optional[dict] = None) -> Task:
     """Build everything a run of ``cfg`` builds before its first round, without training,
-    and return the federated data (the run then uses it: nothing is loaded twice).
+    and return it (:class:`~protofl.engine.task.Task`: the run then uses it, nothing is
+    built twice; the initial server state is kept for a fresh run).
 
     :func:`~protofl.config.from_dict` has checked every name, key and value on its own;
     this checks how the components meet, where only the data can tell: the partition
@@ -149,12 +148,11 @@ def check_task(cfg: Config, datasets: Optional[dict] = None):
     many configs on the same data).
     """
     with _random_state_kept():
-        fed = build_federated(cfg, _dataset_for(cfg, datasets))
-        fed, algo, info = build_task(cfg, fed)
-        ds = fed.dataset
+        task = Task.build(cfg, build_federated(cfg, _dataset_for(cfg, datasets)))
+        ds, algo = task.fed.dataset, task.algorithm
         x = ds.normalize(ds.x_train[:2])
-        models = ModelCache(cfg, algo, info, torch.device("cpu"))
-        archs = {repr(sorted(kw.items())): kw for kw in (arch_kwargs(cfg, k) for k in range(fed.num_clients))}
+        models = task.models("cpu")
+        archs = {repr(sorted(kw.items())): kw for kw in (task.arch(k) for k in range(task.fed.num_clients))}
         for kw in archs.values():
             try:
                 model = models.get(kw).eval()
@@ -168,14 +166,16 @@ def check_task(cfg: Config, datasets: Optional[dict] = None):
             except Exception as e:  # e.g. an MLP on token ids: the first batch would fail the same way
                 raise model_mismatch(cfg, ds, f"model {cfg.model.name!r} cannot compute on these inputs "
                                      f"({one_line(e, 200)})", kw) from e
+            finally:
+                model.train()  # the run uses this model object: as built
         try:
-            algo.server_init(ServerContext(cfg, algo, info))
+            task.initial_state = algo.server_init(ServerContext(task))
         except ValueError as e:
             if isinstance(e, ConfigError):
                 raise
             raise ConfigError("algorithm.name", cfg.algorithm.name,
                               f"cannot start with model {cfg.model.name!r}: {one_line(e, 300)}") from e
-    return fed
+    return task
 
 
 def _dataset_for(cfg: Config, datasets: Optional[dict]):

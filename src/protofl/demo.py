@@ -33,7 +33,7 @@ from .api import compare, parse_methods
 from .config import Config, from_dict
 from .engine.checkpoint import load_torch
 from .engine.server import ServerContext
-from .engine.simulation import build_task
+from .engine.task import Task
 from .report import tables
 from .report.plots import curves
 
@@ -126,9 +126,9 @@ def global_features(run_dir: Path, cfg: Config, max_points: int = 3000, seed: in
     """A finished run's global model on its test set: (features (N, 2), labels (N,),
     head rows (C, d) = the class prototype directions). At most ``max_points`` test points.
     (Used by benchmarks/fixed_heads/spiral.py.)"""
-    fed, algo, info = build_task(cfg)
-    model = ServerContext(cfg, algo, info).model(load_torch(Path(run_dir) / "model.pt"))
-    ds = fed.dataset
+    task = Task.build(cfg)
+    model = ServerContext(task).shared_model(load_torch(Path(run_dir) / "model.pt"))
+    ds = task.fed.dataset
     idx = np.random.default_rng(seed).permutation(len(ds.y_test))[:max_points]
     x = ds.normalize(ds.x_test[torch.from_numpy(idx)])
     model.eval()

@@ -2,23 +2,28 @@
 
 A method owns both halves of its algorithm and nothing else:
 
-server half                                   client half
------------                                   -----------
-``server_init(ctx) -> S``                      ``client_init(ctx) -> Record | None``
-``configure(S, rnd, cid, ctx) -> Record``  ->  ``async client_update(msg, state, ctx) -> ClientResult``
-``aggregate(S, rnd, replies, ctx) -> S``   <-  (reply Record, new state, personalized predictor)
+server half                                       client half
+-----------                                       -----------
+``server_init(ctx) -> S``                          ``client_init(ctx) -> Record | None``
+``configure(S, rnd, ctx) -> Record``           ->  ``async client_update(msg, state, ctx) -> ClientResult``
+``configure_client(S, rnd, cid, ctx)``  (opt.) ->      (reply Record, new state, personalized predictor)
+``aggregate(S, rnd, replies, ctx) -> S``       <-
 ``global_predictor(S, ctx) -> Predictor``
 
-Messages and per-client state are :class:`~protofl.messages.Record` s; server state ``S``
-is the method's own dataclass. The engine owns everything around it: sampling,
-participation, the local training loop, execution backends, evaluation, checkpoints and
-logging.
+``configure`` is the round's broadcast, the same for every sampled client (fedjax's
+shared input): the engine builds it once per round and moves it to the training device
+once. ``configure_client`` adds what one client alone receives (FeSEM: its cluster's
+model); a client's ``msg`` is the two together. Messages and per-client state are
+:class:`~protofl.messages.Record` s; server state ``S`` is the method's own dataclass.
+The engine owns everything around it: sampling, participation, the local training loop,
+execution backends, evaluation, checkpoints and logging. It attaches each reply's sample
+count (``Record.num_samples``: n_k, the client's training-set size).
 
 **The local update, stated once.** ``client_update`` is a coroutine that reads like the
 paper's client step and hands the heavy work to the engine with ``await``:
 
 * ``await ctx.fit(weights, loss, extras=...)`` -> :class:`Fitted`: E epochs (or
-  ``training.steps``) of the run's SGD from ``weights`` on ``loss(model, x, y, extras)``,
+  ``training.steps``) of the run's optimizer from ``weights`` on ``loss(model, x, y, extras)``,
   a pure function of the model (with the client's current parameters), a batch and the
   client's own tensors ``extras`` (FedProx's anchor, FedGELA's Phi, a prototype table).
   Options: which parameters move (``trainable``), a gradient transform (``grad``:
@@ -33,13 +38,16 @@ executor (``engine/batched.py``) runs the requests of many clients together, in 
 stack of parameters: the method is written once and both executors run it. For that,
 ``loss``, ``grad`` and ``step_extras`` must be the same function for every client of a
 round (module-level functions or bound methods of the method; per-client values go in
-``extras``), and must not branch in Python on the values of tensors. A method whose
-``client_update`` is a plain function (``ctx.train(model, ...)`` on a live model) still
-runs, sequentially.
+``extras``), must not branch in Python on the values of tensors, and the ``extras`` of
+the clients of a round must have the same shapes (pad a per-client list to a fixed
+length, as ReBaFL pads its target classes to C).
 """
 from __future__ import annotations
 
+import dataclasses
+import inspect
 import math
+from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
 from typing import Any, Callable, ClassVar, Iterable, Mapping, Optional, Protocol, Sequence, Union
 
@@ -89,7 +97,7 @@ class NoHyper:
 @dataclass
 class WeightsState:
     """The server state of a method with one global model (a full state dict); methods extend
-    it with their own fields. :meth:`Algorithm.model_weights` reads it."""
+    it with their own fields."""
 
     weights: dict[str, torch.Tensor]
 
@@ -115,9 +123,22 @@ def cross_entropy(model: nn.Module, x: torch.Tensor, y: torch.Tensor, extras: Ma
     return F.cross_entropy(model(x), y)
 
 
+# ---------------------------------------------------------------------------------------
+# what client_update awaits
+# ---------------------------------------------------------------------------------------
+class Request:
+    """What ``client_update`` awaits: a piece of work the engine runs (:class:`Fit`,
+    :class:`Features`). ``ctx.fit(...)`` and ``ctx.features(...)`` make them; awaiting one
+    hands it to the executor that drives ``client_update`` and gives back its answer."""
+
+    def __await__(self):
+        answer = yield self
+        return answer
+
+
 @dataclass
-class Fit:
-    """A request for local training (``ctx.fit``); the engine answers with :class:`Fitted`.
+class Fit(Request):
+    """Local training (``await ctx.fit(...)``), answered with :class:`Fitted`.
 
     ``weights``: the full state dict to start from. ``loss``: the objective (see
     :data:`LossFn`). ``extras``: this client's own tensors (nested dicts of tensors).
@@ -151,36 +172,25 @@ class Fitted:
 
 
 @dataclass
-class Features:
-    """A request for features (``ctx.features``): ``model.<part>`` with ``weights`` applied
-    in eval mode to ``x`` (None: the client's training inputs); the answer is (n, d)."""
+class Features(Request):
+    """Features (``await ctx.features(...)``): ``model.<part>`` with ``weights`` applied in
+    eval mode to ``x`` (None: the client's training inputs); the answer is (n, d)."""
 
     weights: Mapping[str, torch.Tensor]
     part: str = "body"
     x: Optional[torch.Tensor] = None
 
 
-class Pending:
-    """What ``ctx.fit`` and ``ctx.features`` return: awaiting it hands the request to the
-    executor that drives ``client_update`` and gives back its answer."""
-
-    __slots__ = ("request",)
-
-    def __init__(self, request: Union[Fit, Features]) -> None:
-        self.request = request
-
-    def __await__(self):
-        answer = yield self.request
-        return answer
-
-
+# ---------------------------------------------------------------------------------------
+# the contexts (the engine implements them; it builds on this module, never the other way)
+# ---------------------------------------------------------------------------------------
 class ClientContext(Protocol):
     """What ``client_init`` and ``client_update`` may use: everything is this (round,
-    client)'s own. The engine's :class:`protofl.engine.client.ClientContext` implements it
-    (the engine builds on this module, never the other way round)."""
+    client)'s own. Facts are properties; what takes arguments or makes something is a
+    method. The engine's :class:`protofl.engine.client.ClientContext` implements it."""
 
     cid: int
-    round: int
+    rnd: int
     info: TaskInfo
     num_classes: int
     evaluating: bool  # whether the engine evaluates the personalized model after this update
@@ -196,27 +206,36 @@ class ClientContext(Protocol):
     def class_counts(self) -> torch.Tensor:
         """(C,) int64 training label counts."""
 
+    @property
+    def lr(self) -> float:
+        """This round's learning rate (after ``training.schedule``)."""
+
+    @property
+    def step_size(self) -> float:
+        """The optimizer's steady-state step per unit gradient (lr / (1 - momentum) for SGD)."""
+
+    @property
+    def architecture(self) -> nn.Module:
+        """The client's model object, whatever weights it holds (for names and shapes)."""
+
     def rng(self, *keys: object) -> Any:
         """A numpy ``Generator`` for this (round, client) and purpose."""
 
-    def model(self, weights: Optional[Mapping[str, torch.Tensor]] = None) -> nn.Module:
-        """The client's live model object with ``weights`` loaded (None: the initial ones)."""
-
-    def architecture(self) -> nn.Module: ...
+    def shared_model(self, weights: Optional[Mapping[str, torch.Tensor]] = None) -> nn.Module:
+        """The client's one model object with ``weights`` loaded (None: the run's initial
+        ones). Shared: the next ``shared_model`` call loads other weights into the same
+        object, so a method holds one at a time (its personalized predictor is evaluated
+        as soon as ``client_update`` returns)."""
 
     def like_model(self, weights: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]: ...
 
     def trainable(self, weights: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]: ...
 
-    def lr(self) -> float: ...
-
-    def step_size(self) -> float: ...
-
-    def fit(self, weights: Mapping[str, torch.Tensor], loss: LossFn = ..., **options) -> Pending:
+    def fit(self, weights: Mapping[str, torch.Tensor], loss: LossFn = ..., **options) -> Fit:
         """``await`` it: a :class:`Fit` answered with :class:`Fitted`."""
 
     def features(self, weights: Mapping[str, torch.Tensor], part: str = "body",
-                 x: Optional[torch.Tensor] = None) -> Pending:
+                 x: Optional[torch.Tensor] = None) -> Features:
         """``await`` it: :class:`Features` answered with an (n, d) tensor."""
 
 
@@ -227,7 +246,8 @@ class ServerContext(Protocol):
     info: TaskInfo
     device: torch.device
 
-    def model(self, weights: Optional[Mapping[str, torch.Tensor]] = None) -> nn.Module: ...
+    def shared_model(self, weights: Optional[Mapping[str, torch.Tensor]] = None) -> nn.Module:
+        """The server's one model object with ``weights`` loaded (None: the initial ones)."""
 
     def init_weights(self) -> dict[str, torch.Tensor]: ...
 
@@ -244,7 +264,10 @@ class ClientResult:
     personal: Optional[Predictors] = None  # the personalized model, for PM(V)/PM(L)/PA
 
 
-class Algorithm:
+# ---------------------------------------------------------------------------------------
+# the method
+# ---------------------------------------------------------------------------------------
+class Algorithm(ABC):
     name: ClassVar[str] = "?"
     Hyper: ClassVar[type] = NoHyper
     # False for methods with no global model (Local, FedProto): GA is then the mean of
@@ -252,8 +275,8 @@ class Algorithm:
     has_global_model: ClassVar[bool] = True
     # True only for methods that never average weights (clients may differ in architecture)
     heterogeneous_models: ClassVar[bool] = False
-    # glob patterns of the array names a client's reply may hold (None: not checked); the
-    # server rejects a reply with any other array (engine/validate.py)
+    # names of the arrays (glob patterns; a group counts by its name) a reply may hold besides
+    # its model weights (None: not checked); the server rejects any other (engine/validate.py)
     reply_arrays: ClassVar[Optional[tuple[str, ...]]] = None
     # True for a method whose updates depend on the total number of rounds (info.rounds,
     # e.g. a schedule over the run): its finished runs are then never extended to more
@@ -264,23 +287,38 @@ class Algorithm:
         self.hp = hp
         self.info = info
 
+    def __init_subclass__(cls, **kwargs) -> None:
+        super().__init_subclass__(**kwargs)
+        update = cls.__dict__.get("client_update")
+        if update is not None and not inspect.iscoroutinefunction(update):
+            raise TypeError(f"{cls.__name__}.client_update must be written `async def client_update(...)`: the "
+                            "engine drives it and runs the work it awaits (ctx.fit, ctx.features)")
+
     # -- model ---------------------------------------------------------------------------
     def adapt_model(self, model: nn.Module) -> nn.Module:
         """Change the architecture for this method (e.g. fix the head); identity by default."""
         return model
 
     # -- server half ---------------------------------------------------------------------
-    def server_init(self, ctx: "ServerContext") -> Any:
-        raise NotImplementedError
+    @abstractmethod
+    def server_init(self, ctx: ServerContext) -> Any:
+        """The server state before round 1."""
 
-    def configure(self, state: Any, rnd: int, cid: int, ctx: "ServerContext") -> Record:
-        raise NotImplementedError
+    @abstractmethod
+    def configure(self, state: Any, rnd: int, ctx: ServerContext) -> Record:
+        """The round's broadcast: what every client sampled in round ``rnd`` receives."""
 
-    def aggregate(self, state: Any, rnd: int, replies: list[tuple[int, Record]],
-                  ctx: "ServerContext") -> Any:
-        raise NotImplementedError
+    def configure_client(self, state: Any, rnd: int, cid: int, ctx: ServerContext) -> Optional[Record]:
+        """What client ``cid`` alone receives in round ``rnd``, on top of the broadcast
+        (None, the default: nothing)."""
+        return None
 
-    def global_predictor(self, state: Any, ctx: "ServerContext") -> Optional[Predictors]:
+    @abstractmethod
+    def aggregate(self, state: Any, rnd: int, replies: list[tuple[int, Record]], ctx: ServerContext) -> Any:
+        """The new server state from the replies that arrived (in client-id order; possibly none)."""
+
+    def global_predictor(self, state: Any, ctx: ServerContext) -> Optional[Predictors]:
+        """The global model's predictor (GM, GA); None for a method without one."""
         return None
 
     def check_reply(self, reply: Record, sent: Record) -> Optional[str]:
@@ -289,43 +327,78 @@ class Algorithm:
         reject it, or None. Runs on the server before ``aggregate``."""
         return None
 
-    # -- what the engine may read (the contract beyond the two halves) ------------------------
-    def model_weights(self, state: Any) -> Optional[dict[str, torch.Tensor]]:
-        """The global model's weights in the server state (saved as ``model.pt`` after the
-        run), None for a method without one. Default: the ``weights`` of a
-        :class:`WeightsState`."""
-        return state.weights if self.has_global_model and isinstance(state, WeightsState) else None
-
-    def local_weights(self, reply: Record) -> Optional[dict[str, torch.Tensor]]:
-        """The local model a reply carries (its ``w.*`` arrays), for the weight diversity of
-        ReBaFL's eq. (24), which the engine logs for every method; None when the reply
-        carries none (prototypes only, SCAFFOLD's updates)."""
-        return None if self.heterogeneous_models else (reply.weights() or None)
-
-    def cluster_assignment(self, state: Any) -> Optional[Sequence[int]]:
-        """For methods that cluster their clients (FeSEM): the cluster of every client, one
-        entry per client id, as the server holds it after this round's aggregation. When the
-        scenario knows its client groups (feature skew ``rotate``, ``domains``, ``writers``;
-        the ``clustered`` partition) the engine logs the purity of this clustering against
-        them every round (``cluster_purity``, 1.0 = every cluster holds clients of one group
-        only). None (default): the method does not cluster clients."""
-        return None
-
-    def class_vectors(self, state: Any) -> Optional[torch.Tensor]:
-        """The (C, d) class prototypes or fixed-head rows the server holds, for the geometry
-        logs (``proto_min_angle`` every evaluation, ``proto_cos`` in the last round); a zero
-        row = no vector for that class yet. None (default) for methods without them."""
-        return None
-
     # -- client half ---------------------------------------------------------------------
-    def client_init(self, ctx: "ClientContext") -> Optional[Record]:
+    def client_init(self, ctx: ClientContext) -> Optional[Record]:
+        """A client's persistent state before its first turn (None: none)."""
         return None
 
-    async def client_update(self, msg: Record, state: Optional[Record], ctx: "ClientContext") -> ClientResult:
+    @abstractmethod
+    async def client_update(self, msg: Record, state: Optional[Record], ctx: ClientContext) -> ClientResult:
         """The client's turn: ``await ctx.fit(...)`` / ``await ctx.features(...)`` for the
         engine's work, the rest in plain code; returns the reply, the new state and the
         personalized predictor."""
-        raise NotImplementedError
+
+
+class Diagnostics:
+    """Optional hooks: what the engine saves and logs beside a method's own work. A method
+    derives from this class and overrides what it has; the others answer None.
+
+    * ``model_weights(S)``: the global model in the server state, saved as ``model.pt``
+      after the run;
+    * ``class_vectors(S)``: the (C, d) class prototypes or fixed-head rows the server holds
+      (a zero row: none for that class yet), for the geometry logs (``proto_min_angle``
+      every evaluation, ``proto_cos`` in the last round);
+    * ``cluster_assignment(S)``: for methods that cluster their clients (FeSEM), each
+      client's cluster after this round's aggregation; where the scenario knows its client
+      groups (feature skew ``rotate``, ``domains``, ``writers``; the ``clustered``
+      partition) the engine logs the purity of this clustering (``cluster_purity``).
+
+    The weight diversity of ReBaFL's eq. (24) needs no hook: the engine computes it from
+    the replies' model weights (``Record.weights``) of every method that averages weights.
+    """
+
+    def model_weights(self, state: Any) -> Optional[dict[str, torch.Tensor]]:
+        return None
+
+    def class_vectors(self, state: Any) -> Optional[torch.Tensor]:
+        return None
+
+    def cluster_assignment(self, state: Any) -> Optional[Sequence[int]]:
+        return None
+
+
+class GlobalModel(Algorithm, Diagnostics):
+    """A method with one global model w (FedAvg's server half, Algorithm 1 of McMahan et al.):
+
+        server_init: w_0, the run's initial weights
+        configure:   send w_t to every sampled client
+        aggregate:   w_{t+1} = sum_k a_k w_k / sum_k a_k over the replies' weights (a_k = n_k,
+                     or 1 with ``weighting: uniform``); entries no reply carries (a fixed
+                     head) keep their value; nobody arrived: w_t
+        predictor:   the global model w
+
+    Its hyper-parameters have a ``weighting``. Methods extend the server state with their
+    own fields (``dataclasses.replace`` keeps them) and call ``super().aggregate``.
+    """
+
+    def server_init(self, ctx: ServerContext) -> WeightsState:
+        return WeightsState(ctx.init_weights())
+
+    def configure(self, state: WeightsState, rnd: int, ctx: ServerContext) -> Record:
+        return Record(weights=state.weights)
+
+    def aggregate(self, state: WeightsState, rnd: int, replies: list[tuple[int, Record]],
+                  ctx: ServerContext) -> WeightsState:
+        avg = average((r for _, r in replies), self.hp.weighting)
+        if not avg:
+            return state  # nobody arrived: keep w_t
+        return dataclasses.replace(state, weights={**state.weights, **avg})
+
+    def global_predictor(self, state: WeightsState, ctx: ServerContext):
+        return ctx.shared_model(state.weights)
+
+    def model_weights(self, state: WeightsState) -> Optional[dict[str, torch.Tensor]]:
+        return state.weights if self.has_global_model else None
 
 
 # ---------------------------------------------------------------------------------------
@@ -372,11 +445,11 @@ def weighted_mean(items: Iterable[tuple[float, Mapping[str, torch.Tensor]]]) -> 
 def reply_weight(reply: Record, weighting: str) -> float:
     """A reply's aggregation weight: its client's training samples n_k (``samples``) or 1
     (``uniform``)."""
-    return float(reply.metrics["num_samples"]) if weighting == "samples" else 1.0
+    return float(reply.num_samples) if weighting == "samples" else 1.0
 
 
 def average(replies: Iterable[Record], weighting: str,
-            part: Callable[[Record], Mapping[str, torch.Tensor]] = Record.weights) -> dict[str, torch.Tensor]:
+            part: Callable[[Record], Mapping[str, torch.Tensor]] = lambda r: r.weights) -> dict[str, torch.Tensor]:
     """sum_k a_k part(r_k) / sum_k a_k over the replies, a_k = :func:`reply_weight` (replies with
     a_k = 0 left out); by default the replies' model weights. {} when no reply counts."""
     return weighted_mean((a, part(r)) for r in replies if (a := reply_weight(r, weighting)) > 0)
@@ -396,23 +469,21 @@ def weight_diversity(models: Sequence[Mapping[str, torch.Tensor]]) -> float:
     total = 0.0
     for k in keys:
         # two passes over the models, one layer at a time: memory is two float64 copies of
-        # one layer whatever |S_t| is (a stacked (|S_t|, ...) buffer took 420 MB for 100
-        # clients of fedavg_cnn's 1024x512 layer); sums in float64, so the value agrees with
-        # the stacked form to ~1e-15 relative (not bit for bit)
+        # one layer whatever |S_t| is; sums in float64
         mean = torch.zeros(models[0][k].shape, dtype=torch.float64)
         for m in models:
-            mean.add_(m[k].detach().to(torch.float64))
+            mean.add_(m[k].detach().to(torch.float64).cpu())
         mean.div_(n)
         diff = torch.empty_like(mean)
         for m in models:
-            torch.sub(m[k].detach().to(torch.float64), mean, out=diff)
+            torch.sub(m[k].detach().to(torch.float64).cpu(), mean, out=diff)
             total += float(diff.pow_(2).sum())
     return total / n
 
 
-async def fine_tuned(ctx: "ClientContext", weights: Mapping[str, torch.Tensor], epochs: int) -> Optional[nn.Module]:
+async def fine_tuned(ctx: ClientContext, weights: Mapping[str, torch.Tensor], epochs: int) -> Optional[nn.Module]:
     """A personalized model made by fine-tuning: ``weights`` trained for ``epochs`` epochs of
-    the run's SGD on cross-entropy over all parameters, on the client's data.
+    the run's optimizer on cross-entropy over all parameters, on the client's data.
 
     Only when the engine evaluates this client (``ctx.evaluating``; None otherwise): the
     extra epochs cost nothing in the other rounds. It runs after everything the reply and
@@ -422,9 +493,4 @@ async def fine_tuned(ctx: "ClientContext", weights: Mapping[str, torch.Tensor], 
     if not ctx.evaluating:
         return None
     tuned = await ctx.fit(weights, epochs=epochs, report=False)
-    return ctx.model(tuned.weights)
-
-
-def cross_entropy_loss(model: nn.Module, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
-    """The plain objective in the form of the imperative ``ctx.train(model, loss)``."""
-    return nn.functional.cross_entropy(model(x), y)
+    return ctx.shared_model(tuned.weights)

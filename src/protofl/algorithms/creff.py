@@ -57,7 +57,7 @@ from torch import nn
 from torch.func import functional_call
 
 from ..errors import ConfigError, require
-from ..messages import Record, WEIGHTS_PATTERN, prefixed, weight_arrays
+from ..messages import Record
 from .base import ClientResult, register, WeightsState
 from .fedavg import FedAvg
 
@@ -74,13 +74,13 @@ class CReFFHyper:
     repeats: int = 10  # R, gradients averaged per class
     weighting: Literal["samples", "uniform"] = "samples"
 
-    def validate(self, s: str) -> None:
+    def validate(self, section: str) -> None:
         for key in ("num_features", "retrain_batch", "batch_real", "repeats"):
-            require(getattr(self, key) >= 1, f"{s}.{key}", getattr(self, key), "must be >= 1")
+            require(getattr(self, key) >= 1, f"{section}.{key}", getattr(self, key), "must be >= 1")
         for key in ("match_steps", "retrain_epochs"):
-            require(getattr(self, key) >= 0, f"{s}.{key}", getattr(self, key), "must be >= 0")
+            require(getattr(self, key) >= 0, f"{section}.{key}", getattr(self, key), "must be >= 0")
         for key in ("feature_lr", "retrain_lr"):
-            require(getattr(self, key) > 0, f"{s}.{key}", getattr(self, key), "must be > 0")
+            require(getattr(self, key) > 0, f"{section}.{key}", getattr(self, key), "must be > 0")
 
 
 @dataclass
@@ -160,13 +160,13 @@ def retrain_linear(W: torch.Tensor, b: Optional[torch.Tensor], feats: torch.Tens
 @register
 class CReFF(FedAvg):
     name = "creff"
-    reply_arrays = (WEIGHTS_PATTERN, "g.*", "g_mask")
+    reply_arrays = ("grad", "grad_mask")  # besides w_k: per-class classifier gradients
     Hyper = CReFFHyper
 
     # -- server ------------------------------------------------------------------------------
     def server_init(self, ctx) -> CReFFState:
         w = ctx.init_weights()
-        model = ctx.model(w)
+        model = ctx.shared_model(w)
         if not isinstance(model.head, nn.Linear):
             raise ConfigError("algorithm.name", self.name,
                               f"needs a linear classifier head; model's head is {type(model.head).__name__}")
@@ -175,15 +175,19 @@ class CReFF(FedAvg):
         feats = torch.from_numpy(ctx.rng(0, "creff-features").standard_normal((C * M, d))).float()
         return CReFFState(w, head, feats.to(ctx.device))
 
-    def configure(self, state: CReFFState, rnd, cid, ctx) -> Record:
-        return Record(arrays={**weight_arrays(state.weights), **prefixed("re.", state.head)})
+    def configure(self, state: CReFFState, rnd, ctx) -> Record:
+        return Record(weights=state.weights, arrays={"head": state.head})  # w_t and W_re
 
     def check_reply(self, reply: Record, sent: Record) -> Optional[str]:
         C = self.info.num_classes
-        mask = reply.arrays.get("g_mask")
-        if mask is not None and (tuple(mask.shape) != (C,) or mask.is_floating_point() or int(mask.max()) > 1):
-            return f"g_mask must be a (C,) = ({C},) 0/1 mask"
-        bad = [k for k, g in reply.subarrays("g.").items() if g.dim() == 0 or g.shape[0] != C]
+        mask = reply.arrays.get("grad_mask")
+        if not isinstance(mask, torch.Tensor) or tuple(mask.shape) != (C,) or mask.is_floating_point() \
+                or int(mask.max()) > 1:
+            return f"grad_mask must be a (C,) = ({C},) 0/1 mask"
+        grads = reply.arrays.get("grad")
+        if not isinstance(grads, dict):
+            return "grad must be a group of per-class gradients"
+        bad = [k for k, g in grads.items() if g.dim() == 0 or g.shape[0] != C]
         return f"class gradients {bad} do not have one row per class" if bad else None
 
     def aggregate(self, state: CReFFState, rnd, replies, ctx) -> CReFFState:
@@ -192,12 +196,12 @@ class CReFF(FedAvg):
             return state
         C, M = self.info.num_classes, self.hp.num_features
         # per class, the mean over the clients that sent it
-        sent = torch.stack([r.arrays["g_mask"] for _, r in replies]).to(torch.float32)  # (K, C)
+        sent = torch.stack([r.arrays["grad_mask"] for _, r in replies]).to(torch.float32)  # (K, C)
         n = sent.sum(0)  # (C,)
         mask = n > 0
         targets = {}
         for k in state.head:
-            total = sum(r.arrays["g." + k] * sent[j].view(-1, *[1] * (r.arrays["g." + k].dim() - 1))
+            total = sum(r.arrays["grad"][k] * sent[j].view(-1, *[1] * (r.arrays["grad"][k].dim() - 1))
                         for j, (_, r) in enumerate(replies))
             targets[k] = total / n.clamp_min(1).view(-1, *[1] * (total.dim() - 1))
         W, b = state.head["weight"], state.head.get("bias")
@@ -221,8 +225,8 @@ class CReFF(FedAvg):
 
     def global_predictor(self, state: CReFFState, ctx):
         weights = dict(state.weights)
-        weights.update(prefixed("head.", state.head))
-        return ctx.model(weights)
+        weights.update({"head." + k: v for k, v in state.head.items()})  # the re-trained classifier
+        return ctx.shared_model(weights)
 
     # -- client ------------------------------------------------------------------------------
     def real_gradients(self, model: nn.Module, head: dict[str, torch.Tensor], ctx) -> tuple[dict, torch.Tensor]:
@@ -253,9 +257,8 @@ class CReFF(FedAvg):
         return grads, mask
 
     async def client_update(self, msg: Record, state: Optional[Record], ctx) -> ClientResult:
-        w_t = msg.weights()
-        grads, mask = self.real_gradients(ctx.model(w_t), msg.subarrays("re."), ctx)  # before training
+        w_t = msg.weights
+        grads, mask = self.real_gradients(ctx.shared_model(w_t), msg.arrays["head"], ctx)  # before training
         fitted = await ctx.fit(w_t)  # FedAvg's local update
-        arrays = {**weight_arrays(fitted.weights), **prefixed("g.", grads), "g_mask": mask}
-        return ClientResult(Record(arrays=arrays, metrics={"num_samples": ctx.num_samples}),
-                            personal=ctx.model(fitted.weights))
+        reply = Record(weights=fitted.weights, arrays={"grad": grads, "grad_mask": mask})
+        return ClientResult(reply, personal=ctx.shared_model(fitted.weights))

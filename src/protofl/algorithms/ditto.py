@@ -31,11 +31,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Optional
 
-import torch
 from torch.nn import functional as F
 
 from ..errors import require
-from ..messages import Record, weight_arrays
+from ..messages import Record
+from ..nn.losses import proximal
 from .base import ClientResult, register, weights_of
 from .fedavg import FedAvg, FedAvgHyper
 
@@ -45,9 +45,9 @@ class DittoHyper(FedAvgHyper):
     lam: float = 0.1  # weight of the proximal term toward w_t
     personal_epochs: Optional[int] = None  # epochs on v (None: training.epochs)
 
-    def validate(self, s: str) -> None:
-        require(self.lam >= 0, f"{s}.lam", self.lam, "must be >= 0")
-        require(self.personal_epochs is None or self.personal_epochs >= 1, f"{s}.personal_epochs",
+    def validate(self, section: str) -> None:
+        require(self.lam >= 0, f"{section}.lam", self.lam, "must be >= 0")
+        require(self.personal_epochs is None or self.personal_epochs >= 1, f"{section}.personal_epochs",
                 self.personal_epochs, "must be >= 1 (or null: training.epochs)")
 
 
@@ -57,19 +57,17 @@ class Ditto(FedAvg):
     Hyper = DittoHyper
 
     def client_init(self, ctx) -> Record:
-        return Record(arrays=weights_of(ctx.model()))  # v_k^0 = w^0
+        return Record(weights=weights_of(ctx.shared_model()))  # v_k^0 = w^0
 
     async def client_update(self, msg: Record, state: Optional[Record], ctx) -> ClientResult:
-        w_t = msg.weights()
+        w_t = msg.weights
         w_k = await ctx.fit(w_t)  # the global solver's local update (FedAvg)
-        reply = Record(arrays=weight_arrays(w_k.weights), metrics={"num_samples": ctx.num_samples})
+        reply = Record(weights=w_k.weights)
         epochs = {} if self.hp.personal_epochs is None else {"epochs": self.hp.personal_epochs}
         anchor = {k: w_t[k] for k in ctx.trainable(w_t)}
-        v_k = await ctx.fit(state.arrays, self.personal_loss, extras={"w_t": anchor}, **epochs)  # eq. 2, from v_k
-        return ClientResult(reply, state=Record(arrays=v_k.weights), personal=ctx.model(v_k.weights))
+        v_k = await ctx.fit(state.weights, self.personal_loss, extras={"w_t": anchor}, **epochs)  # eq. 2, from v_k
+        return ClientResult(reply, state=Record(weights=v_k.weights), personal=ctx.shared_model(v_k.weights))
 
     def personal_loss(self, model, x, y, extras):
         """h_k(v; w_t) = CE + (lam / 2) sum ||v - w_t||^2 over the trainable parameters (eq. 2)."""
-        params = dict(model.named_parameters())
-        prox = sum(torch.sum((params[k] - a) ** 2) for k, a in extras["w_t"].items())
-        return F.cross_entropy(model(x), y) + 0.5 * self.hp.lam * prox
+        return F.cross_entropy(model(x), y) + 0.5 * self.hp.lam * proximal(model, extras["w_t"])

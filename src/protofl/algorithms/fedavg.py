@@ -9,8 +9,9 @@ Networks from Decentralized Data"), Algorithm 1.
 like weights; integer buffers take the maximum. Personalized model (for PM/PA
 metrics): the client's model right after local training, as in the FedNH paper.
 
-Subclasses change the local objective through :meth:`FedAvg.objective` (FedProx's
-proximal term, ReBaFL's balanced softmax, ...). Those whose clients train with adjusted
+The server half is :class:`~protofl.algorithms.base.GlobalModel`'s. Subclasses change the
+local objective through :meth:`FedAvg.objective` (FedProx's proximal term, ReBaFL's
+balanced softmax, ...). Those whose clients train with adjusted
 logits (FedRS, FedLC, BSM-FedAvg) define ``adjust_logits(z, t)`` and the client's own
 (C,) tensor ``t`` (``logit_adjustment``): the local loss is the cross-entropy of the
 adjusted logits, and the personalized model predicts with the same adjusted logits (the
@@ -25,8 +26,8 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
-from ..messages import Record, WEIGHTS_PATTERN, weight_arrays
-from .base import Algorithm, average, ClientResult, cross_entropy, Fitted, LossFn, register, reply_weight, WeightsState
+from ..messages import Record
+from .base import ClientResult, cross_entropy, Fitted, GlobalModel, LossFn, register
 
 
 @dataclass
@@ -46,21 +47,14 @@ class AdjustedLogits(nn.Module):
 
 
 @register
-class FedAvg(Algorithm):
+class FedAvg(GlobalModel):
     name = "fedavg"
     Hyper = FedAvgHyper
-    reply_arrays = (WEIGHTS_PATTERN,)
+    reply_arrays = ()  # the trained weights only
 
-    def server_init(self, ctx) -> WeightsState:
-        return WeightsState(ctx.init_weights())
-
-    def configure(self, state: WeightsState, rnd, cid, ctx) -> Record:
-        return Record(arrays=weight_arrays(state.weights))
-
-    # -- client ------------------------------------------------------------------------------
     async def client_update(self, msg: Record, state: Optional[Record], ctx) -> ClientResult:
         loss, extras = self.objective(msg, ctx)
-        fitted = await ctx.fit(msg.weights(), loss, extras=extras)  # E epochs of SGD from w_t
+        fitted = await ctx.fit(msg.weights, loss, extras=extras)  # E epochs of SGD from w_t
         return self.result(fitted, ctx)
 
     def objective(self, msg: Record, ctx) -> tuple[LossFn, dict[str, Any]]:
@@ -71,8 +65,8 @@ class FedAvg(Algorithm):
 
     def result(self, fitted: Fitted, ctx) -> ClientResult:
         """The reply (the trained weights) and the personalized model (the trained model)."""
-        reply = Record(arrays=weight_arrays(fitted.weights), metrics={"num_samples": ctx.num_samples})
-        model = ctx.model(fitted.weights)
+        reply = Record(weights=fitted.weights)
+        model = ctx.shared_model(fitted.weights)
         t = self.logit_adjustment(ctx)
         personal = model if t is None else {"local": AdjustedLogits(model, lambda z: self.adjust_logits(z, t)),
                                             "logits": model}
@@ -90,16 +84,3 @@ class FedAvg(Algorithm):
 
     def adjusted_cross_entropy(self, model, x, y, extras) -> torch.Tensor:
         return F.cross_entropy(self.adjust_logits(model(x), extras["adjust"]), y)
-
-    # -- server ------------------------------------------------------------------------------
-    def aggregation_weight(self, reply: Record) -> float:
-        """a_k of a reply (kept for subclasses written against earlier releases; new code calls
-        :func:`~protofl.algorithms.base.average`)."""
-        return reply_weight(reply, self.hp.weighting)
-
-    def aggregate(self, state: WeightsState, rnd, replies, ctx) -> WeightsState:
-        avg = average((r for _, r in replies), self.hp.weighting)
-        return WeightsState(avg) if avg else state  # nobody arrived: keep w_t
-
-    def global_predictor(self, state: WeightsState, ctx):
-        return ctx.model(state.weights)

@@ -39,8 +39,8 @@ from .fedavg import FedAvg, FedAvgHyper
 class FedAvgFTHyper(FedAvgHyper):
     finetune_epochs: int = 10  # FedGELA §5
 
-    def validate(self, s: str) -> None:
-        require(self.finetune_epochs >= 1, f"{s}.finetune_epochs", self.finetune_epochs, "must be >= 1")
+    def validate(self, section: str) -> None:
+        require(self.finetune_epochs >= 1, f"{section}.finetune_epochs", self.finetune_epochs, "must be >= 1")
 
 
 @register
@@ -49,7 +49,7 @@ class FedAvgFT(FedAvg):
     Hyper = FedAvgFTHyper
 
     async def client_update(self, msg: Record, state: Optional[Record], ctx) -> ClientResult:
-        fitted = await ctx.fit(msg.weights())  # FedAvg's local update
+        fitted = await ctx.fit(msg.weights)  # FedAvg's local update
         result = self.result(fitted, ctx)
-        result.personal = await fine_tuned(ctx, msg.weights(), self.hp.finetune_epochs)  # v_k from w_t
+        result.personal = await fine_tuned(ctx, msg.weights, self.hp.finetune_epochs)  # v_k from w_t
         return result

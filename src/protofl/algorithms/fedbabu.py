@@ -34,7 +34,7 @@ from dataclasses import dataclass
 from typing import Optional
 
 from ..errors import require
-from ..messages import Record, weight_arrays
+from ..messages import Record
 from .base import ClientResult, fine_tuned, register, weights_of
 from .fedavg import FedAvgHyper
 from .fedper import FedPer
@@ -44,8 +44,8 @@ from .fedper import FedPer
 class FedBABUHyper(FedAvgHyper):
     finetune_epochs: int = 5  # personalization: full fine-tuning of the received global model
 
-    def validate(self, s: str) -> None:
-        require(self.finetune_epochs >= 1, f"{s}.finetune_epochs", self.finetune_epochs, "must be >= 1")
+    def validate(self, section: str) -> None:
+        require(self.finetune_epochs >= 1, f"{section}.finetune_epochs", self.finetune_epochs, "must be >= 1")
 
 
 @register
@@ -58,10 +58,9 @@ class FedBABU(FedPer):
         return None  # no personal state: the head is the same fixed H_0 everywhere
 
     async def client_update(self, msg: Record, state: Optional[Record], ctx) -> ClientResult:
-        head0 = self.personal_part(weights_of(ctx.model()))  # H_0: the run's initial head
-        w_t = {**head0, **msg.weights()}
+        head0 = self.personal_part(weights_of(ctx.shared_model()))  # H_0: the run's initial head
+        w_t = {**head0, **msg.weights}
         fitted = await ctx.fit(w_t, trainable=("body.",))  # the head stays fixed
-        reply = Record(arrays=weight_arrays(self.shared_part(fitted.weights)),
-                       metrics={"num_samples": ctx.num_samples})
+        reply = Record(weights=self.shared_part(fitted.weights))
         # personalized model: the received global model fine-tuned (body and head, paper §3.3)
         return ClientResult(reply, personal=await fine_tuned(ctx, w_t, self.hp.finetune_epochs))

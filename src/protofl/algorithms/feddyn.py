@@ -36,8 +36,8 @@ from typing import Literal, Optional
 import torch
 
 from ..errors import require
-from ..messages import Record, WEIGHTS_PATTERN, prefixed, weight_arrays
-from .base import Algorithm, average, ClientResult, cross_entropy, register, trainable_names, WeightsState
+from ..messages import Record
+from .base import average, ClientResult, cross_entropy, GlobalModel, register, trainable_names, WeightsState
 
 
 @dataclass
@@ -45,8 +45,8 @@ class FedDynHyper:
     alpha: float = 0.01  # weight of the dynamic regularizer (the paper's grid: 0.1, 0.01, 0.001)
     weighting: Literal["uniform", "samples"] = "uniform"
 
-    def validate(self, s: str) -> None:
-        require(self.alpha > 0, f"{s}.alpha", self.alpha, "must be > 0")
+    def validate(self, section: str) -> None:
+        require(self.alpha > 0, f"{section}.alpha", self.alpha, "must be > 0")
 
 
 @dataclass
@@ -75,41 +75,35 @@ def server_update(theta_prev: dict[str, torch.Tensor], h: dict[str, torch.Tensor
 
 
 @register
-class FedDyn(Algorithm):
+class FedDyn(GlobalModel):
     name = "feddyn"
-    reply_arrays = (WEIGHTS_PATTERN,)
+    reply_arrays = ()  # theta_k only
     Hyper = FedDynHyper
 
     # -- server ------------------------------------------------------------------------------
     def server_init(self, ctx) -> FedDynState:
         w = ctx.init_weights()
-        return FedDynState(w, {k: torch.zeros_like(w[k]) for k in trainable_names(ctx.model())})
-
-    def configure(self, state: FedDynState, rnd, cid, ctx) -> Record:
-        return Record(arrays=weight_arrays(state.weights))
+        return FedDynState(w, {k: torch.zeros_like(w[k]) for k in trainable_names(ctx.shared_model())})
 
     def aggregate(self, state: FedDynState, rnd, replies, ctx) -> FedDynState:
         if not replies:
             return state
         mean = average((r for _, r in replies), self.hp.weighting)
-        theta, h = server_update(state.weights, state.h, [r.weights() for _, r in replies], mean,
+        theta, h = server_update(state.weights, state.h, [r.weights for _, r in replies], mean,
                                  self.hp.alpha, self.info.num_clients)
         return FedDynState(theta, h)
 
-    def global_predictor(self, state: FedDynState, ctx):
-        return ctx.model(state.weights)
-
     # -- client ------------------------------------------------------------------------------
     async def client_update(self, msg: Record, state: Optional[Record], ctx) -> ClientResult:
-        anchor = ctx.like_model(msg.weights())  # theta^{t-1}
+        anchor = ctx.like_model(msg.weights)  # theta^{t-1}
         keys = list(ctx.trainable(anchor))
-        grad_k = state.subarrays("g.") if state is not None else {k: torch.zeros_like(anchor[k]) for k in keys}
+        grad_k = state.arrays["grad"] if state is not None else {k: torch.zeros_like(anchor[k]) for k in keys}
         fitted = await ctx.fit(anchor, self.regularized_loss, trainable=tuple(keys),
                                extras={"grad_k": grad_k, "anchor": {k: anchor[k] for k in keys}})
         theta = fitted.weights
         new_grad = {k: grad_k[k] - self.hp.alpha * (theta[k] - anchor[k]) for k in keys}
-        reply = Record(arrays=weight_arrays(theta), metrics={"num_samples": ctx.num_samples})
-        return ClientResult(reply, state=Record(arrays=prefixed("g.", new_grad)), personal=ctx.model(theta))
+        return ClientResult(Record(weights=theta), state=Record(arrays={"grad": new_grad}),
+                            personal=ctx.shared_model(theta))
 
     task_loss = staticmethod(cross_entropy)  # L_k, the client's own objective
 

@@ -73,9 +73,9 @@ from torch import nn
 from torch.nn import functional as F
 
 from ..errors import ConfigError, require
-from ..messages import Record, WEIGHTS_PATTERN, weight_arrays
+from ..messages import Record
 from ..nn.heads import FixedHead, add_projection, simplex_etf
-from .base import Algorithm, average, ClientResult, register, WeightsState
+from .base import ClientResult, GlobalModel, register, WeightsState
 
 
 E_W_DEFAULT = 1000.0  # the low end of the paper's sweep (Fig. 4: 10^3 .. 10^6); see the docstring
@@ -90,18 +90,18 @@ class FedGEHyper:
     projection: bool = PROJECTION_DEFAULT  # linear projection before the (normalizing) ETF head
     clip_grad: Optional[float] = CLIP_DEFAULT  # local gradient-norm clip; null = training.clip_grad
 
-    def validate(self, s: str) -> None:
-        require(self.E_W > 0, f"{s}.E_W", self.E_W, "must be > 0")
-        require(self.clip_grad is None or self.clip_grad > 0, f"{s}.clip_grad", self.clip_grad, "must be > 0 or null")
+    def validate(self, section: str) -> None:
+        require(self.E_W > 0, f"{section}.E_W", self.E_W, "must be > 0")
+        require(self.clip_grad is None or self.clip_grad > 0, f"{section}.clip_grad", self.clip_grad, "must be > 0 or null")
 
 
 @dataclass
 class FedGELAHyper(FedGEHyper):
     gamma: Optional[float] = None  # Phi_{k,c} = n_{k,c} / (n_k gamma); null = 1/C
 
-    def validate(self, s: str) -> None:
-        super().validate(s)
-        require(self.gamma is None or self.gamma > 0, f"{s}.gamma", self.gamma, "must be > 0 or null")
+    def validate(self, section: str) -> None:
+        super().validate(section)
+        require(self.gamma is None or self.gamma > 0, f"{section}.gamma", self.gamma, "must be > 0 or null")
 
 
 @dataclass
@@ -140,9 +140,9 @@ class AdaptedETF(nn.Module):
 
 
 @register
-class FedGELA(Algorithm):
+class FedGELA(GlobalModel):
     name = "fedgela"
-    reply_arrays = (WEIGHTS_PATTERN,)
+    reply_arrays = ()  # the backbone theta only
     Hyper = FedGELAHyper
     adapt_locally = True  # False: FedGE
 
@@ -166,10 +166,7 @@ class FedGELA(Algorithm):
 
     # -- server -------------------------------------------------------------------------------
     def server_init(self, ctx) -> FedGELAState:
-        return FedGELAState(ctx.init_weights())
-
-    def configure(self, state: FedGELAState, rnd, cid, ctx) -> Record:
-        return Record(arrays=weight_arrays(state.weights))
+        return FedGELAState(ctx.init_weights())  # theta_0 and the ETF; aggregate: the backbone only
 
     # -- client -------------------------------------------------------------------------------
     async def client_update(self, msg: Record, state: Optional[Record], ctx) -> ClientResult:
@@ -177,12 +174,11 @@ class FedGELA(Algorithm):
         if self.adapt_locally:
             phi = local_adaptation(ctx.class_counts, self.hp.gamma).to(ctx.data[1].device)  # (C,) Phi_k
             # eq. (5); the head has no parameters: only theta moves
-            fitted = await ctx.fit(msg.weights(), self.adapted_loss, extras={"phi": phi}, **clip)
+            fitted = await ctx.fit(msg.weights, self.adapted_loss, extras={"phi": phi}, **clip)
         else:  # FedGE: plain cross-entropy over all classes
-            fitted = await ctx.fit(msg.weights(), **clip)
-        model = ctx.model(fitted.weights)
-        body = {k: v for k, v in fitted.weights.items() if not k.startswith("head.")}
-        reply = Record(arrays=weight_arrays(body), metrics={"num_samples": ctx.num_samples})
+            fitted = await ctx.fit(msg.weights, **clip)
+        model = ctx.shared_model(fitted.weights)
+        reply = Record(weights={k: v for k, v in fitted.weights.items() if not k.startswith("head.")})
         return ClientResult(reply, personal=AdaptedETF(model, phi) if self.adapt_locally else model)
 
     @staticmethod
@@ -192,15 +188,8 @@ class FedGELA(Algorithm):
     def train_overrides(self) -> dict:
         return {} if self.hp.clip_grad is None else {"clip_grad": self.hp.clip_grad}
 
-    # -- server -------------------------------------------------------------------------------
-    def aggregate(self, state: FedGELAState, rnd, replies, ctx) -> FedGELAState:
-        body = average((r for _, r in replies), self.hp.weighting)
-        if not body:
-            return state  # nobody arrived: keep theta_t
-        return FedGELAState({**state.weights, **body})  # the ETF head is kept as is
-
-    def global_predictor(self, state: FedGELAState, ctx):
-        return ctx.model(state.weights)  # GA: global backbone + plain ETF
+    # the server: GlobalModel's average of the backbones (the ETF head, in no reply, is kept as
+    # is); GA: the global backbone with the plain ETF
 
     def class_vectors(self, state: FedGELAState):
         return state.weights["head.weight"]  # the ETF's columns, one row per class (C, d)

@@ -52,7 +52,7 @@ from torch import nn
 from torch.func import functional_call
 
 from ..errors import require
-from ..messages import Record, WEIGHTS, WEIGHTS_PATTERN, expect_shapes, prefixed, weight_arrays
+from ..messages import Record, expect_shapes
 from .base import ClientResult, register, WeightsState
 from .fedavg import FedAvg
 
@@ -69,13 +69,13 @@ class FedGenHyper:
     diversity: float = 0.0
     weighting: Literal["samples", "uniform"] = "samples"
 
-    def validate(self, s: str) -> None:
-        require(self.alpha >= 0, f"{s}.alpha", self.alpha, "must be >= 0")
-        require(self.diversity >= 0, f"{s}.diversity", self.diversity, "must be >= 0")
-        require(self.gen_lr > 0, f"{s}.gen_lr", self.gen_lr, "must be > 0")
+    def validate(self, section: str) -> None:
+        require(self.alpha >= 0, f"{section}.alpha", self.alpha, "must be >= 0")
+        require(self.diversity >= 0, f"{section}.diversity", self.diversity, "must be >= 0")
+        require(self.gen_lr > 0, f"{section}.gen_lr", self.gen_lr, "must be > 0")
         for key in ("noise_dim", "hidden", "gen_batch"):
-            require(getattr(self, key) >= 1, f"{s}.{key}", getattr(self, key), "must be >= 1")
-        require(self.gen_steps >= 0, f"{s}.gen_steps", self.gen_steps, "must be >= 0")
+            require(getattr(self, key) >= 1, f"{section}.{key}", getattr(self, key), "must be >= 1")
+        require(self.gen_steps >= 0, f"{section}.gen_steps", self.gen_steps, "must be >= 0")
 
 
 @dataclass
@@ -127,7 +127,7 @@ def generator_objective(head: nn.Module, heads: list[dict[str, torch.Tensor]], z
 @register
 class FedGen(FedAvg):
     name = "fedgen"
-    reply_arrays = (WEIGHTS_PATTERN, "counts")
+    reply_arrays = ("counts",)  # besides theta_k
     Hyper = FedGenHyper
 
     def generator(self, feature_dim: int) -> Generator:
@@ -136,7 +136,7 @@ class FedGen(FedAvg):
     # -- server ------------------------------------------------------------------------------
     def server_init(self, ctx) -> FedGenState:
         w = ctx.init_weights()
-        d = ctx.model(w).feature_dim
+        d = ctx.shared_model(w).feature_dim
         with torch.random.fork_rng(devices=[]):
             torch.manual_seed(int(ctx.rng(0, "fedgen-init").integers(2**62)))
             gen = {k: v.to(ctx.device) for k, v in self.generator(d).state_dict().items()}
@@ -148,12 +148,11 @@ class FedGen(FedAvg):
         total = counts.sum(0).to(torch.float32)
         return total / total.sum() if total.sum() > 0 else torch.full_like(total, 1.0 / len(total))
 
-    def configure(self, state: FedGenState, rnd, cid, ctx) -> Record:
-        arrays = weight_arrays(state.weights)
+    def configure(self, state: FedGenState, rnd, ctx) -> Record:
+        arrays = {}
         if state.trained and self.hp.alpha > 0:
-            arrays.update(prefixed("gen.", state.generator))
-            arrays["prior"] = self.prior(state.counts)
-        return Record(arrays=arrays)
+            arrays = {"generator": state.generator, "prior": self.prior(state.counts)}
+        return Record(weights=state.weights, arrays=arrays)
 
     def check_reply(self, reply: Record, sent: Record) -> Optional[str]:
         return expect_shapes(reply, counts=(self.info.num_classes,))
@@ -166,13 +165,13 @@ class FedGen(FedAvg):
         for cid, r in replies:
             counts[cid] = r.arrays["counts"].to(torch.int64).cpu()
         prior = self.prior(counts).to(ctx.device)
-        head = ctx.model().head
-        heads = [r.subarrays(WEIGHTS + "head.") for _, r in replies]
+        head = ctx.shared_model().head
+        heads = [{k[len("head."):]: v for k, v in r.weights.items() if k.startswith("head.")} for _, r in replies]
         label_weights = None
         if self.hp.ensemble == "counts":
             n = torch.stack([r.arrays["counts"].to(torch.float32) for _, r in replies]).to(ctx.device)  # (K, C)
             label_weights = n / n.sum(0).clamp_min(1.0)
-        gen = self.generator(ctx.model().feature_dim).to(ctx.device)
+        gen = self.generator(ctx.shared_model().feature_dim).to(ctx.device)
         gen.load_state_dict(state.generator)
         opt = torch.optim.Adam(gen.parameters(), lr=self.hp.gen_lr)
         if state.optimizer:
@@ -197,22 +196,21 @@ class FedGen(FedAvg):
 
     # -- client ------------------------------------------------------------------------------
     async def client_update(self, msg: Record, state: Optional[Record], ctx) -> ClientResult:
-        w_t = msg.weights()
+        w_t = msg.weights
         if "prior" not in msg.arrays:  # round 1 (no trained generator yet) or alpha = 0: FedAvg
             fitted = await ctx.fit(w_t)
         else:
             fitted = await ctx.fit(w_t, self.distilled_loss, step_extras=self.generated(msg, ctx))
-        reply = Record(arrays={**weight_arrays(fitted.weights), "counts": ctx.class_counts},
-                       metrics={"num_samples": ctx.num_samples})
-        return ClientResult(reply, personal=ctx.model(fitted.weights))
+        reply = Record(weights=fitted.weights, arrays={"counts": ctx.class_counts})
+        return ClientResult(reply, personal=ctx.shared_model(fitted.weights))
 
     def generated(self, msg: Record, ctx):
         """The features G_w(z | y) the client's steps distill from: per step, as many labels
         y ~ p^(y) and noise draws as the step has samples, from the client's own stream, then
         G's features (G fixed, no gradient)."""
         prior, nd = msg.arrays["prior"], self.hp.noise_dim
-        gen = self.generator(ctx.architecture().feature_dim).to(prior.device)
-        gen.load_state_dict(msg.subarrays("gen."))
+        gen = self.generator(ctx.architecture.feature_dim).to(prior.device)
+        gen.load_state_dict(msg.arrays["generator"])
         gen.eval()
         g = torch.Generator(device=prior.device)
         g.manual_seed(int(ctx.rng("fedgen").integers(2**62)))

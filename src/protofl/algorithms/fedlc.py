@@ -34,8 +34,8 @@ from .fedavg import FedAvg, FedAvgHyper
 class FedLCHyper(FedAvgHyper):
     tau: float = 1.0  # calibration strength (the ReBaFL authors' baseline and FL-bench use 1.0)
 
-    def validate(self, s: str) -> None:
-        require(self.tau >= 0.0, f"{s}.tau", self.tau, "must be >= 0")
+    def validate(self, section: str) -> None:
+        require(self.tau >= 0.0, f"{section}.tau", self.tau, "must be >= 0")
 
 
 @register

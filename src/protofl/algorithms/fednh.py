@@ -62,10 +62,10 @@ import torch
 from torch.nn import functional as F
 
 from ..errors import require
-from ..messages import Record, WEIGHTS_PATTERN, expect_shapes, weight_arrays
+from ..messages import Record, expect_shapes
 from ..nn.heads import FixedHead, add_projection, max_separated_prototypes, min_pairwise_distance
 from ..nn.prototypes import class_means
-from .base import Algorithm, average, ClientResult, register, WeightsState
+from .base import ClientResult, GlobalModel, register, WeightsState
 
 HEAD_W = "head.weight"  # the prototypes W (C, d) inside the model's state dict
 
@@ -77,8 +77,8 @@ class FedUHHyper:
     weighting: Literal["samples", "uniform"] = "uniform"  # body aggregation (Algorithm 1, line 9)
     projection: bool = False  # linear projection + L2 normalization before the head
 
-    def validate(self, s: str) -> None:
-        require(self.scale > 0, f"{s}.scale", self.scale, "must be > 0")
+    def validate(self, section: str) -> None:
+        require(self.scale > 0, f"{section}.scale", self.scale, "must be > 0")
 
 
 @dataclass
@@ -86,9 +86,9 @@ class FedNHHyper(FedUHHyper):
     rho: float = 0.9  # eq. (4) smoothing
     proto_weighting: Literal["uniform", "counts", "official"] = "uniform"  # alpha_k in eq. (4)
 
-    def validate(self, s: str) -> None:
-        super().validate(s)
-        require(0.0 <= self.rho <= 1.0, f"{s}.rho", self.rho, "must be in [0, 1]")
+    def validate(self, section: str) -> None:
+        super().validate(section)
+        require(0.0 <= self.rho <= 1.0, f"{section}.rho", self.rho, "must be in [0, 1]")
 
 
 @dataclass
@@ -129,9 +129,9 @@ def prototype_update(W: torch.Tensor, mu: torch.Tensor, counts: torch.Tensor, rh
 
 
 @register
-class FedNH(Algorithm):
+class FedNH(GlobalModel):
     name = "fednh"
-    reply_arrays = (WEIGHTS_PATTERN, "proto", "counts")
+    reply_arrays = ("proto", "counts")  # besides theta and s
     Hyper = FedNHHyper
 
     @property
@@ -154,40 +154,31 @@ class FedNH(Algorithm):
     def server_init(self, ctx) -> FedNHState:
         return FedNHState(ctx.init_weights())
 
-    def configure(self, state: FedNHState, rnd, cid, ctx) -> Record:
-        return Record(arrays=weight_arrays(state.weights))
-
     def check_reply(self, reply: Record, sent: Record) -> Optional[str]:
         C, d = self.info.num_classes, self.info.feature_dim
         return expect_shapes(reply, proto=(C, d), counts=(C,))
 
     # -- client -------------------------------------------------------------------------------
     async def client_update(self, msg: Record, state: Optional[Record], ctx) -> ClientResult:
-        fitted = await ctx.fit(msg.weights())  # theta and s move; W is a buffer and stays fixed
-        arrays = weight_arrays({k: v for k, v in fitted.weights.items() if k != HEAD_W})
+        fitted = await ctx.fit(msg.weights)  # theta and s move; W is a buffer and stays fixed
+        arrays = {}
         if self.updates_head:  # eq. (3): class means of the normalized features after training
             f = F.normalize(await ctx.features(fitted.weights, "body"), dim=1)  # (n_k, d)
-            mu, n = class_means(f, ctx.data[1], ctx.num_classes)  # (C, d), (C,)
-            arrays["proto"], arrays["counts"] = mu.cpu(), n.cpu()
-        reply = Record(arrays=arrays, metrics={"num_samples": ctx.num_samples})
-        return ClientResult(reply, personal=ctx.model(fitted.weights))
+            arrays["proto"], arrays["counts"] = class_means(f, ctx.data[1], ctx.num_classes)  # (C, d), (C,)
+        reply = Record(weights={k: v for k, v in fitted.weights.items() if k != HEAD_W}, arrays=arrays)
+        return ClientResult(reply, personal=ctx.shared_model(fitted.weights))
 
     # -- server -------------------------------------------------------------------------------
     def aggregate(self, state: FedNHState, rnd, replies, ctx) -> FedNHState:
-        body = average((r for _, r in replies), self.hp.weighting)  # theta, s (W is not in replies)
-        if not body:
-            return state  # nobody arrived: keep theta_t, s_t, W_t
-        weights = {**state.weights, **body}
-        if self.updates_head:
-            W = state.weights[HEAD_W]
-            mu = torch.stack([r.arrays["proto"] for _, r in replies]).to(W)  # (K, C, d)
-            counts = torch.stack([r.arrays["counts"] for _, r in replies]).to(W.device)  # (K, C)
-            weights[HEAD_W] = prototype_update(W, mu, counts, self.rho, self.hp.proto_weighting)
-            ctx.log("head_min_dist", min_pairwise_distance(weights[HEAD_W]))
-        return FedNHState(weights)
-
-    def global_predictor(self, state: FedNHState, ctx):
-        return ctx.model(state.weights)
+        new = super().aggregate(state, rnd, replies, ctx)  # theta, s: line 9 (W is not in replies)
+        if new is state or not self.updates_head:
+            return new  # nobody arrived: keep theta_t, s_t, W_t
+        W = state.weights[HEAD_W]
+        mu = torch.stack([r.arrays["proto"] for _, r in replies]).to(W)  # (K, C, d)
+        counts = torch.stack([r.arrays["counts"] for _, r in replies]).to(W.device)  # (K, C)
+        new.weights[HEAD_W] = prototype_update(W, mu, counts, self.rho, self.hp.proto_weighting)  # eq. (4)
+        ctx.log("head_min_dist", min_pairwise_distance(new.weights[HEAD_W]))
+        return new
 
     def class_vectors(self, state: FedNHState):
         return state.weights[HEAD_W]  # the prototypes W (C, d)

@@ -32,7 +32,7 @@ from typing import ClassVar, Mapping, Optional
 
 import torch
 
-from ..messages import Record, weight_arrays
+from ..messages import Record
 from .base import ClientResult, Fitted, register, weights_of, WeightsState
 from .fedavg import FedAvg
 
@@ -55,20 +55,18 @@ class FedPer(FedAvg):
         return {k: v for k, v in weights.items() if self.is_personal(k)}
 
     # -- server ------------------------------------------------------------------------------
-    def configure(self, state: WeightsState, rnd, cid, ctx) -> Record:
-        return Record(arrays=weight_arrays(self.shared_part(state.weights)))
+    def configure(self, state: WeightsState, rnd, ctx) -> Record:
+        return Record(weights=self.shared_part(state.weights))
 
-    def aggregate(self, state: WeightsState, rnd, replies, ctx) -> WeightsState:
-        new = super().aggregate(state, rnd, replies, ctx)  # FedAvg over the shared entries
-        # the server's copy of the personal entries (the initial ones) is never updated
-        return new if new is state else WeightsState({**state.weights, **new.weights})
+    # aggregate: FedAvg over the shared entries; the server's copy of the personal entries
+    # (the initial ones), in no reply, is never updated
 
     def global_predictor(self, state: WeightsState, ctx):
-        return ctx.model(state.weights) if self.has_global_model else None
+        return ctx.shared_model(state.weights) if self.has_global_model else None
 
     # -- client ------------------------------------------------------------------------------
     def client_init(self, ctx) -> Record:
-        return Record(arrays=self.personal_part(weights_of(ctx.model())))  # the initial head
+        return Record(weights=self.personal_part(weights_of(ctx.shared_model())))  # the initial head
 
     async def local_training(self, weights: dict[str, torch.Tensor], msg: Record, ctx) -> Fitted:
         """FedPer: body and head trained together on CE (the FedAvg local update)."""
@@ -78,8 +76,7 @@ class FedPer(FedAvg):
         return model
 
     async def client_update(self, msg: Record, state: Optional[Record], ctx) -> ClientResult:
-        fitted = await self.local_training({**msg.weights(), **state.arrays}, msg, ctx)
+        fitted = await self.local_training({**msg.weights, **state.weights}, msg, ctx)
         w = fitted.weights
-        reply = Record(arrays=weight_arrays(self.shared_part(w)), metrics={"num_samples": ctx.num_samples})
-        return ClientResult(reply, state=Record(arrays=self.personal_part(w)),
-                            personal=self.personalized(ctx.model(w), msg, ctx))
+        return ClientResult(Record(weights=self.shared_part(w)), state=Record(weights=self.personal_part(w)),
+                            personal=self.personalized(ctx.shared_model(w), msg, ctx))

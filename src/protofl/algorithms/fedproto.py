@@ -48,7 +48,7 @@ module; the remarks on the paper's wording could not be re-checked against its t
 
 Messages (sparse: only the classes that have a prototype travel):
     server -> client: protos (m, d), classes (m,) int64, counts (m,) int64
-    client -> server: protos (m_i, d), classes (m_i,), counts (m_i,); metric num_samples
+    client -> server: protos (m_i, d), classes (m_i,), counts (m_i,)
 Client state: its model's weights. Server state: :class:`ProtoState`.
 """
 from __future__ import annotations
@@ -62,7 +62,7 @@ import torch.nn.functional as F
 from ..errors import require
 from ..messages import Record, expect_indices, expect_shapes
 from ..nn.prototypes import NearestPrototype, aggregate_prototypes, class_means
-from .base import Algorithm, ClientResult, cross_entropy, register, weights_of
+from .base import Algorithm, ClientResult, cross_entropy, Diagnostics, register, weights_of
 
 
 @dataclass
@@ -71,8 +71,8 @@ class FedProtoHyper:
     distance: Literal["mse", "sq_l2", "l2"] = "mse"
     weighting: Literal["counts", "uniform"] = "counts"
 
-    def validate(self, s: str) -> None:
-        require(self.lam >= 0, f"{s}.lam", self.lam, "must be >= 0")
+    def validate(self, section: str) -> None:
+        require(self.lam >= 0, f"{section}.lam", self.lam, "must be >= 0")
 
 
 @dataclass
@@ -117,7 +117,7 @@ def dense(rec: Record, num_classes: int, dim: int) -> tuple[torch.Tensor, torch.
 # the method
 # ---------------------------------------------------------------------------------------
 @register
-class FedProto(Algorithm):
+class FedProto(Algorithm, Diagnostics):
     name = "fedproto"
     Hyper = FedProtoHyper
     has_global_model = False
@@ -129,7 +129,7 @@ class FedProto(Algorithm):
         C, d = self.info.num_classes, self.info.feature_dim
         return ProtoState(torch.zeros(C, d), torch.zeros(C, dtype=torch.int64))
 
-    def configure(self, state: ProtoState, rnd, cid, ctx) -> Record:
+    def configure(self, state: ProtoState, rnd, ctx) -> Record:
         return Record(arrays=sparse(state.protos, state.counts))
 
     def check_reply(self, reply: Record, sent: Record) -> Optional[str]:
@@ -154,7 +154,7 @@ class FedProto(Algorithm):
 
     # -- client ------------------------------------------------------------------------------
     def client_init(self, ctx) -> Record:
-        return Record(arrays=weights_of(ctx.model()))
+        return Record(weights=weights_of(ctx.shared_model()))
 
     def local_objective(self, c_bar: torch.Tensor, has: torch.Tensor):
         """(loss, extras): L_S + lambda * L_R with the global prototypes c_bar (C, d) where has
@@ -178,18 +178,17 @@ class FedProto(Algorithm):
         c_bar, n_bar = dense(msg, C, self.info.feature_dim)
         c_bar, has = c_bar.to(y.device), (n_bar > 0).to(y.device)
         loss, extras = self.local_objective(c_bar, has)
-        fitted = await ctx.fit(state.arrays, loss, extras=extras)  # from the client's own model
+        fitted = await ctx.fit(state.weights, loss, extras=extras)  # from the client's own model
 
         # local prototypes: class means of the embeddings after training (eval mode)
         # (N, d) embeddings; a client without data has none
         z = await ctx.features(fitted.weights) if len(y) else torch.zeros(0, self.info.feature_dim, device=y.device)
         protos, counts = class_means(z, y, C)
-        reply = Record(arrays=sparse(protos.detach().cpu(), counts.cpu()),
-                       metrics={"num_samples": ctx.num_samples})
-        model = ctx.model(fitted.weights)
+        reply = Record(arrays=sparse(protos.detach().cpu(), counts.cpu()))
+        model = ctx.shared_model(fitted.weights)
         present = torch.nonzero(has).flatten()
         # "own": the paper's evaluation rule, the argmin restricted to the client's own classes
         own = torch.nonzero(has & (counts.to(has.device) > 0)).flatten()
         personal = {"proto": NearestPrototype(model.body, c_bar[present], present, C),
                     "own": NearestPrototype(model.body, c_bar[own], own, C), "logits": model}
-        return ClientResult(reply, state=Record(arrays=fitted.weights), personal=personal)
+        return ClientResult(reply, state=Record(weights=fitted.weights), personal=personal)

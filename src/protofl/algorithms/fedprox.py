@@ -13,6 +13,7 @@ from dataclasses import dataclass
 import torch
 
 from ..errors import require
+from ..nn.losses import proximal
 from .base import register
 from .fedavg import FedAvg, FedAvgHyper
 
@@ -21,8 +22,8 @@ from .fedavg import FedAvg, FedAvgHyper
 class FedProxHyper(FedAvgHyper):
     mu: float = 0.01
 
-    def validate(self, s: str) -> None:
-        require(self.mu >= 0, f"{s}.mu", self.mu, "must be >= 0")
+    def validate(self, section: str) -> None:
+        require(self.mu >= 0, f"{section}.mu", self.mu, "must be >= 0")
 
 
 @register
@@ -32,9 +33,7 @@ class FedProx(FedAvg):
 
     def objective(self, msg, ctx):
         """Eq. (2); the anchor w_t is the client's own tensors (its trainable parameters)."""
-        return self.proximal_loss, {"anchor": ctx.trainable(ctx.like_model(msg.weights()))}
+        return self.proximal_loss, {"anchor": ctx.trainable(ctx.like_model(msg.weights))}
 
     def proximal_loss(self, model, x, y, extras):
-        anchor, params = extras["anchor"], dict(model.named_parameters())
-        prox = sum(torch.sum((params[k] - w) ** 2) for k, w in anchor.items())
-        return torch.nn.functional.cross_entropy(model(x), y) + 0.5 * self.hp.mu * prox
+        return torch.nn.functional.cross_entropy(model(x), y) + 0.5 * self.hp.mu * proximal(model, extras["anchor"])

@@ -48,9 +48,9 @@ class FedRepHyper(FedAvgHyper):
     head_epochs: int = 10  # phase 1: the personal head, body frozen
     body_epochs: Optional[int] = None  # phase 2: the body, head frozen (None: training.epochs)
 
-    def validate(self, s: str) -> None:
-        require(self.head_epochs >= 1, f"{s}.head_epochs", self.head_epochs, "must be >= 1")
-        require(self.body_epochs is None or self.body_epochs >= 1, f"{s}.body_epochs", self.body_epochs,
+    def validate(self, section: str) -> None:
+        require(self.head_epochs >= 1, f"{section}.head_epochs", self.head_epochs, "must be >= 1")
+        require(self.body_epochs is None or self.body_epochs >= 1, f"{section}.body_epochs", self.body_epochs,
                 "must be >= 1 (or null: training.epochs)")
 
 

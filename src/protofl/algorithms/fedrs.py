@@ -34,8 +34,8 @@ from .fedavg import FedAvg, FedAvgHyper
 class FedRSHyper(FedAvgHyper):
     alpha: float = 0.5  # scale of the missing classes' logits; 1 = FedAvg
 
-    def validate(self, s: str) -> None:
-        require(0.0 <= self.alpha <= 1.0, f"{s}.alpha", self.alpha, "must be in [0, 1]")
+    def validate(self, section: str) -> None:
+        require(0.0 <= self.alpha <= 1.0, f"{section}.alpha", self.alpha, "must be in [0, 1]")
 
 
 @register

@@ -64,8 +64,8 @@ import torch
 
 from ..rng import seed_for
 from ..errors import ConfigError, require
-from ..messages import Record, WEIGHTS_PATTERN, weight_arrays
-from .base import Algorithm, average, ClientResult, register, weighted_mean, weights_of
+from ..messages import Record
+from .base import Algorithm, average, ClientResult, Diagnostics, register, weighted_mean, weights_of
 
 
 @dataclass
@@ -77,9 +77,9 @@ class FeSEMHyper:
     weighting: Literal["uniform", "samples"] = "uniform"
     personal: Literal["center", "trained"] = "center"
 
-    def validate(self, s: str) -> None:
-        require(self.centers >= 1, f"{s}.centers", self.centers, "must be >= 1")
-        require(self.layers is None or len(self.layers) > 0, f"{s}.layers", self.layers,
+    def validate(self, section: str) -> None:
+        require(self.centers >= 1, f"{section}.centers", self.centers, "must be >= 1")
+        require(self.layers is None or len(self.layers) > 0, f"{section}.layers", self.layers,
                 "must be null (all parameters) or a non-empty list of parameter-name prefixes")
 
 
@@ -120,15 +120,15 @@ def distance_keys(param_names: list[str], layers: Optional[list[str]]) -> list[s
 
 
 @register
-class FeSEM(Algorithm):
+class FeSEM(Algorithm, Diagnostics):
     name = "fesem"
-    reply_arrays = (WEIGHTS_PATTERN,)
+    reply_arrays = ()  # the trained weights only
     Hyper = FeSEMHyper
 
     # -- server --------------------------------------------------------------------------
     def server_init(self, ctx) -> FeSEMState:
         K, n = self.hp.centers, self.info.num_clients
-        model = ctx.model()
+        model = ctx.shared_model()
         keys = distance_keys([k for k, _ in model.named_parameters()], self.hp.layers)
         init = ctx.init_weights()
         if self.hp.init == "random_centers":
@@ -149,8 +149,11 @@ class FeSEM(Algorithm):
         state.weights = state.generic()
         return state
 
-    def configure(self, state: FeSEMState, rnd, cid, ctx) -> Record:
-        return Record(arrays=weight_arrays(state.centers[int(state.assignment[cid])]))
+    def configure(self, state: FeSEMState, rnd, ctx) -> Record:
+        return Record()  # nothing is the same for every client: each gets its cluster's model
+
+    def configure_client(self, state: FeSEMState, rnd, cid, ctx) -> Record:
+        return Record(weights=state.centers[int(state.assignment[cid])])
 
     def e_step_now(self, state: FeSEMState) -> bool:
         if not self.hp.recluster:
@@ -161,8 +164,8 @@ class FeSEM(Algorithm):
         if not replies:
             return state
         cids = [cid for cid, _ in replies]
-        ws = [r.weights() for _, r in replies]
-        ns = [int(r.metrics["num_samples"]) for _, r in replies]
+        ws = [r.weights for _, r in replies]
+        ns = [r.num_samples for _, r in replies]
         assignment, samples = state.assignment.copy(), state.samples.copy()
         if self.e_step_now(state):  # E-step
             pts = torch.stack([flatten(w, state.keys) for w in ws])
@@ -188,16 +191,16 @@ class FeSEM(Algorithm):
         return state.assignment  # c(i) after this round's E-step
 
     def global_predictor(self, state: FeSEMState, ctx):
-        return ctx.model(state.weights)
+        return ctx.shared_model(state.weights)
 
     def model_weights(self, state: FeSEMState):
         return state.weights  # the generic model
 
     # -- client --------------------------------------------------------------------------
     async def client_update(self, msg: Record, state: Optional[Record], ctx) -> ClientResult:
-        center = msg.weights()
+        center = msg.weights
         fitted = await ctx.fit(center)  # W_i <- local SGD from its centre
-        reply = Record(arrays=weight_arrays(fitted.weights), metrics={"num_samples": ctx.num_samples})
+        reply = Record(weights=fitted.weights)
         # the personalized model: the client's centre (default) or its trained model
-        personal = ctx.model(center if self.hp.personal == "center" else fitted.weights)
+        personal = ctx.shared_model(center if self.hp.personal == "center" else fitted.weights)
         return ClientResult(reply, personal=personal)

@@ -23,16 +23,15 @@ class Local(Algorithm):
     def server_init(self, ctx) -> None:
         return None
 
-    def configure(self, state, rnd, cid, ctx) -> Record:
+    def configure(self, state, rnd, ctx) -> Record:
         return Record()
 
     def client_init(self, ctx) -> Record:
-        return Record(arrays=weights_of(ctx.model()))
+        return Record(weights=weights_of(ctx.shared_model()))
 
     async def client_update(self, msg: Record, state: Optional[Record], ctx) -> ClientResult:
-        fitted = await ctx.fit(state.arrays)  # continues from the client's own model
-        return ClientResult(Record(metrics={"num_samples": ctx.num_samples}),
-                            state=Record(arrays=fitted.weights), personal=ctx.model(fitted.weights))
+        fitted = await ctx.fit(state.weights)  # continues from the client's own model
+        return ClientResult(Record(), state=Record(weights=fitted.weights), personal=ctx.shared_model(fitted.weights))
 
     def aggregate(self, state, rnd, replies, ctx) -> None:
         return None

@@ -41,7 +41,7 @@ from torch import nn
 from torch.func import functional_call
 
 from ..errors import require
-from ..messages import Record, prefixed, weight_arrays
+from ..messages import Record
 from ..models.base import FLModel
 from .base import ClientResult, register
 from .fedavg import FedAvg
@@ -54,10 +54,10 @@ class MOONHyper:
     proj_dim: int = 256  # output width of the projection head
     weighting: Literal["samples", "uniform"] = "samples"
 
-    def validate(self, s: str) -> None:
-        require(self.mu >= 0, f"{s}.mu", self.mu, "must be >= 0")
-        require(self.tau > 0, f"{s}.tau", self.tau, "must be > 0")
-        require(self.proj_dim >= 1, f"{s}.proj_dim", self.proj_dim, "must be >= 1")
+    def validate(self, section: str) -> None:
+        require(self.mu >= 0, f"{section}.mu", self.mu, "must be >= 0")
+        require(self.tau > 0, f"{section}.tau", self.tau, "must be > 0")
+        require(self.proj_dim >= 1, f"{section}.proj_dim", self.proj_dim, "must be >= 1")
 
 
 def model_contrastive_loss(z: torch.Tensor, z_glob: torch.Tensor, z_prev: torch.Tensor,
@@ -92,14 +92,13 @@ class MOON(FedAvg):
                        model.num_classes, is_conv=model.is_conv, channels_last=model.channels_last)
 
     async def client_update(self, msg: Record, state: Optional[Record], ctx) -> ClientResult:
-        glob = ctx.like_model(msg.weights())  # w^t, frozen
-        prev = ctx.like_model(state.subarrays("prev.")) if state is not None else glob  # w_i^{t-1}, frozen
+        glob = ctx.like_model(msg.weights)  # w^t, frozen
+        prev = ctx.like_model(state.weights) if state is not None else glob  # w_i^{t-1}, frozen
         body = {k[len("body."):]: v for k, v in glob.items() if k.startswith("body.")}
         prev_body = {k[len("body."):]: v for k, v in prev.items() if k.startswith("body.")}
         fitted = await ctx.fit(glob, self.contrastive_loss, extras={"glob": body, "prev": prev_body})
         w = fitted.weights
-        reply = Record(arrays=weight_arrays(w), metrics={"num_samples": ctx.num_samples})
-        return ClientResult(reply, state=Record(arrays=prefixed("prev.", w)), personal=ctx.model(w))
+        return ClientResult(Record(weights=w), state=Record(weights=w), personal=ctx.shared_model(w))
 
     def contrastive_loss(self, model, x, y, extras):
         """Eq. 3: l_sup + mu * l_con, the frozen representations computed with the global and

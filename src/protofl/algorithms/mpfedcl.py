@@ -78,8 +78,8 @@ ambiguously:
   epoch) are engine config (``training.*``, see configs/mpfedcl_mnist.yaml).
 
 Messages:
-    server -> client: w.* (weights), pool.protos (P, d), pool.labels (P,) int64
-    client -> server: w.*, protos (m_i, d), labels (m_i,) int64; metric num_samples
+    server -> client: weights w_t; the pool: group ``pool`` of ``protos`` (P, d), ``labels`` (P,) int64
+    client -> server: weights w_i; ``protos`` (m_i, d), ``labels`` (m_i,) int64
 """
 from __future__ import annotations
 
@@ -91,7 +91,7 @@ import torch
 import torch.nn.functional as F
 
 from ..errors import require
-from ..messages import Record, WEIGHTS_PATTERN, expect_indices, expect_shapes, weight_arrays
+from ..messages import Record, expect_indices, expect_shapes
 from ..nn.clustering import dbscan_centroids, kmeans, pad_groups
 from ..nn.contrastive import prototype_supcon_loss
 from ..nn.prototypes import NearestPrototype
@@ -106,9 +106,9 @@ class FedCLHyper:
     positives: Literal["mean_log", "log_sum"] = "mean_log"
     weighting: Literal["samples", "uniform"] = "samples"  # FedAvg weights of the models
 
-    def validate(self, s: str) -> None:
-        require(self.tau > 0, f"{s}.tau", self.tau, "must be > 0")
-        require(self.lam >= 0, f"{s}.lam", self.lam, "must be >= 0")
+    def validate(self, section: str) -> None:
+        require(self.tau > 0, f"{section}.tau", self.tau, "must be > 0")
+        require(self.lam >= 0, f"{section}.lam", self.lam, "must be >= 0")
 
 
 @dataclass
@@ -117,11 +117,11 @@ class MPFedCLHyper(FedCLHyper):
     n_init: int = 5  # k-means restarts
     max_iter: int = 100  # Lloyd iterations per restart
 
-    def validate(self, s: str) -> None:
-        super().validate(s)
-        require(self.k >= 1, f"{s}.k", self.k, "must be >= 1")
-        require(self.n_init >= 1, f"{s}.n_init", self.n_init, "must be >= 1")
-        require(self.max_iter >= 1, f"{s}.max_iter", self.max_iter, "must be >= 1")
+    def validate(self, section: str) -> None:
+        super().validate(section)
+        require(self.k >= 1, f"{section}.k", self.k, "must be >= 1")
+        require(self.n_init >= 1, f"{section}.n_init", self.n_init, "must be >= 1")
+        require(self.max_iter >= 1, f"{section}.max_iter", self.max_iter, "must be >= 1")
 
 
 @dataclass
@@ -130,11 +130,11 @@ class DPFedCLHyper(FedCLHyper):
     min_samples: int = 5
     max_clusters: int = 10  # per class and client (bounds the message)
 
-    def validate(self, s: str) -> None:
-        super().validate(s)
-        require(self.eps > 0, f"{s}.eps", self.eps, "must be > 0")
-        require(self.min_samples >= 1, f"{s}.min_samples", self.min_samples, "must be >= 1")
-        require(self.max_clusters >= 1, f"{s}.max_clusters", self.max_clusters, "must be >= 1")
+    def validate(self, section: str) -> None:
+        super().validate(section)
+        require(self.eps > 0, f"{section}.eps", self.eps, "must be > 0")
+        require(self.min_samples >= 1, f"{section}.min_samples", self.min_samples, "must be >= 1")
+        require(self.max_clusters >= 1, f"{section}.max_clusters", self.max_clusters, "must be >= 1")
 
 
 @dataclass
@@ -164,7 +164,7 @@ def build_pool(groups: dict[int, list[torch.Tensor]], size: Optional[int],
 @register
 class MPFedCL(FedAvg):
     name = "mpfedcl"
-    reply_arrays = (WEIGHTS_PATTERN, "protos", "labels")
+    reply_arrays = ("protos", "labels")  # besides w_i
     Hyper = MPFedCLHyper
 
     # -- what distinguishes MP / SP / DP: the prototypes of one class -------------------------
@@ -185,14 +185,13 @@ class MPFedCL(FedAvg):
         d = self.info.feature_dim
         return PoolState(ctx.init_weights(), torch.zeros(0, d), torch.zeros(0, dtype=torch.int64))
 
-    def configure(self, state: PoolState, rnd, cid, ctx) -> Record:
-        return Record(arrays={**weight_arrays(state.weights), "pool.protos": state.pool,
-                              "pool.labels": state.labels})
+    def configure(self, state: PoolState, rnd, ctx) -> Record:
+        return Record(weights=state.weights, arrays={"pool": {"protos": state.pool, "labels": state.labels}})
 
     def aggregate(self, state: PoolState, rnd, replies, ctx) -> PoolState:
         if not replies:
             return state
-        weights = super().aggregate(WeightsState(state.weights), rnd, replies, ctx).weights
+        weights = super().aggregate(state, rnd, replies, ctx).weights  # FedAvg, Algorithm 1 line 9
         groups: dict[int, list[torch.Tensor]] = {}
         for _, r in replies:  # client-id order
             protos, labels = r.arrays["protos"].detach().cpu().float(), r.arrays["labels"].cpu()
@@ -214,7 +213,7 @@ class MPFedCL(FedAvg):
         return V
 
     def global_predictor(self, state: PoolState, ctx):
-        model = ctx.model(state.weights)
+        model = ctx.shared_model(state.weights)
         return {"proto": NearestPrototype(model.body, state.pool, state.labels, self.info.num_classes),
                 "logits": model}
 
@@ -235,9 +234,9 @@ class MPFedCL(FedAvg):
     async def client_update(self, msg: Record, state: Optional[Record], ctx) -> ClientResult:
         C = self.info.num_classes
         _, y = ctx.data
-        pool, labels = msg.arrays["pool.protos"].to(y.device), msg.arrays["pool.labels"].to(y.device)
+        pool, labels = msg.arrays["pool"]["protos"].to(y.device), msg.arrays["pool"]["labels"].to(y.device)
         loss, extras = self.local_objective(pool, labels)
-        fitted = await ctx.fit(msg.weights(), loss, extras=extras)
+        fitted = await ctx.fit(msg.weights, loss, extras=extras)
 
         # prototypes of every class the client holds, from its embeddings after training
         z = await ctx.features(fitted.weights)  # (N, d)
@@ -249,10 +248,8 @@ class MPFedCL(FedAvg):
         if not protos:  # a client without data has no prototype to send
             protos = [torch.zeros(0, self.info.feature_dim)]
             proto_labels = [torch.zeros(0, dtype=torch.int64)]
-        reply = Record(arrays={**weight_arrays(fitted.weights), "protos": torch.cat(protos),
-                               "labels": torch.cat(proto_labels)},
-                       metrics={"num_samples": ctx.num_samples})
-        model = ctx.model(fitted.weights)
+        reply = Record(weights=fitted.weights, arrays={"protos": torch.cat(protos), "labels": torch.cat(proto_labels)})
+        model = ctx.shared_model(fitted.weights)
         personal = {"proto": NearestPrototype(model.body, pool, labels, C), "logits": model}
         return ClientResult(reply, personal=personal)
 

@@ -65,10 +65,10 @@ import torch
 import torch.nn.functional as F
 
 from ..errors import require
-from ..messages import Record, WEIGHTS_PATTERN, expect_shapes, weight_arrays
+from ..messages import Record, expect_shapes
 from ..nn.losses import balanced_logits, label_counts, relaxed_prior
 from ..nn.prototypes import aggregate_prototypes, class_means
-from .base import average, ClientResult, register, reply_weight, WeightsState
+from .base import ClientResult, register, reply_weight, WeightsState
 from .fedavg import FedAvg, FedAvgHyper
 
 
@@ -81,10 +81,10 @@ class ReBaFLHyper(FedAvgHyper):
     faug: bool = True  # prototype feature augmentation; false = ablation "R-BSM only"
     prototype_memory: bool = True  # keep the last global prototype of classes nobody sent
 
-    def validate(self, s: str) -> None:
-        require(0.0 <= self.epsilon <= 1.0, f"{s}.epsilon", self.epsilon, "must be in [0, 1]")
-        require(self.mu_aug >= 0.0, f"{s}.mu_aug", self.mu_aug, "must be >= 0")
-        require(self.lam >= 0.0, f"{s}.lam", self.lam, "must be >= 0")
+    def validate(self, section: str) -> None:
+        require(0.0 <= self.epsilon <= 1.0, f"{section}.epsilon", self.epsilon, "must be in [0, 1]")
+        require(self.mu_aug >= 0.0, f"{section}.mu_aug", self.mu_aug, "must be >= 0")
+        require(self.lam >= 0.0, f"{section}.lam", self.lam, "must be >= 0")
 
 
 @dataclass
@@ -129,7 +129,7 @@ def client_prototypes(local: torch.Tensor, n: torch.Tensor, glob: torch.Tensor,
 @register
 class ReBaFL(FedAvg):
     name = "rebafl"
-    reply_arrays = (WEIGHTS_PATTERN, "proto", "counts")
+    reply_arrays = ("proto", "counts")  # besides w_k
     Hyper = ReBaFLHyper
 
     # -- server ------------------------------------------------------------------------------
@@ -138,11 +138,9 @@ class ReBaFL(FedAvg):
         return ReBaFLState(ctx.init_weights(), torch.zeros(C, d, device=ctx.device),
                            torch.zeros(C, dtype=torch.int64, device=ctx.device))
 
-    def configure(self, state: ReBaFLState, rnd, cid, ctx) -> Record:
-        arrays = weight_arrays(state.weights)
-        if self.hp.faug:
-            arrays.update(proto=state.prototypes, proto_counts=state.counts)
-        return Record(arrays=arrays)
+    def configure(self, state: ReBaFLState, rnd, ctx) -> Record:
+        arrays = {"proto": state.prototypes, "proto_counts": state.counts} if self.hp.faug else {}
+        return Record(weights=state.weights, arrays=arrays)
 
     def check_reply(self, reply: Record, sent: Record) -> Optional[str]:
         C, d = self.info.num_classes, self.info.feature_dim
@@ -152,7 +150,7 @@ class ReBaFL(FedAvg):
         replies = [(cid, r) for cid, r in replies if reply_weight(r, self.hp.weighting) > 0]
         if not replies:  # nobody arrived: keep w_t and P
             return state
-        weights = average((r for _, r in replies), self.hp.weighting)
+        weights = super().aggregate(state, rnd, replies, ctx).weights
         protos, counts = state.prototypes, state.counts
         if self.hp.faug:  # eq. 23, class by class, weighted by n_kc
             fresh, n = aggregate_prototypes([r.arrays["proto"] for _, r in replies],
@@ -170,17 +168,15 @@ class ReBaFL(FedAvg):
 
     # -- client ------------------------------------------------------------------------------
     async def client_update(self, msg: Record, state: Optional[Record], ctx) -> ClientResult:
-        w_t, y, C = msg.weights(), ctx.data[1], self.info.num_classes
+        w_t, y, C = msg.weights, ctx.data[1], self.info.num_classes
         # eq. 18 uses the class means of the received model's features, before local training
         local = class_means(await ctx.features(w_t), y, C) if self.augments(msg) else None
         loss, extras = self.local_objective(msg, ctx, local)
         fitted = await ctx.fit(w_t, loss, extras=extras)
-        arrays = weight_arrays(fitted.weights)
+        arrays = {}
         if self.hp.faug:  # local prototypes of the trained body, for eq. 23
-            protos, counts = class_means(await ctx.features(fitted.weights), y, C)
-            arrays.update(proto=protos.clone(), counts=counts.clone())
-        reply = Record(arrays=arrays, metrics={"num_samples": ctx.num_samples})
-        return ClientResult(reply, personal=ctx.model(fitted.weights))
+            arrays["proto"], arrays["counts"] = class_means(await ctx.features(fitted.weights), y, C)
+        return ClientResult(Record(weights=fitted.weights, arrays=arrays), personal=ctx.shared_model(fitted.weights))
 
     def augments(self, msg: Record) -> bool:
         """Whether the client augments features this round: only once global prototypes exist."""

@@ -28,7 +28,7 @@ the reported training loss is the task loss alone. With the engine's other setti
 * clip_grad: the correction is clipped together with the gradient.
 eta_l is the round's learning rate (``training.lr`` with ``lr_decay``); K the number of
 steps taken (``training.epochs`` or ``training.steps``); option II's step size is
-``ctx.step_size()`` = eta_l / (1 - beta).
+``ctx.step_size`` = eta_l / (1 - beta).
 
 Choices where the paper is silent, and details:
 * Control variates cover the trainable parameters; float buffers (BatchNorm statistics)
@@ -53,8 +53,8 @@ from typing import Literal, Optional
 import torch
 
 from ..errors import require
-from ..messages import Record, prefixed, weight_arrays
-from .base import Algorithm, average, ClientResult, cross_entropy, register, trainable_names, WeightsState
+from ..messages import Record
+from .base import average, ClientResult, cross_entropy, GlobalModel, register, trainable_names, WeightsState
 
 
 @dataclass
@@ -62,8 +62,8 @@ class ScaffoldHyper:
     server_lr: float = 1.0  # eta_g, the global step size
     weighting: Literal["uniform", "samples"] = "uniform"  # mean of Delta y (paper: uniform)
 
-    def validate(self, s: str) -> None:
-        require(self.server_lr > 0, f"{s}.server_lr", self.server_lr, "must be > 0")
+    def validate(self, section: str) -> None:
+        require(self.server_lr > 0, f"{section}.server_lr", self.server_lr, "must be > 0")
 
 
 @dataclass
@@ -80,50 +80,46 @@ def option_ii(c_i: dict[str, torch.Tensor], c: dict[str, torch.Tensor], x: dict[
 
 
 @register
-class Scaffold(Algorithm):
+class Scaffold(GlobalModel):
     name = "scaffold"
-    reply_arrays = ("dy.*", "dc.*")
+    reply_arrays = ("dy", "dc")  # Delta y_i, Delta c_i (groups by parameter name)
     Hyper = ScaffoldHyper
 
     # -- server ------------------------------------------------------------------------------
     def server_init(self, ctx) -> ScaffoldState:
         w = ctx.init_weights()
-        return ScaffoldState(w, {k: torch.zeros_like(w[k]) for k in trainable_names(ctx.model())})
+        return ScaffoldState(w, {k: torch.zeros_like(w[k]) for k in trainable_names(ctx.shared_model())})
 
-    def configure(self, state: ScaffoldState, rnd, cid, ctx) -> Record:
-        return Record(arrays={**weight_arrays(state.weights), **prefixed("c.", state.control)})
+    def configure(self, state: ScaffoldState, rnd, ctx) -> Record:
+        return Record(weights=state.weights, arrays={"c": state.control})
 
     def aggregate(self, state: ScaffoldState, rnd, replies, ctx) -> ScaffoldState:
         if not replies:  # nobody arrived: keep x and c
             return state
-        dy = average((r for _, r in replies), self.hp.weighting, part=lambda r: r.subarrays("dy."))
+        dy = average((r for _, r in replies), self.hp.weighting, part=lambda r: r.arrays["dy"])
         x = {k: (v + self.hp.server_lr * dy[k].to(v.dtype) if v.is_floating_point() else dy[k])
              for k, v in state.weights.items()}
         N = self.info.num_clients
         c = {k: v.clone() for k, v in state.control.items()}
         for _, r in replies:
-            for k, d in r.subarrays("dc.").items():
+            for k, d in r.arrays["dc"].items():
                 c[k].add_(d, alpha=1.0 / N)
         return ScaffoldState(x, c)
-
-    def global_predictor(self, state: ScaffoldState, ctx):
-        return ctx.model(state.weights)
 
     # -- client ------------------------------------------------------------------------------
     task_loss = staticmethod(cross_entropy)  # F_i, the client's own objective
 
     async def client_update(self, msg: Record, state: Optional[Record], ctx) -> ClientResult:
-        x = ctx.like_model(msg.weights())
-        c = msg.subarrays("c.")
-        c_i = state.subarrays("c.") if state is not None else {k: torch.zeros_like(v) for k, v in c.items()}
+        x = ctx.like_model(msg.weights)
+        c = msg.arrays["c"]
+        c_i = state.arrays["c"] if state is not None else {k: torch.zeros_like(v) for k, v in c.items()}
         # K local steps y <- y - eta_l (g(y) - c_i + c) on the trainable parameters
         fitted = await ctx.fit(x, self.task_loss, trainable=tuple(c), grad=corrected, extras={"c": c, "c_i": c_i})
         y = fitted.weights
-        c_new = option_ii(c_i, c, x, y, fitted.stats.steps, ctx.step_size())
+        c_new = option_ii(c_i, c, x, y, fitted.stats.steps, ctx.step_size)
         dy = {k: (y[k] - x[k] if v.is_floating_point() else y[k]) for k, v in x.items()}
-        reply = Record(arrays={**prefixed("dy.", dy), **prefixed("dc.", {k: c_new[k] - c_i[k] for k in c})},
-                       metrics={"num_samples": ctx.num_samples})
-        return ClientResult(reply, state=Record(arrays=prefixed("c.", c_new)), personal=ctx.model(y))
+        reply = Record(arrays={"dy": dy, "dc": {k: c_new[k] - c_i[k] for k in c}})
+        return ClientResult(reply, state=Record(arrays={"c": c_new}), personal=ctx.shared_model(y))
 
 
 def corrected(grads: dict[str, torch.Tensor], extras) -> dict[str, torch.Tensor]:

@@ -80,6 +80,9 @@ class Config:
         for k in ignore:
             d.pop(k, None)
         d["data"].pop("root", None)  # where the files live does not change the results
+        for section, key, default in ADDED_AT_DEFAULT:  # settings added later, at the value that
+            if d.get(section, {}).get(key, default) == default:  # reproduces the earlier behaviour,
+                d[section].pop(key, None)  # do not rename the run folders written before them
         if "execution" in ignore and self.execution.precision != "fp32":
             d["precision"] = self.execution.precision  # the one execution setting that changes them
         return hashlib.sha256(json.dumps(d, sort_keys=True, default=str).encode()).hexdigest()[:8]
@@ -91,6 +94,15 @@ class Config:
         resolved parameters of the old one; parameters given in ``overrides`` apply.
         """
         return from_dict(apply_overrides(switch_components(self.to_dict(), overrides), overrides))
+
+
+# (section, key, value) of settings added after the first release whose value here gives
+# the results of the releases before them: at that value they are left out of the
+# fingerprint, so a run folder written before them keeps its name (and --resume finds it)
+ADDED_AT_DEFAULT = (
+    ("training", "schedule", "exponential"), ("training", "milestones", []), ("training", "min_lr", 0.0),
+    ("training", "optimizer", "sgd"), ("training", "betas", [0.9, 0.999]), ("training", "eps", 1e-8),
+)
 
 
 def from_dict(raw: dict) -> Config:

@@ -24,8 +24,8 @@ class DataConfig:
     train_size: Optional[int] = None
     params: dict = field(default_factory=dict)  # the loader's own options
 
-    def validate(self, s: str) -> None:
-        require(self.train_size is None or self.train_size >= 1, f"{s}.train_size", self.train_size,
+    def validate(self, section: str) -> None:
+        require(self.train_size is None or self.train_size >= 1, f"{section}.train_size", self.train_size,
                 "must be >= 1 or null")
 
 
@@ -59,7 +59,15 @@ class TrainingConfig:
     lr: float = 0.01
     momentum: float = 0.0
     weight_decay: float = 0.0
-    lr_decay: float = 1.0  # per-round exponential: lr_r = lr * lr_decay ** (r - 1)
+    # the learning rate of round r: exponential lr * lr_decay^(r-1); step: lr * lr_decay^(number
+    # of milestones <= r); cosine: from lr to min_lr over the run (engine/train.py round_lr)
+    schedule: Literal["exponential", "cosine", "step"] = "exponential"
+    lr_decay: float = 1.0
+    milestones: list[int] = field(default_factory=list)  # step: the rounds the lr is multiplied at
+    min_lr: float = 0.0  # cosine: the lr of the last round's end
+    optimizer: Literal["sgd", "adam", "adamw"] = "sgd"  # the clients' local optimizer
+    betas: list[float] = field(default_factory=lambda: [0.9, 0.999])  # adam, adamw
+    eps: float = 1e-8  # adam, adamw
     epochs: int = 1
     steps: Optional[int] = None  # if set, local steps per round instead of epochs
     batch_size: int = 32
@@ -68,15 +76,25 @@ class TrainingConfig:
     # drop that client's reply for the round (what a deployment wants: one client cannot stop it)
     on_nonfinite: Literal["stop", "drop"] = "stop"
 
-    def validate(self, s: str) -> None:
-        require(self.lr > 0, f"{s}.lr", self.lr, "must be > 0")
-        require(0 <= self.momentum < 1, f"{s}.momentum", self.momentum, "must be in [0, 1)")
-        require(self.weight_decay >= 0, f"{s}.weight_decay", self.weight_decay, "must be >= 0")
-        require(0 < self.lr_decay <= 1, f"{s}.lr_decay", self.lr_decay, "must be in (0, 1]")
-        require(self.epochs >= 1, f"{s}.epochs", self.epochs, "must be >= 1")
-        require(self.steps is None or self.steps >= 1, f"{s}.steps", self.steps, "must be >= 1 or null")
-        require(self.batch_size >= 1, f"{s}.batch_size", self.batch_size, "must be >= 1")
-        require(self.clip_grad is None or self.clip_grad > 0, f"{s}.clip_grad", self.clip_grad,
+    def validate(self, section: str) -> None:
+        require(self.lr > 0, f"{section}.lr", self.lr, "must be > 0")
+        require(0 <= self.momentum < 1, f"{section}.momentum", self.momentum, "must be in [0, 1)")
+        require(self.weight_decay >= 0, f"{section}.weight_decay", self.weight_decay, "must be >= 0")
+        require(0 < self.lr_decay <= 1, f"{section}.lr_decay", self.lr_decay, "must be in (0, 1]")
+        require(all(isinstance(m, int) and m >= 1 for m in self.milestones), f"{section}.milestones", self.milestones,
+                "must be rounds >= 1")
+        require(self.schedule != "step" or bool(self.milestones), f"{section}.milestones", self.milestones,
+                "schedule: step needs at least one milestone round")
+        require(0 <= self.min_lr <= self.lr, f"{section}.min_lr", self.min_lr, "must be in [0, training.lr]")
+        require(len(self.betas) == 2 and all(0 <= b < 1 for b in self.betas), f"{section}.betas", self.betas,
+                "must be two numbers in [0, 1)")
+        require(self.eps > 0, f"{section}.eps", self.eps, "must be > 0")
+        require(self.optimizer == "sgd" or self.momentum == 0, f"{section}.momentum", self.momentum,
+                f"is SGD's; {self.optimizer} has betas instead (set training.momentum=0)")
+        require(self.epochs >= 1, f"{section}.epochs", self.epochs, "must be >= 1")
+        require(self.steps is None or self.steps >= 1, f"{section}.steps", self.steps, "must be >= 1 or null")
+        require(self.batch_size >= 1, f"{section}.batch_size", self.batch_size, "must be >= 1")
+        require(self.clip_grad is None or self.clip_grad > 0, f"{section}.clip_grad", self.clip_grad,
                  "must be > 0 or null")
 
 
@@ -97,14 +115,14 @@ class ParticipationConfig:
     group_p: Optional[list[float]] = None
     period: int = 1
 
-    def validate(self, s: str) -> None:
-        require(0 < self.fraction <= 1, f"{s}.fraction", self.fraction, "must be in (0, 1]")
+    def validate(self, section: str) -> None:
+        require(0 < self.fraction <= 1, f"{section}.fraction", self.fraction, "must be in (0, 1]")
         require(self.clients_per_round is None or self.clients_per_round >= 1,
-                 f"{s}.clients_per_round", self.clients_per_round, "must be >= 1 or null")
-        require(0 <= self.p <= 1, f"{s}.p", self.p, "must be in [0, 1]")
+                 f"{section}.clients_per_round", self.clients_per_round, "must be >= 1 or null")
+        require(0 <= self.p <= 1, f"{section}.p", self.p, "must be in [0, 1]")
         for i, q in enumerate(self.group_p or []):
-            require(0 <= q <= 1, f"{s}.group_p[{i}]", q, "must be in [0, 1]")
-        require(self.period >= 1, f"{s}.period", self.period, "must be >= 1")
+            require(0 <= q <= 1, f"{section}.group_p[{i}]", q, "must be in [0, 1]")
+        require(self.period >= 1, f"{section}.period", self.period, "must be >= 1")
 
 
 @dataclass
@@ -127,12 +145,12 @@ class EvalConfig:
     # server state, nothing aggregated) on the full and local test sets: keys all_* (docs/metrics.md)
     final_all_clients: bool = True
 
-    def validate(self, s: str) -> None:
-        require(self.every >= 1, f"{s}.every", self.every, "must be >= 1")
-        require(self.personal_every >= 0, f"{s}.personal_every", self.personal_every, "must be >= 0")
-        require(self.batch_size >= 1, f"{s}.batch_size", self.batch_size, "must be >= 1")
+    def validate(self, section: str) -> None:
+        require(self.every >= 1, f"{section}.every", self.every, "must be >= 1")
+        require(self.personal_every >= 0, f"{section}.personal_every", self.personal_every, "must be >= 0")
+        require(self.batch_size >= 1, f"{section}.batch_size", self.batch_size, "must be >= 1")
         require(self.local_test_fraction is None or self.local_test_fraction > 0,
-                 f"{s}.local_test_fraction", self.local_test_fraction, "must be > 0 or null")
+                 f"{section}.local_test_fraction", self.local_test_fraction, "must be > 0 or null")
 
 
 @dataclass
@@ -175,36 +193,36 @@ class ExecutionConfig:
     # are read back when their client is sampled. null = no limit (state: driver only)
     state_memory_mb: Optional[float] = 512
 
-    def validate(self, s: str) -> None:
-        require(self.batch_clients >= 0, f"{s}.batch_clients", self.batch_clients, "must be >= 0")
-        require(self.workers == "auto" or self.workers >= 0, f"{s}.workers", self.workers, "must be >= 0 or auto")
-        require(self.threads >= 0, f"{s}.threads", self.threads, "must be >= 0")
-        require(self.device == "cpu" or self.device.startswith("cuda"), f"{s}.device", self.device,
+    def validate(self, section: str) -> None:
+        require(self.batch_clients >= 0, f"{section}.batch_clients", self.batch_clients, "must be >= 0")
+        require(self.workers == "auto" or self.workers >= 0, f"{section}.workers", self.workers, "must be >= 0 or auto")
+        require(self.threads >= 0, f"{section}.threads", self.threads, "must be >= 0")
+        require(self.device == "cpu" or self.device.startswith("cuda"), f"{section}.device", self.device,
                  "expected cpu or cuda[:N]")
-        require(self.actors == "auto" or self.actors >= 1, f"{s}.actors", self.actors, "must be >= 1 or auto")
-        require(self.retries >= 0, f"{s}.retries", self.retries, "must be >= 0")
+        require(self.actors == "auto" or self.actors >= 1, f"{section}.actors", self.actors, "must be >= 1 or auto")
+        require(self.retries >= 0, f"{section}.retries", self.retries, "must be >= 0")
         if self.state_memory_mb is not None:
-            self.state_memory_mb = coerce(self.state_memory_mb, float, f"{s}.state_memory_mb")
-            require(math.isfinite(self.state_memory_mb) and self.state_memory_mb >= 0, f"{s}.state_memory_mb",
+            self.state_memory_mb = coerce(self.state_memory_mb, float, f"{section}.state_memory_mb")
+            require(math.isfinite(self.state_memory_mb) and self.state_memory_mb >= 0, f"{section}.state_memory_mb",
                     self.state_memory_mb, "must be >= 0 (MB), or null for no limit")
         unknown = set(self.client_resources) - {"num_cpus", "num_gpus"}
-        require(not unknown, f"{s}.client_resources", self.client_resources, "allowed keys: num_cpus, num_gpus")
+        require(not unknown, f"{section}.client_resources", self.client_resources, "allowed keys: num_cpus, num_gpus")
         res = {"num_cpus": 1.0, "num_gpus": 0.0}
         for k, v in self.client_resources.items():
-            res[k] = coerce(v, float, f"{s}.client_resources.{k}")
-        require(res["num_cpus"] > 0 and res["num_gpus"] >= 0, f"{s}.client_resources", self.client_resources,
+            res[k] = coerce(v, float, f"{section}.client_resources.{k}")
+        require(res["num_cpus"] > 0 and res["num_gpus"] >= 0, f"{section}.client_resources", self.client_resources,
                  "num_cpus must be > 0 and num_gpus >= 0")
         self.client_resources = res
         if self.address is not None:
             host, _, port = self.address.rpartition(":")
-            require(self.address != "auto", f"{s}.address", self.address,
+            require(self.address != "auto", f"{section}.address", self.address,
                      "give the head node's host:port explicitly ('auto' would join whichever cluster "
                      "the machine's shared Ray files point to)")
-            require(bool(host) and port.isdigit() and 0 < int(port) < 65536, f"{s}.address", self.address,
+            require(bool(host) and port.isdigit() and 0 < int(port) < 65536, f"{section}.address", self.address,
                      "expected host:port, e.g. 10.0.0.1:6379")
         if self.backend != "ray":
-            require(self.state == "driver", f"{s}.state", self.state, "state: cluster needs backend: ray")
-            require(self.address is None, f"{s}.address", self.address, "an address needs backend: ray")
+            require(self.state == "driver", f"{section}.state", self.state, "state: cluster needs backend: ray")
+            require(self.address is None, f"{section}.address", self.address, "an address needs backend: ray")
 
 
 @dataclass
@@ -219,11 +237,11 @@ class OutputConfig:
     tracking_uri: Optional[str] = None  # MLflow; null = SQLite store <dir>/mlflow.db
     experiment: str = "protofl"  # MLflow experiment name
 
-    def validate(self, s: str) -> None:
-        require(self.checkpoint_every >= 0, f"{s}.checkpoint_every", self.checkpoint_every, "must be >= 0")
-        require(self.log_every >= 1, f"{s}.log_every", self.log_every, "must be >= 1")
+    def validate(self, section: str) -> None:
+        require(self.checkpoint_every >= 0, f"{section}.checkpoint_every", self.checkpoint_every, "must be >= 0")
+        require(self.log_every >= 1, f"{section}.log_every", self.log_every, "must be >= 1")
         for i, t in enumerate(self.trackers):
-            require(t in TRACKERS, f"{s}.trackers[{i}]", t, f"unknown tracker; known: {', '.join(TRACKERS)}")
+            require(t in TRACKERS, f"{section}.trackers[{i}]", t, f"unknown tracker; known: {', '.join(TRACKERS)}")
 
 
 def ceil_fraction(fraction: float, n: int) -> int:

@@ -18,35 +18,33 @@ time. This executor drives the ``client_update`` coroutines of all of a round's 
 * everything else a method does between its awaits (class means, k-means, its reply)
   runs client by client, as written.
 
-Each client still computes what :func:`~protofl.engine.train.local_train` computes:
+Each client still computes what the sequential executor computes (``engine/train.py``):
 
-* data order: client k draws its per-epoch permutations from its own stream
-  (``ctx.generator``, the same one the sequential loop uses), so it sees the same batches
-  in the same order;
+* data order: the same schedule (:func:`~protofl.engine.train.batch_rows`), each client's
+  per-epoch permutations drawn from its own stream (``ctx.generator``), so it sees the
+  same batches in the same order;
 * batch count: ``epochs * ceil(n_k / B)`` steps (or ``training.steps``), wherever and
   whenever its slot runs them;
 * the last batch of an epoch is smaller: at each step the active slots are grouped by
   their batch size and each group runs as one stack (BatchNorm statistics and the mean of
   the loss are exactly those of that client's batch, no padding);
-* optimizer: SGD with momentum, weight decay and gradient clipping as ``torch.optim.SGD``
-  and ``clip_grad_norm_`` compute them, on one flat (slots, parameters) buffer, so an
-  update is a handful of kernels whatever the number of layers; one momentum row per
-  slot, zeroed when a client enters it (torch's first step, buf = d_p, is 0 * m + d_p);
+* optimizer: the same row-wise step (:func:`~protofl.engine.train.optimizer_step`) on one
+  flat (slots, parameters) buffer, so an update is a handful of kernels whatever the
+  number of layers; the optimizer state of a slot is zeroed when a client enters it;
 * its gradient transform (SCAFFOLD), per-step extras (FedGen's draws) and the run's
   precision (bf16 autocast).
 
 The schedule (which client is in which slot at which step, the rows of every batch) is
 worked out on the host before the stack starts and sent to the device in one transfer,
 so the loop never waits on a host copy. Results equal the sequential executor's up to
-float rounding (batched kernels sum in a different order). Models with dropout are not
-batched (their masks could not match the sequential run's), nor heterogeneous
-architectures or methods whose ``client_update`` is a plain function: those run on the
-sequential executor, and the run log says so once.
+float rounding (batched kernels sum in a different order; clipping takes the norm of the
+flat row in one pass). Models with dropout are not batched (their masks could not match
+the sequential run's), nor heterogeneous architectures: those run on the sequential
+executor, and the run log says so once.
 """
 from __future__ import annotations
 
 import heapq
-import inspect
 import logging
 import math
 import os
@@ -60,12 +58,14 @@ import torch
 from torch import nn
 from torch.func import functional_call, grad_and_value, vmap
 
-from ..algorithms.base import Features, Fitted, TrainStats
+from ..algorithms.base import Features, Fit, Fitted, Request, TrainStats
 from ..messages import Record
-from .client import EMBED_BATCH_SIZE, ClientContext, ClientOutput, ClientRuntime, arch_kwargs
-from .executor import ClientTask, Executor, SequentialExecutor
+from .client import ClientContext, ClientOutput, ClientRuntime, not_a_request, trainable_names
+from .task import arch_kwargs
+from .executor import ClientTask, Executor, SequentialExecutor, place_broadcasts
 from .precision import autocast
-from .train import NonFiniteLossError, batch_sizes, total_steps
+from .train import (NonFiniteLossError, TrainSettings, batch_rows, batch_sizes, embed_batches, optimizer_state,
+                    optimizer_step, reset_rows, total_steps)
 
 log = logging.getLogger("protofl")
 
@@ -74,10 +74,7 @@ _RANDOM = (nn.Dropout, nn.Dropout1d, nn.Dropout2d, nn.Dropout3d, nn.AlphaDropout
 
 def why_not_batched(runtime: ClientRuntime) -> Optional[str]:
     """Why this run's clients cannot be trained as one stack, or None when they can."""
-    algo, cfg = runtime.algorithm, runtime.cfg
-    if not inspect.iscoroutinefunction(type(algo).client_update):
-        return (f"method {algo.name!r} writes its client update as a plain function, not as the "
-                "coroutine the batched executor drives (algorithms/base.py)")
+    cfg = runtime.cfg
     if cfg.model.per_client:
         return "clients have different architectures (model.per_client)"
     model = runtime.models.live(dict(cfg.model.params))[0]
@@ -147,42 +144,45 @@ def slot_memory_cap(model: nn.Module, batch: int, device: torch.device, sample: 
 
 
 @dataclass
-class _Step:
-    """One group of one stack step: ``slots`` (G,) with batch size ``b``, their clients
-    ``jobs`` and local step indices ``t``; ``start``: its row offset in the index buffer."""
+class Group:
+    """The slots of one stack step that share a batch size ``b``: ``slots`` (G,), their
+    clients ``jobs`` and those clients' local step indices ``t``. ``start``: the offset of
+    the group's data rows in :attr:`Plan.rows`; ``at``: of its (slots, jobs, t) in
+    :attr:`Plan.index`; ``whole``: the group is every slot of the stack."""
 
     b: int
     slots: list[int]
     jobs: list[int]
     t: list[int]
     start: int
+    at: int
     whole: bool
 
 
 @dataclass
-class _Plan:
-    steps: list[list[_Step]]  # per stack step, its groups
+class Plan:
+    steps: list[list[Group]]  # per stack step, its groups
     loads: list[list[tuple[int, int]]]  # per stack step, (slot, job) entering before it
     finishes: list[list[tuple[int, int]]]  # per stack step, (slot, job) done after it
     rows: np.ndarray  # (sum of G * b,) data rows of every group, in order
+    index: np.ndarray  # (3 * sum of G,) every group's slots, jobs and t, in order
     busy: int  # client-steps
     slot_steps: int  # slots x stack steps
 
 
-def plan_stack(totals: list[int], sizes: list[list[int]], rows: list[np.ndarray], slots: int) -> _Plan:
+def plan_stack(totals: list[int], sizes: list[list[int]], rows: list[np.ndarray], slots: int) -> Plan:
     """The schedule: clients enter free slots longest first; each step groups the active
     slots by batch size (largest first). ``rows[j]`` (total_j, B) are client j's data rows."""
     order = deque(sorted((j for j in range(len(totals)) if totals[j] > 0), key=lambda j: -totals[j]))
     active: dict[int, list[int]] = {}  # slot -> [job, local step]
-    steps, loads, finishes, chunks = [], [], [], []
-    pos = 0
-    load0 = []
+    steps, loads, finishes, chunks, index = [], [], [], [], []
+    pos = at = 0
+    pending_loads = []
     for k in range(slots):
         if order:
             j = order.popleft()
             active[k] = [j, 0]
-            load0.append((k, j))
-    pending_loads = load0
+            pending_loads.append((k, j))
     while active:
         by_size: dict[int, list[int]] = defaultdict(list)
         for k in sorted(active):
@@ -194,8 +194,10 @@ def plan_stack(totals: list[int], sizes: list[list[int]], rows: list[np.ndarray]
             js = [active[k][0] for k in ks]
             ts = [active[k][1] for k in ks]
             chunks.append(np.stack([rows[j][t, :b] for j, t in zip(js, ts)]).reshape(-1))
-            groups.append(_Step(b, ks, js, ts, pos, whole=len(ks) == slots))
+            index += [ks, js, ts]
+            groups.append(Group(b, ks, js, ts, pos, at, whole=len(ks) == slots))
             pos += len(ks) * b
+            at += 3 * len(ks)
         steps.append(groups)
         loads.append(pending_loads)
         pending_loads, done = [], []
@@ -210,25 +212,10 @@ def plan_stack(totals: list[int], sizes: list[list[int]], rows: list[np.ndarray]
                     active[k] = [nj, 0]
                     pending_loads.append((k, nj))
         finishes.append(done)
-    busy = sum(totals)
-    return _Plan(steps, loads, finishes, np.concatenate(chunks) if chunks else np.zeros(0, np.int64),
-                 busy, slots * len(steps))
-
-
-def _schedule(n: int, batch: int, total: int, gen: torch.Generator) -> np.ndarray:
-    """Client-local rows of ``local_train``'s loop, (total, batch) padded with 0, drawing the
-    per-epoch permutations from ``gen`` as the loop does (one per epoch begun)."""
-    rows = np.zeros((total, batch), dtype=np.int64)
-    step = 0
-    while step < total:
-        perm = torch.randperm(n, generator=gen).numpy()
-        for i in range(0, n, batch):
-            if step == total:
-                break
-            b = perm[i:i + batch]
-            rows[step, :len(b)] = b
-            step += 1
-    return rows
+    empty = np.zeros(0, np.int64)
+    return Plan(steps, loads, finishes, np.concatenate(chunks) if chunks else empty,
+                np.concatenate([np.asarray(a, np.int64) for a in index]) if index else empty,
+                sum(totals), slots * len(steps))
 
 
 # ---------------------------------------------------------------------------------------
@@ -239,22 +226,9 @@ class _Job:
     task: ClientTask
     ctx: ClientContext
     update: Any  # the client_update coroutine
-    request: Any = None  # what it awaits now (None: finished)
+    request: Optional[Request] = None  # what it awaits now (None: finished)
     output: Optional[ClientOutput] = None
     rng: Optional[torch.Tensor] = None  # its torch RNG state between turns
-    failed: Optional[BaseException] = None
-
-
-class _Objective(nn.Module):
-    """``loss(model, x, y, extras)`` as a module, so that ``functional_call`` can swap in one
-    client's parameters (under vmap: every client's) for the whole loss, sub-modules included."""
-
-    def __init__(self, model: nn.Module, loss) -> None:
-        super().__init__()
-        self.model, self.loss = model, loss
-
-    def forward(self, x, y, extras):
-        return self.loss(self.model, x, y, extras)
 
 
 @dataclass
@@ -271,12 +245,113 @@ class StackStats:
         return self.busy / self.slot_steps if self.slot_steps else None
 
 
+class _Objective(nn.Module):
+    """``loss(model, x, y, extras)`` as a module, so that ``functional_call`` can swap in one
+    client's parameters (under vmap: every client's) for the whole loss, sub-modules included."""
+
+    def __init__(self, model: nn.Module, loss) -> None:
+        super().__init__()
+        self.model, self.loss = model, loss
+
+    def forward(self, x, y, extras):
+        return self.loss(self.model, x, y, extras)
+
+
+# ---------------------------------------------------------------------------------------
+# the stack: S slots, each holding one client's model and optimizer state
+# ---------------------------------------------------------------------------------------
+@dataclass
+class Slots:
+    """The tensors of some of a stack's slots, one row per slot: the trainable parameters
+    as one flat (G, n) buffer, the optimizer state of that buffer, the frozen parameters,
+    the buffers (BatchNorm statistics) and the extras of the clients in them."""
+
+    params: torch.Tensor  # (G, n)
+    state: dict[str, list[torch.Tensor]]
+    frozen: dict[str, torch.Tensor]
+    buffers: dict[str, torch.Tensor]
+    extras: dict
+
+
+class Stack:
+    """``S`` slots of one training signature on one device. A client enters a slot
+    (:meth:`load`) with the weights it starts from and its extras, trains there, and
+    leaves it (:meth:`unload`) with its trained weights; the next client takes the slot."""
+
+    def __init__(self, model: nn.Module, names: list[str], S: int, settings: TrainSettings, extras: dict,
+                 device: torch.device) -> None:
+        params = dict(model.named_parameters())
+        self.order = list(model.state_dict().keys())  # state-dict order of the weights handed back
+        self.names = names  # the trainable parameters, in the flat row's order
+        self.layout: dict[str, tuple[int, int, tuple]] = {}  # name -> (start, end, shape) in a row
+        o = 0
+        for k in names:
+            self.layout[k] = (o, o + params[k].numel(), tuple(params[k].shape))
+            o += params[k].numel()
+        like = model.state_dict()
+        self.all = Slots(
+            params=torch.zeros(S, o, dtype=params[names[0]].dtype, device=device),
+            state={}, frozen={k: torch.zeros((S, *v.shape), dtype=v.dtype, device=device)
+                              for k, v in params.items() if k not in self.layout},
+            buffers={k: torch.zeros((S, *like[k].shape), dtype=like[k].dtype, device=device)
+                     for k, _ in model.named_buffers()},
+            extras=_stack_like(extras, S, device))
+        self.all.state = optimizer_state(settings, [self.all.params])
+        self.S = S
+
+    def load(self, slot: int, fit: Fit) -> None:
+        """Client ``fit`` enters ``slot``: its start weights and extras, a fresh optimizer state."""
+        w, a = fit.weights, self.all
+        a.params[slot] = torch.cat([w[k].to(a.params.device).reshape(-1) for k in self.names])
+        reset_rows(a.state, slot)
+        for k, t in a.frozen.items():
+            t[slot] = w[k]
+        for k, t in a.buffers.items():
+            t[slot] = w[k]
+        _set_row(a.extras, fit.extras, slot)
+
+    def unload(self, slot: int) -> dict[str, torch.Tensor]:
+        """The weights in ``slot`` (a full state dict, copies), as the client leaves it."""
+        a = self.all
+        w = {k: a.params[slot, i:j].view(shape).clone() for k, (i, j, shape) in self.layout.items()}
+        w.update({k: t[slot].clone() for k, t in a.frozen.items()})
+        w.update({k: t[slot].clone() for k, t in a.buffers.items()})
+        return {k: w[k] for k in self.order}
+
+    def select(self, slots: Optional[torch.Tensor]) -> Slots:
+        """The tensors of ``slots`` (None: all of them, as views; else copies to :meth:`commit`)."""
+        if slots is None:
+            return self.all
+        a = self.all
+        return Slots(a.params.index_select(0, slots),
+                     {k: [t.index_select(0, slots) for t in ts] for k, ts in a.state.items()},
+                     {k: t.index_select(0, slots) for k, t in a.frozen.items()},
+                     {k: t.index_select(0, slots) for k, t in a.buffers.items()}, _select(a.extras, slots))
+
+    def commit(self, part: Slots, slots: Optional[torch.Tensor]) -> None:
+        """Write back what a step changed in a selection: parameters, optimizer state, buffers."""
+        if slots is None:
+            return
+        a = self.all
+        a.params.index_copy_(0, slots, part.params)
+        for k, ts in a.state.items():
+            for t, new in zip(ts, part.state[k]):
+                t.index_copy_(0, slots, new)
+        for k, t in a.buffers.items():
+            t.index_copy_(0, slots, part.buffers[k])
+
+    def views(self, flat: torch.Tensor) -> dict[str, torch.Tensor]:
+        """The named parameters of rows of a flat (G, n) buffer, as views."""
+        return {k: flat[:, i:j].view(flat.shape[0], *shape) for k, (i, j, shape) in self.layout.items()}
+
+
 class BatchedExecutor(Executor):
     """Drives a round's ``client_update`` coroutines and runs what they await as stacks of at
     most ``slots`` clients (0: chosen from the round's clients and the memory)."""
 
     def __init__(self, runtime: ClientRuntime, slots: int = 0, threads: int = 0, compile: bool = False) -> None:
         self.runtime = runtime
+        self.threads = threads
         self.slots = slots
         self.compile = compile
         self._compiled: dict[tuple, Any] = {}
@@ -287,9 +362,11 @@ class BatchedExecutor(Executor):
         self._cap: dict[tuple, int] = {}
 
     def describe(self) -> dict:
+        out: dict[str, Any] = {"backend": "local", "workers": 0, "threads": self.threads,
+                               "device": str(self.runtime.device)}
         if self.reason is not None:
-            return {"executor": "sequential", "executor_note": self.reason}
-        out: dict[str, Any] = {"executor": "batched"}
+            return {**out, "executor": "sequential", "executor_note": self.reason}
+        out["executor"] = "batched"
         if self.stats.stacks:
             out.update(occupancy=round(self.stats.occupancy, 4), slots=max(self.stats.slots))
         return out
@@ -308,7 +385,7 @@ class BatchedExecutor(Executor):
             self._note(self.reason)
             return self.sequential.run(tasks)
         t0 = time.perf_counter()
-        jobs = [self._start(t) for t in tasks]
+        jobs = [self._start(t, shared) for t, shared in zip(tasks, place_broadcasts(self.runtime, tasks))]
         while True:
             waiting = [j for j in jobs if j.request is not None]
             if not waiting:
@@ -330,11 +407,9 @@ class BatchedExecutor(Executor):
                 j.output.train["seconds"] = seconds
         return [j.output for j in jobs]
 
-    def _start(self, t: ClientTask) -> _Job:
-        rt = self.runtime
-        ctx, update = rt.start(t.cid, t.rnd, t.msg, t.state, t.evaluate)
-        job = _Job(t, ctx, update, rng=None)
-        job.rng = torch.get_rng_state()
+    def _start(self, t: ClientTask, shared: Record) -> _Job:
+        ctx, update = self.runtime.start(t, shared)
+        job = _Job(t, ctx, update, rng=torch.get_rng_state())
         self._advance(job, None)
         return job
 
@@ -345,9 +420,13 @@ class BatchedExecutor(Executor):
         torch.set_rng_state(job.rng)  # its own torch stream, whatever other clients drew
         try:
             if isinstance(answer, BaseException):
-                job.request = job.update.throw(answer)
+                request = job.update.throw(answer)
             else:
-                job.request = job.update.send(answer)
+                request = job.update.send(answer)
+            if not isinstance(request, (Fit, Features)):
+                job.update.close()
+                raise not_a_request(request)
+            job.request = request
         except StopIteration as done:
             job.request = None
             job.output = rt.finish(job.ctx, done.value, t.evaluate, t.full_test, time.perf_counter())
@@ -360,24 +439,24 @@ class BatchedExecutor(Executor):
             job.rng = torch.get_rng_state()
 
     def _signature(self, job: _Job) -> tuple:
-        req = job.request
-        ctx = job.ctx
-        settings = tuple(sorted(ctx.training_settings(req.settings).items()))
+        req, ctx = job.request, job.ctx
         extras = tuple((k, tuple(v.shape), v.dtype) for k, v in _leaves(req.extras))
         return (repr(sorted(arch_kwargs(self.runtime.cfg, ctx.cid).items())), req.loss, req.grad, req.trainable,
-                settings, extras, req.step_extras is not None)
+                ctx.training_settings(req.settings), extras, req.step_extras is not None)
 
     # -- features ----------------------------------------------------------------------------
     @torch.no_grad()
     def _features(self, jobs: list[_Job]) -> list[torch.Tensor]:
-        """``model.<part>`` of every job's weights on its inputs, in eval mode, stacked."""
+        """``model.<part>`` of every job's weights on its inputs, in eval mode, stacked: the
+        clients' inference batches (:func:`~protofl.engine.train.embed_batches`) taken one
+        batch index at a time, a short batch repeating its last row to the longest's size."""
         dev = self.runtime.device
         out: list[Optional[torch.Tensor]] = [None] * len(jobs)
         by_part: dict[str, list[int]] = defaultdict(list)
         for i, j in enumerate(jobs):
             by_part[j.request.part].append(i)
         for part, idx in by_part.items():
-            module = getattr(jobs[idx[0]].ctx.architecture(), part)
+            module = getattr(jobs[idx[0]].ctx.architecture, part)
             prefix = part + "."
             xs = [jobs[i].request.x if jobs[i].request.x is not None else jobs[i].ctx.data[0] for i in idx]
             for i, x in zip(idx, xs):
@@ -390,186 +469,92 @@ class BatchedExecutor(Executor):
             W = {k: torch.stack([jobs[i].request.weights[prefix + k].to(dev) for i, _ in live]) for k in keys}
             data = torch.cat([x.to(dev) for _, x in live])
             offsets = np.concatenate([[0], np.cumsum([len(x) for _, x in live])[:-1]])
-            lengths = [len(x) for _, x in live]
+            plans = [embed_batches(len(x)) for _, x in live]
             was = module.training
             module.eval()
             try:
                 fn = vmap(lambda w, xb: functional_call(module, w, (xb,)))
                 pieces: list[list[torch.Tensor]] = [[] for _ in live]
-                for start in range(0, max(lengths), EMBED_BATCH_SIZE):
-                    rows = np.stack([o + np.minimum(np.arange(start, start + EMBED_BATCH_SIZE), n - 1)
-                                     for o, n in zip(offsets, lengths)])  # (J, b); short clients repeat a row
-                    z = fn(W, data[torch.from_numpy(rows).to(dev)])  # (J, b, d)
-                    for p, n in enumerate(lengths):
-                        if start < n:
-                            pieces[p].append(z[p, :min(EMBED_BATCH_SIZE, n - start)])
+                for b in range(max(len(p) for p in plans)):
+                    width = max(e - s for p in plans if b < len(p) for s, e in [p[b]])
+                    rows = np.stack([o + (np.minimum(np.arange(p[b][0], p[b][0] + width), p[b][1] - 1) if b < len(p)
+                                          else np.zeros(width, np.int64)) for o, p in zip(offsets, plans)])
+                    z = fn(W, data[torch.from_numpy(rows).to(dev)])  # (J, width, d)
+                    for c, p in enumerate(plans):
+                        if b < len(p):
+                            pieces[c].append(z[c, :p[b][1] - p[b][0]])
             finally:
                 module.train(was)
-            for p, (i, _) in enumerate(live):
-                out[i] = torch.cat(pieces[p])
+            for c, (i, _) in enumerate(live):
+                out[i] = torch.cat(pieces[c])
         return out
 
     # -- training ----------------------------------------------------------------------------
     def _fit(self, jobs: list[_Job]) -> list[Any]:
         """Train every job's ``Fit`` (one signature) as one stack; per job its ``Fitted``, or
         the ``NonFiniteLossError`` to throw into it."""
-        rt, dev = self.runtime, self.runtime.device
-        req0, ctx0 = jobs[0].request, jobs[0].ctx
-        st = ctx0.training_settings(req0.settings)
-        B, lr, mom, wd, clip = st["batch_size"], st["lr"], st["momentum"], st["weight_decay"], st["clip_grad"]
-        model = ctx0.architecture()
-        order = list(model.state_dict().keys())
-        names = [k for k, p in model.named_parameters()
-                 if p.requires_grad and (req0.trainable is None or k.startswith(req0.trainable))]
-        frozen_names = [k for k, _ in model.named_parameters() if k not in names]
-        buffer_names = [k for k, _ in model.named_buffers()]
-        J = len(jobs)
+        dev = self.runtime.device
+        fits: list[Fit] = [j.request for j in jobs]
+        settings = jobs[0].ctx.training_settings(fits[0].settings)
+        B = settings.batch_size
+        model = jobs[0].ctx.architecture
+        names = trainable_names(model, fits[0].trainable)
         data = [j.ctx.data for j in jobs]
         ns = [len(y) for _, y in data]
-        totals = [total_steps(n, B, st["epochs"], st["steps"]) if names else 0 for n in ns]
+        totals = [total_steps(n, B, settings.epochs, settings.steps) if names else 0 for n in ns]
         sizes = [batch_sizes(n, B, t) for n, t in zip(ns, totals)]
-        rows = [_schedule(n, B, t, j.ctx.generator) for n, t, j in zip(ns, totals, jobs)]
         offsets = np.concatenate([[0], np.cumsum(ns)[:-1]]).astype(np.int64)
-        rows = [r + o for r, o in zip(rows, offsets)]
-        per_step = [j.request.step_extras(s) if j.request.step_extras is not None and t else None
-                    for j, s, t in zip(jobs, sizes, totals)]
+        rows = [batch_rows(n, B, t, j.ctx.generator) + o for n, t, j, o in zip(ns, totals, jobs, offsets)]
 
-        answers: list[Any] = [None] * J
+        answers: list[Any] = [None] * len(jobs)
         for i, j in enumerate(jobs):  # clients without a step to take keep their weights
             if totals[i] == 0:
-                answers[i] = Fitted({k: v.detach().clone() for k, v in j.request.weights.items()},
-                                    j.ctx._trained(TrainStats(0.0, 0, 0), j.request.report))
+                answers[i] = Fitted({k: v.detach().clone() for k, v in fits[i].weights.items()},
+                                    j.ctx.trained(TrainStats(0.0, 0, 0), fits[i].report))
         if not any(totals):
             return answers
 
-        cap_key = (repr(sorted(rt.cfg.model.params.items())), B)
-        if self.slots <= 0 and cap_key not in self._cap:
-            sample = next(x for x, _ in data if len(x))
-            self._cap[cap_key] = slot_memory_cap(model, B, dev, sample)
-        S = self.slots if self.slots > 0 else choose_slots(totals, self._cap[cap_key])
-        S = max(1, min(S, sum(t > 0 for t in totals)))
+        S = self._slots(totals, model, B, data)
         plan = plan_stack(totals, sizes, rows, S)
         self.stats.busy += plan.busy
         self.stats.slot_steps += plan.slot_steps
         self.stats.stacks += 1
         self.stats.slots.append(S)
 
-        # the stack's state: a flat (S, n) buffer of the trainable parameters (and of momentum)
-        ref = dict(model.named_parameters())
-        numels = [ref[k].numel() for k in names]
-        dtype = ref[names[0]].dtype
-        P_flat = torch.zeros(S, sum(numels), dtype=dtype, device=dev)
-        M_flat = torch.zeros_like(P_flat) if mom != 0 else None
-        views = {}
-        o = 0
-        for k, n in zip(names, numels):
-            views[k] = (o, o + n, tuple(ref[k].shape))
-            o += n
-
-        def unflat(flat: torch.Tensor) -> dict[str, torch.Tensor]:
-            return {k: flat[:, a:b].view(flat.shape[0], *shape) for k, (a, b, shape) in views.items()}
-
-        w0 = jobs[0].request.weights
-        FZ = {k: torch.zeros((S, *w0[k].shape), dtype=w0[k].dtype, device=dev) for k in frozen_names}
-        BF = {k: torch.zeros((S, *w0[k].shape), dtype=w0[k].dtype, device=dev) for k in buffer_names}
-        EX = _stack_like(jobs[0].request.extras, S, dev)
-        SE = None
-        if per_step[0] is not None or any(p is not None for p in per_step):
-            tmax = max(totals)
-            SE = {k: torch.zeros((J, tmax, *v.shape[1:]), dtype=v.dtype, device=dev)
-                  for k, v in next(p for p in per_step if p is not None).items()}
-            for i, p in enumerate(per_step):
-                if p is not None:
-                    for k, v in p.items():
-                        SE[k][i, :v.shape[0], :v.shape[1]] = v.to(dev)
-
-        def load(k: int, i: int) -> None:
-            w = jobs[i].request.weights
-            P_flat[k] = torch.cat([w[n].to(dev).reshape(-1) for n in names])
-            if M_flat is not None:
-                M_flat[k].zero_()
-            for n in frozen_names:
-                FZ[n][k] = w[n]
-            for n in buffer_names:
-                BF[n][k] = w[n]
-            _set_row(EX, jobs[i].request.extras, k)
-
-        rows_dev = torch.from_numpy(plan.rows).to(dev)
+        stack = Stack(model, names, S, settings, fits[0].extras, dev)
+        per_step = self._per_step(fits, sizes, totals)  # {name: (J, steps, B, ...)} or None
         xs = torch.cat([x for x, _ in data]).to(dev)
         ys = torch.cat([y for _, y in data]).to(dev)
-        loss_sum = torch.zeros(J, dtype=torch.float64, device=dev)
-        # per group: the slots, their clients and local steps, on the device in one transfer
-        flat_index = []
-        for groups in plan.steps:
-            for g in groups:
-                flat_index += [g.slots, g.jobs, g.t]
-        index_dev = torch.from_numpy(np.concatenate([np.asarray(a, np.int64) for a in flat_index])).to(dev) \
-            if flat_index else None
-
-        objective = _Objective(model, req0.loss)
-
-        def client_loss(p, fz, bf, ex, x, y):
-            params = {"model." + k: v for k, v in p.items()}
-            params.update({"model." + k: v for k, v in fz.items()})
-            params.update({"model." + k: v for k, v in bf.items()})
-            return functional_call(objective, params, (x, y, ex))
-
-        step_fn = vmap(grad_and_value(client_loss))
-        whole_fn = self._compiled_step(jobs[0], step_fn) if self.compile else step_fn
-        grad_fn = vmap(req0.grad) if req0.grad is not None else None
-        precision, device_type = rt.cfg.execution.precision, dev.type
+        batch = torch.from_numpy(plan.rows).to(dev)  # every group's data rows, in one transfer
+        index = torch.from_numpy(plan.index).to(dev)  # every group's (slots, jobs, steps), in one transfer
+        loss_sum = torch.zeros(len(jobs), dtype=torch.float64, device=dev)
+        step_fn = self._step_fn(jobs[0], model, fits[0].loss)
+        grad_fn = vmap(fits[0].grad) if fits[0].grad is not None else None
         was = model.training
         model.train()
-        pos = 0
         try:
             for s, groups in enumerate(plan.steps):
-                for k, i in plan.loads[s]:
-                    load(k, i)
+                for slot, i in plan.loads[s]:
+                    stack.load(slot, fits[i])
                 for g in groups:
                     G = len(g.slots)
-                    sl = index_dev[pos:pos + G]
-                    jb = index_dev[pos + G:pos + 2 * G]
-                    tt = index_dev[pos + 2 * G:pos + 3 * G]
-                    pos += 3 * G
-                    if g.whole:
-                        p_flat, m_flat, fz, bf, ex = P_flat, M_flat, FZ, BF, EX
-                    else:
-                        p_flat = P_flat.index_select(0, sl)
-                        m_flat = None if M_flat is None else M_flat.index_select(0, sl)
-                        fz = {n: v.index_select(0, sl) for n, v in FZ.items()}
-                        bf = {n: v.index_select(0, sl) for n, v in BF.items()}
-                        ex = _select(EX, sl)
-                    if SE is not None:
-                        ex = {**ex, **{n: v[jb, tt, :g.b] for n, v in SE.items()}}
-                    idx = rows_dev[g.start:g.start + G * g.b].view(G, g.b)
-                    with autocast(precision, device_type):
-                        fn = whole_fn if g.whole and g.b == B else step_fn
-                        grads, value = fn(unflat(p_flat), fz, bf, ex, xs[idx], ys[idx])
+                    slots, clients, t = index[g.at:g.at + G], index[g.at + G:g.at + 2 * G], index[g.at + 2 * G:g.at + 3 * G]
+                    part = stack.select(None if g.whole else slots)
+                    extras = part.extras if per_step is None else {
+                        **part.extras, **{k: v[clients, t, :g.b] for k, v in per_step.items()}}
+                    rows_g = batch[g.start:g.start + G * g.b].view(G, g.b)
+                    with autocast(self.runtime.cfg.execution.precision, dev.type):
+                        fn = step_fn[g.whole and g.b == B]
+                        grads, value = fn(stack.views(part.params), part.frozen, part.buffers, extras,
+                                          xs[rows_g], ys[rows_g])
                     if grad_fn is not None:
-                        grads = grad_fn(grads, _select(EX, sl) if not g.whole else EX)
-                    d_p = torch.cat([grads[n].reshape(G, -1) for n in names], dim=1)  # (G, n)
-                    if clip is not None:  # clip_grad_norm_ per client
-                        coef = (clip / (d_p.norm(2, dim=1) + 1e-6)).clamp(max=1.0)
-                        d_p = d_p * coef.unsqueeze(1)
-                    if wd != 0:
-                        d_p = d_p.add(p_flat, alpha=wd)
-                    if m_flat is not None:
-                        m_flat.mul_(mom).add_(d_p)
-                        d_p = m_flat
-                    p_flat.add_(d_p, alpha=-lr)
-                    if not g.whole:
-                        P_flat.index_copy_(0, sl, p_flat)
-                        if M_flat is not None:
-                            M_flat.index_copy_(0, sl, m_flat)
-                        for n in buffer_names:
-                            BF[n].index_copy_(0, sl, bf[n])
-                    loss_sum.index_add_(0, jb, value.detach().to(torch.float64) * g.b)
-                for k, i in plan.finishes[s]:
-                    flat = P_flat[k]
-                    w = {n: flat[a:b].view(shape).clone() for n, (a, b, shape) in views.items()}
-                    w.update({n: FZ[n][k].clone() for n in frozen_names})
-                    w.update({n: BF[n][k].clone() for n in buffer_names})
-                    answers[i] = {n: w[n] for n in order}
+                        grads = grad_fn(grads, part.extras)
+                    flat = torch.cat([grads[k].reshape(G, -1) for k in names], dim=1)  # (G, n)
+                    optimizer_step([part.params], [flat], part.state, settings)
+                    stack.commit(part, None if g.whole else slots)
+                    loss_sum.index_add_(0, clients, value.detach().to(torch.float64) * g.b)
+                for slot, i in plan.finishes[s]:
+                    answers[i] = stack.unload(slot)
         finally:
             model.train(was)
 
@@ -578,13 +563,52 @@ class BatchedExecutor(Executor):
             if totals[i] == 0:
                 continue
             seen = sum(sizes[i])
-            stats = TrainStats(loss=losses[i] / seen, steps=totals[i], samples=seen)
             try:
-                answers[i] = Fitted(answers[i], j.ctx._trained(stats, j.request.report))
+                stats = j.ctx.trained(TrainStats(loss=losses[i] / seen, steps=totals[i], samples=seen), fits[i].report)
+                answers[i] = Fitted(answers[i], stats)
             except NonFiniteLossError as e:
                 answers[i] = e
         return answers
 
+    def _slots(self, totals: list[int], model: nn.Module, B: int, data) -> int:
+        """The stack's slot count: ``execution.batch_clients``, else the fewest that finish in
+        about the longest client's time, within what fits in memory."""
+        if self.slots > 0:
+            S = self.slots
+        else:
+            key = (repr(sorted(self.runtime.cfg.model.params.items())), B)
+            if key not in self._cap:
+                sample = next(x for x, _ in data if len(x))
+                self._cap[key] = slot_memory_cap(model, B, self.runtime.device, sample)
+            S = choose_slots(totals, self._cap[key])
+        return max(1, min(S, sum(t > 0 for t in totals)))
+
+    def _per_step(self, fits: list[Fit], sizes: list[list[int]], totals: list[int]) -> Optional[dict]:
+        """The clients' per-step extras (``step_extras``) as (J, steps, B, ...) tensors."""
+        drawn = [f.step_extras(s) if f.step_extras is not None and t else None for f, s, t in zip(fits, sizes, totals)]
+        first = next((d for d in drawn if d is not None), None)
+        if first is None:
+            return None
+        dev, tmax = self.runtime.device, max(totals)
+        out = {k: torch.zeros((len(fits), tmax, *v.shape[1:]), dtype=v.dtype, device=dev) for k, v in first.items()}
+        for i, d in enumerate(drawn):
+            for k, v in (d or {}).items():
+                out[k][i, :v.shape[0], :v.shape[1]] = v.to(dev)
+        return out
+
+    def _step_fn(self, job: _Job, model: nn.Module, loss) -> dict[bool, Any]:
+        """The vmapped step (gradients and loss of every slot), by whether it may be the
+        compiled one (steps of the whole stack at the full batch size: one shape per stack)."""
+        objective = _Objective(model, loss)
+
+        def client_loss(params, frozen, buffers, extras, x, y):
+            weights = {"model." + k: v for k, v in params.items()}
+            weights.update({"model." + k: v for k, v in frozen.items()})
+            weights.update({"model." + k: v for k, v in buffers.items()})
+            return functional_call(objective, weights, (x, y, extras))
+
+        eager = vmap(grad_and_value(client_loss))
+        return {False: eager, True: self._compiled_step(job, eager) if self.compile else eager}
 
     def _compiled_step(self, job: _Job, step_fn):
         """``step_fn`` compiled with ``torch.compile`` (with CUDA graphs on a GPU), one per

@@ -3,7 +3,8 @@
 Every backend returns outputs in task order (``None`` for a reply lost in transit), so aggregation order -- and therefore every float --
 is the same whichever backend ran the clients.
 
-* :class:`SequentialExecutor` runs clients one after another in this process.
+* :class:`SequentialExecutor` runs clients one after another in this process; the round's
+  broadcast goes to the training device once (:func:`place_broadcasts`).
 * :class:`ProcessExecutor` keeps N long-lived worker processes (spawned, one intra-op
   thread each), each holding the dataset in shared memory and its own model objects.
   Tasks and results cross as pickled bytes.
@@ -11,8 +12,9 @@ is the same whichever backend ran the clients.
   (``execution.backend: ray``; Ray is imported only then).
 
 :mod:`protofl.engine.backends` maps ``execution.backend`` to a factory
-``factory(simulation) -> executor``, an :class:`Executor`: ``run(tasks)`` and ``close()``, ``describe() -> dict`` (merged into
-the run summary's ``execution``), and, where ``defers_eval`` is set,
+``factory(simulation) -> executor``, an :class:`Executor`: ``run(tasks)`` and ``close()``,
+``describe() -> dict`` (how the clients ran: the run summary's ``execution``), and, where
+``defers_eval`` is set,
 ``evaluate_later(state) -> handle`` (the global-model evaluation as a pool task that runs
 with the next round's clients, ``handle.result()`` its metrics; see
 ``execution.overlap_eval``).
@@ -28,26 +30,26 @@ import time
 import types
 import warnings
 from concurrent.futures import ProcessPoolExecutor
-from dataclasses import dataclass
 from typing import Optional
 
 import torch
 
 from ..messages import Record
 from ..models import MODELS
-from .client import ClientOutput, ClientRuntime
+from .client import ClientOutput, ClientRuntime, ClientTask
 from .malloc import tune_malloc
 from .server import global_metrics, ServerContext
+from .task import Task
 
 
-@dataclass
-class ClientTask:
-    cid: int
-    rnd: int
-    msg: Record
-    state: Optional[Record]
-    evaluate: bool
-    full_test: bool = True
+def place_broadcasts(runtime: ClientRuntime, tasks: list[ClientTask]) -> list[Record]:
+    """Each task's broadcast on the training device, each distinct broadcast (one per round)
+    placed once."""
+    placed: dict[int, Record] = {}
+    for t in tasks:
+        if id(t.shared) not in placed:
+            placed[id(t.shared)] = runtime.place(t.shared)
+    return [placed[id(t.shared)] for t in tasks]
 
 
 class Executor:
@@ -61,6 +63,7 @@ class Executor:
         raise NotImplementedError
 
     def describe(self) -> dict:
+        """How the clients ran: the run summary's ``execution`` (backend, workers, ...)."""
         return {}
 
     def evaluate_later(self, state):
@@ -74,11 +77,17 @@ class Executor:
 class SequentialExecutor(Executor):
     def __init__(self, runtime: ClientRuntime, threads: int = 0) -> None:
         self.runtime = runtime
+        self.threads = threads
         if threads > 0:
             torch.set_num_threads(threads)
 
     def run(self, tasks: list[ClientTask]) -> list[ClientOutput]:
-        return [self.runtime.run(t.cid, t.rnd, t.msg, t.state, t.evaluate, t.full_test) for t in tasks]
+        return [self.runtime.run(t, shared) for t, shared in zip(tasks, place_broadcasts(self.runtime, tasks))]
+
+    def describe(self) -> dict:
+        device = self.runtime.device.type
+        return {"backend": "local", "workers": 0, "threads": self.threads,
+                **({} if device == "cpu" else {"device": str(self.runtime.device)})}
 
 
 _WORKER: Optional[ClientRuntime] = None
@@ -95,13 +104,13 @@ def _init_worker(cfg, fed, shipped: bytes, info) -> None:
     for name, builder in models.items():  # model builders defined in the parent's __main__
         if name not in MODELS:
             MODELS.add(name, builder)
-    _WORKER = ClientRuntime(cfg, fed, algorithm, info)
+    _WORKER = ClientRuntime(Task(cfg, fed, algorithm, info))
 
 
 def _run_task(payload: bytes) -> bytes:
     t: ClientTask = pickle.loads(payload)
     assert _WORKER is not None
-    out = _WORKER.run(t.cid, t.rnd, t.msg, t.state, t.evaluate, t.full_test)
+    out = _WORKER.run(t)
     return pickle.dumps(out, protocol=pickle.HIGHEST_PROTOCOL)
 
 
@@ -111,7 +120,7 @@ def _evaluate_global(payload: bytes) -> bytes:
     assert _WORKER is not None
     t0 = time.perf_counter()
     if _SERVER is None:
-        _SERVER = ServerContext(_WORKER.cfg, _WORKER.algorithm, _WORKER.info)
+        _SERVER = ServerContext(_WORKER.task)
     out = global_metrics(_WORKER.algorithm, pickle.loads(payload), _SERVER, _WORKER)
     return pickle.dumps((out, time.perf_counter() - t0), protocol=pickle.HIGHEST_PROTOCOL)
 
@@ -192,6 +201,7 @@ class ProcessExecutor(Executor):
     defers_eval = True
 
     def __init__(self, runtime: ClientRuntime, workers: int, shipped: Optional[bytes] = None) -> None:
+        self.workers = workers
         fed = runtime.fed.share_memory_()  # workers map the dataset, they do not copy it
         self.train_idx = fed.train_idx
         shipped = shipped if shipped is not None else ship_to_workers(runtime)
@@ -202,6 +212,9 @@ class ProcessExecutor(Executor):
         # measured, for scheduling only: seconds per training sample, seconds of an evaluation
         self.sample_s: Optional[float] = None
         self.eval_s: Optional[float] = None
+
+    def describe(self) -> dict:
+        return {"backend": "local", "workers": self.workers, "threads": 1}
 
     def evaluate_later(self, state) -> PendingEval:
         job = PendingEval(self, state)

@@ -2,7 +2,7 @@
 
 * ``fp32`` (default): everything in float32.
 * ``bf16``: the forward pass and the loss of the one training loop
-  (:func:`protofl.engine.train.local_train`) run under ``torch.autocast`` with
+  (:func:`protofl.engine.train.fit`) run under ``torch.autocast`` with
   ``dtype=torch.bfloat16`` (matrix products and convolutions in bfloat16, reductions and
   losses as autocast decides); ``backward`` runs outside the autocast region as PyTorch
   recommends. The weights, their gradients, the optimizer state, every message and the

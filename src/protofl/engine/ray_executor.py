@@ -52,9 +52,10 @@ from ..data.dataset import Dataset
 from ..data.federated import FederatedData
 from ..errors import ConfigError
 from ..messages import Record
-from .client import ClientOutput, ClientRuntime
-from .executor import ClientTask, Executor
+from .client import ClientOutput, ClientRuntime, ClientTask
+from .executor import Executor
 from .malloc import tune_malloc
+from .task import Task
 
 STARTUP_TIMEOUT = 180.0  # seconds for all actors to be placed and ready
 CONNECT_TIMEOUT = 5.0  # seconds for the address check
@@ -118,29 +119,31 @@ SHARE_BYTES = 100 * 1024  # tensors this big go to the object store once per rou
 
 
 class _Shipped:
-    """A message whose big tensors travel as object-store references (fetched by the actor)."""
+    """A message whose big tensors travel as object-store references (fetched by the actor):
+    ``record`` holds empty tensors in their places."""
 
-    def __init__(self, record: Record, refs: dict, order: list[str]) -> None:
-        self.record, self.refs, self.order = record, refs, order
+    def __init__(self, record: Record, refs: dict) -> None:
+        self.record, self.refs = record, refs
 
 
 def _ship(ray, msg: Record, cache: dict) -> Any:
     """``msg`` with each big tensor replaced by a reference, put once per round per tensor.
 
-    Messages are built per client but share tensors (FedAvg's global weights are the same
-    tensors in every client's Record): each distinct tensor crosses to a node once.
+    Every client's message holds the round's broadcast (FedAvg's global weights are the
+    same tensors in every client's Record): each distinct tensor crosses to a node once.
     """
-    big = [k for k, v in msg.arrays.items() if v.numel() * v.element_size() >= SHARE_BYTES]
-    if not big:
-        return msg
     refs = {}
-    for k in big:
-        t = msg.arrays[k]
+
+    def swap(name: str, t: torch.Tensor) -> torch.Tensor:
+        if t.numel() * t.element_size() < SHARE_BYTES:
+            return t
         if id(t) not in cache:
             cache[id(t)] = (t, ray.put(t))  # the tensor is kept alive: its id stays unique
-        refs[k] = cache[id(t)][1]
-    rest = Record({k: v for k, v in msg.arrays.items() if k not in refs}, msg.metrics, msg.config)
-    return _Shipped(rest, refs, list(msg.arrays))
+        refs[name] = cache[id(t)][1]
+        return t.new_empty(0)
+
+    skeleton = msg.map(swap)
+    return _Shipped(skeleton, refs) if refs else msg
 
 
 class FetchError(RuntimeError):
@@ -155,8 +158,7 @@ def _land(ray, msg: Any) -> Record:
     except Exception as e:  # the node's object store went away (raylet killed): not the client's fault
         raise FetchError(f"{type(e).__name__}: {e}") from None
     fetched = dict(zip(msg.refs, values))
-    arrays = {k: fetched[k] if k in fetched else msg.record.arrays[k] for k in msg.order}
-    return Record(arrays, msg.record.metrics, msg.record.config)
+    return msg.record.map(lambda name, t: fetched.get(name, t))
 
 
 class ClientActor:
@@ -188,7 +190,7 @@ class ClientActor:
             if partition_digest(fed) != digest:
                 raise ConfigError("execution.data", "node", f"the data under {root!r} on node "
                                   f"{socket.gethostname()} gives another split than the driver's")
-        self.runtime = ClientRuntime(cfg, fed, algorithm, info)
+        self.runtime = ClientRuntime(Task(cfg, fed, algorithm, info))
 
     def node(self) -> tuple[tuple[str, str, int], Optional[tuple]]:
         """(node id, node IP, pid), and the error that stopped the actor's set-up, if any."""
@@ -197,13 +199,13 @@ class ClientActor:
     def run(self, cid: int, rnd: int, msg, state, evaluate: bool, full_test: bool) -> ClientOutput:
         import ray
 
-        return self.runtime.run(cid, rnd, _land(ray, msg), state, evaluate, full_test)
+        return self.runtime.run(ClientTask(cid, rnd, _land(ray, msg), None, state, evaluate, full_test))
 
     def run_split(self, cid: int, rnd: int, msg, state, evaluate: bool, full_test: bool):
         """(output without its state, state): the state stays in this node's object store."""
         import ray
 
-        out = self.runtime.run(cid, rnd, _land(ray, msg), state, evaluate, full_test)
+        out = self.runtime.run(ClientTask(cid, rnd, _land(ray, msg), None, state, evaluate, full_test))
         new_state, out.state = out.state, None
         return out, new_state
 

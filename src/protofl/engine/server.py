@@ -2,43 +2,46 @@
 and the global model's evaluation."""
 from __future__ import annotations
 
-from typing import Any, Optional
+from typing import Any, Mapping, Optional
 
 import numpy as np
 import torch
 from torch import nn
 
 from .. import metrics as M
-from ..algorithms.base import Algorithm, TaskInfo
-from ..config import Config
+from ..algorithms.base import Algorithm
 from ..rng import seed_for
-from .client import ClientRuntime, ModelCache
+from .client import ClientRuntime
 from .evaluate import as_named, class_correct
+from .task import Task
 
 
 class ServerContext:
-    def __init__(self, cfg: Config, algorithm: Algorithm, info: TaskInfo, device: str = "cpu") -> None:
-        """``device``: where ``model()`` lives. The server half runs on the CPU (its state,
-        the messages and the checkpoints stay there); the simulation evaluates the global
-        predictor through a second context on ``execution.device``."""
-        self.cfg, self.algorithm, self.info = cfg, algorithm, info
+    def __init__(self, task: Task, device="cpu") -> None:
+        """``device``: where the server state and ``shared_model()`` live: the CPU, or the
+        training device when the clients train in this process (the broadcast is then
+        there already and the replies stay there)."""
+        self.task, self.cfg, self.algorithm, self.info = task, task.cfg, task.algorithm, task.info
         self.device = torch.device(device)
-        self._models = ModelCache(cfg, algorithm, info, self.device)
+        self._models = task.models(self.device)
+        self._arch = dict(task.cfg.model.params)
         self.logs: dict[str, float] = {}
 
-    def model(self, weights: Optional[dict] = None) -> nn.Module:
-        """The (shared) architecture with ``weights`` loaded (None: the run's initial weights)."""
-        return self._models.get(dict(self.cfg.model.params), weights)
+    def shared_model(self, weights: Optional[Mapping[str, torch.Tensor]] = None) -> nn.Module:
+        """The server's one model object (the shared architecture) with ``weights`` loaded
+        (None: the run's initial weights); the next call loads others into the same object."""
+        return self._models.get(self._arch, weights)
 
     def init_weights(self) -> dict[str, torch.Tensor]:
-        return {k: v.detach().clone().cpu() for k, v in self.model().state_dict().items()}
+        """A copy of the run's initial weights, on the server's device."""
+        return {k: v.detach().clone() for k, v in self._models.live(self._arch)[1].items()}
 
     def rng(self, rnd: int, *keys: object) -> np.random.Generator:
         """A numpy stream for server-side randomness in round ``rnd``."""
         return np.random.default_rng(seed_for(self.info.seed, "server", rnd, *keys))
 
     def log(self, key: str, value: float) -> None:
-        """Record a per-round server metric (e.g. ReBaFL's weight diversity)."""
+        """Record a per-round server metric (e.g. FedNH's head_min_dist)."""
         self.logs[key] = float(value)
 
     def pop_logs(self) -> dict[str, float]:

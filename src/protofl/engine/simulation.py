@@ -1,12 +1,15 @@
 """The round loop, written once.
 
-For round r = 1..R:
-  1. sample clients S_r; decide whose replies arrive (participation model)
-  2. server: ``configure`` one message per sampled client
-  3. clients (any backend): ``client_update``; personalized evaluation on eval rounds
-  4. server: ``aggregate`` the replies that arrived, in client-id order
-  5. evaluation of the global model, one metrics row, callbacks, checkpoint
-With worker processes (``execution.overlap_eval``), step 5's evaluation of round t's global
+For round r = 1..R (:meth:`Simulation.run_round`, Flower's ``Strategy.start`` in spirit):
+  1. sample: the clients S_r, and whose replies will arrive (participation model)
+  2. configure: the method's broadcast, once, and what each client alone receives
+  3. run: ``client_update`` on every client whose reply will arrive (any backend);
+     personalized evaluation on evaluation rounds
+  4. validate: the server's checks of each reply (engine/validate.py)
+  5. aggregate: the replies that passed, in client-id order
+  6. observe: the global model's evaluation and the round's metrics row (round_metrics.py),
+     callbacks, checkpoint
+With worker processes (``execution.overlap_eval``), the evaluation of round t's global
 model runs as a pool task while round t+1 trains, and round t's row is completed (and
 handed to the callbacks, in order) once it is done; see :meth:`Simulation.overlaps`.
 After the last round (``eval.final_all_clients``): every client's personalized model,
@@ -26,29 +29,32 @@ import numpy as np
 import torch
 
 from .. import metrics as M
-from ..algorithms.base import Algorithm, TaskInfo, weight_diversity
-from ..config import Config, method
-from ..data.build import build_federated
+from ..algorithms.base import Diagnostics
+from ..config import Config
 from ..data.federated import FederatedData
 from ..errors import CheckpointError, ConfigError, InputError, OutputDirError, WriteError
-from ..models import build_model, MODELS, num_params
+from ..models import num_params
 from .backends import EXECUTORS
 from .callbacks import Callback, JsonlWriter, progress_callback
 from .checkpoint import load_checkpoint, save_checkpoint, save_json, save_text, save_torch
-from .client import arch_kwargs, ClientRuntime
-from .executor import ClientTask, resolve_workers
+from .client import ClientRuntime, ClientTask
 from .malloc import tune_malloc
 from .participation import Participation
 from .precision import check_precision
+from .round_metrics import RoundMetrics
 from .server import global_metrics, ServerContext
-from .store import load_spilled, make_store, SpillStore, STATE_DIR
+from .store import make_store
+from .task import Task
 from .trackers import make_trackers
-from .train import NonFiniteLossError
+from .train import NonFiniteLossError, round_lr
 from .validate import check_reply
 
 log = logging.getLogger("protofl")
 
 CHECKPOINT = "checkpoint.pt"
+# what a checkpoint holds: 2 = Records with typed model weights and groups (earlier: "w."
+# prefixes), which a resume of an earlier checkpoint could not read back
+CHECKPOINT_FORMAT = 2
 METRICS = "metrics.jsonl"
 SUMMARY = "summary.json"
 
@@ -113,105 +119,22 @@ class RunResult:
         return pd.DataFrame(self.rows).set_index("round")
 
 
-def build_task(cfg: Config, fed: Optional[FederatedData] = None) -> tuple[FederatedData, Algorithm, TaskInfo]:
-    """The federated data, the method object and the task facts for ``cfg``."""
-    fed = fed if fed is not None else build_federated(cfg)
-    ds = fed.dataset
-    probe = build_probe(cfg, ds, arch_kwargs(cfg, 0))
-    info = TaskInfo(num_classes=ds.num_classes, num_clients=fed.num_clients, feature_dim=probe.feature_dim,
-                    input_shape=tuple(ds.input_shape), seed=cfg.seed, rounds=cfg.rounds)
-    algo_cls, hp = method(cfg)
-    return fed, algo_cls(hp, info), info
-
-
-def build_probe(cfg: Config, ds, kwargs: dict):
-    """The configured model for dataset ``ds``'s inputs; a model that cannot be built for
-    them (an image model on 8x8 digits, an LSTM on images) is a :class:`ConfigError` that
-    names the registered models that can take them."""
-    try:
-        return build_model(cfg.model.name, ds.input_shape, ds.num_classes, **kwargs)
-    except (ValueError, RuntimeError) as e:  # a shape check, or torch refusing a layer's size
-        if isinstance(e, ConfigError):
-            raise
-        raise model_mismatch(cfg, ds, str(e), kwargs) from e
-
-
-def model_mismatch(cfg: Config, ds, why: str, kwargs: dict) -> ConfigError:
-    """The error for a model that cannot take ``ds``'s inputs, with the models that can."""
-    inputs = f"{ds.name}: {ds.kind} inputs of shape {tuple(ds.input_shape)}"
-    own = {k: v for k, v in kwargs.items() if k in cfg.model.per_client}
-    if own and cfg.model.per_client:  # the model fits; one client's own values do not
-        return ConfigError("model.per_client", cfg.model.per_client,
-                           f"the architecture of a client with {own}: {why} ({inputs})")
-    fits = [n for n in models_for(ds) if n != cfg.model.name]
-    return ConfigError("model.name", cfg.model.name,
-                       f"{why} ({inputs}); models that take them: {', '.join(fits) or 'none registered'}")
-
-
-def models_for(ds) -> list[str]:
-    """The registered models that build for ``ds``'s inputs with their default parameters
-    and compute class scores from two of its samples (used on the error path only)."""
-    x = ds.normalize(ds.x_train[:2])
-    fits = []
-    with torch.random.fork_rng(devices=[]), torch.inference_mode():  # probes leave the global stream alone
-        for name in MODELS.names():
-            try:
-                model = build_model(name, ds.input_shape, ds.num_classes).eval()
-                ok = tuple(model(x).shape) == (len(x), ds.num_classes)
-            except Exception:  # noqa: BLE001 - any failure means "does not fit"
-                ok = False
-            if ok:
-                fits.append(name)
-    return fits
-
-
-@dataclass
-class RoundRow:
-    """A round's metrics row before its global-model evaluation is in: ``head``, then the
-    GM metrics (a dict, or a pool task's handle with ``result()``), then ``tail``, then
-    GA, ``final`` (the ``all_*`` metrics) and the timings."""
-
-    head: dict[str, Any]
-    gm: Any
-    tail: dict[str, Any]
-    final: dict[str, Any]
-    do_eval: bool
-    train_s: float
-    eval_s: float
-    wall_s: float
-
-    def complete(self) -> dict[str, Any]:
-        t = time.perf_counter()
-        gm = self.gm if isinstance(self.gm, dict) else self.gm.result()
-        waited = time.perf_counter() - t  # eval_s, wall_s: the driver's time, waiting included
-        row = {**self.head, **gm, **self.tail}
-        if self.do_eval:
-            if "gm" in row:
-                row["ga"] = row["gm"]
-            elif "acc" in row:
-                row["ga"] = row["acc"]  # no global model: mean of the local models on the test set
-        row.update(self.final)
-        row["train_s"] = self.train_s
-        row["eval_s"] = self.eval_s + waited
-        row["wall_s"] = self.wall_s + waited
-        return row
-
-
 class Simulation:
     def __init__(self, cfg: Config, callbacks: Iterable[Callback] = (), run_dir: Optional[Path] = None,
-                 fed: Optional[FederatedData] = None, executor_factory=None, store=None) -> None:
+                 fed: Optional[FederatedData] = None, executor_factory=None, store=None,
+                 task: Optional[Task] = None) -> None:
+        """``task``: what :func:`protofl.api.check_task` built for ``cfg`` (built here when not
+        given, from ``fed`` if that is)."""
         tune_malloc()
         check_precision(cfg.execution.precision, cfg.execution.device)  # a warning if bf16 will be slow
         self.cfg = cfg
-        self.fed, self.algorithm, self.info = build_task(cfg, fed)
-        if len(self.fed.train_idx) != cfg.partition.num_clients:
-            raise ValueError(f"partition produced {len(self.fed.train_idx)} clients, "
-                             f"config asks for {cfg.partition.num_clients}")
-        self.runtime = ClientRuntime(cfg, self.fed, self.algorithm, self.info)
-        self.server = ServerContext(cfg, self.algorithm, self.info)
+        self.task = task if task is not None else Task.build(cfg, fed)
+        self.fed, self.algorithm, self.info = self.task.fed, self.task.algorithm, self.task.info
+        self.runtime = ClientRuntime(self.task)
+        self.server = ServerContext(self.task)
         # the global predictor is evaluated where the test set is (execution.device)
         self.eval_server = (self.server if self.runtime.device.type == "cpu"
-                            else ServerContext(cfg, self.algorithm, self.info, device=cfg.execution.device))
+                            else ServerContext(self.task, device=cfg.execution.device))
         self.model_bytes = sum(t.numel() * t.element_size() for t in self.server.init_weights().values())
         self.participation = Participation(cfg.participation, self.fed.num_clients, cfg.seed, self.fed.groups)
         self.user_callbacks = list(callbacks)
@@ -222,7 +145,7 @@ class Simulation:
         self.store = store if store is not None else make_store(cfg, self.dir)
         # how client tasks run: in-process/pool by default; the Flower transport plugs in here
         self.executor_factory = executor_factory or EXECUTORS.get(cfg.execution.backend)
-        self.executor_info: dict = {}  # what the executor says about itself (backend, actors, nodes)
+        self.execution: dict = {}  # how the clients ran (the executor's describe())
         self.checkpointed = 0  # the round of the newest checkpoint on disk (0: none)
 
     # -- helpers -----------------------------------------------------------------------------
@@ -232,22 +155,16 @@ class Simulation:
     def evaluate_global(self, state: Any) -> dict[str, Any]:
         return global_metrics(self.algorithm, state, self.eval_server, self.runtime)
 
-    def class_geometry(self, state: Any, last: bool) -> dict[str, Any]:
-        """``proto_min_angle`` (degrees) of the method's class vectors, and in the last round
-        their cosine matrix ``proto_cos``; nothing for methods without class vectors."""
-        V = self.algorithm.class_vectors(state)
-        if V is None:
-            return {}
-        angle, cos = M.class_geometry(V.detach().float().cpu().numpy())
-        out: dict[str, Any] = {} if angle is None else {"proto_min_angle": angle}
-        if last:
-            out["proto_cos"] = cos
-        return out
+    def diagnostics(self) -> Diagnostics:
+        """The method's optional hooks (:class:`~protofl.algorithms.base.Diagnostics`), or ones
+        that answer None for a method without them."""
+        return self.algorithm if isinstance(self.algorithm, Diagnostics) else Diagnostics()
 
     def _checkpoint(self, rnd: int, state: Any, n_rows: int) -> None:
         save_checkpoint(self.dir / CHECKPOINT, {
             "round": rnd, "server_state": state, "client_states": self.store.snapshot(),
-            "rows": n_rows, "fingerprint": self.cfg.fingerprint(), "algorithm": self.cfg.algorithm.name})
+            "rows": n_rows, "fingerprint": self.cfg.fingerprint(), "algorithm": self.cfg.algorithm.name,
+            "format": CHECKPOINT_FORMAT})
         self.checkpointed = rnd  # the round a --resume would continue from
         self.store.checkpointed()  # a SpillStore may now drop superseded state files
 
@@ -262,30 +179,33 @@ class Simulation:
             **({} if self.fed.feature_groups is None else {"feature_groups": [
                 self.fed.feature_group_names[g] for g in self.fed.feature_groups]})})
 
+    def _resume(self, ck: dict) -> tuple[Any, int, list[dict]]:
+        """The server state, the first round to run and the rows kept, from checkpoint ``ck``."""
+        cfg = self.cfg
+        if ck.get("format") != CHECKPOINT_FORMAT:
+            raise CheckpointError(f"cannot resume {self.dir}: its checkpoint was written by an earlier protofl "
+                                  f"(checkpoint format {ck.get('format', 1)}, this version reads "
+                                  f"{CHECKPOINT_FORMAT}); start a fresh run without --resume")
+        if ck["fingerprint"] != cfg.fingerprint():
+            raise CheckpointError(f"cannot resume {self.dir}: its checkpoint was written by a different "
+                                  f"config (fingerprint {ck['fingerprint']} != {cfg.fingerprint()})")
+        if ck["round"] > cfg.rounds:
+            raise ConfigError("rounds", cfg.rounds, f"{self.dir} has already run {ck['round']} rounds; resume it "
+                              f"with rounds >= {ck['round']}, or start a fresh run without --resume")
+        self.store.resume(ck["client_states"], self.dir)
+        self.checkpointed = ck["round"]
+        return ck["server_state"], ck["round"] + 1, read_rows(self.dir / METRICS)[: ck["rows"]]
+
     # -- the loop ------------------------------------------------------------------------------
     def run(self, resume: bool = False) -> RunResult:
         cfg, algo = self.cfg, self.algorithm
         prepare_run_dir(self.dir)
-        ckpt_path = self.dir / CHECKPOINT
-        start, rows = 1, []
-        ck = load_checkpoint(ckpt_path, warn=_warn) if resume else None
+        ck = load_checkpoint(self.dir / CHECKPOINT, warn=_warn) if resume else None
         if ck is not None:
-            if ck["fingerprint"] != cfg.fingerprint():
-                raise CheckpointError(f"cannot resume {self.dir}: its checkpoint was written by a different "
-                                 f"config (fingerprint {ck['fingerprint']} != {cfg.fingerprint()})")
-            if ck["round"] > cfg.rounds:
-                raise ConfigError("rounds", cfg.rounds, f"{self.dir} has already run {ck['round']} rounds; resume it "
-                                  f"with rounds >= {ck['round']}, or start a fresh run without --resume")
-            state = ck["server_state"]
-            states = ck["client_states"]
-            if not isinstance(self.store, SpillStore):  # states spilled to disk: read them back
-                states = load_spilled(states, self.dir / STATE_DIR)
-            self.store.restore(states)
-            start = ck["round"] + 1
-            self.checkpointed = ck["round"]
-            rows = read_rows(self.dir / METRICS)[: ck["rows"]]
+            state, start, rows = self._resume(ck)
         else:
-            state = algo.server_init(self.server)
+            state = self.task.take_initial_state()
+            state, start, rows = (algo.server_init(self.server) if state is None else state), 1, []
             self.store.clear()  # a fresh run: no state files of an earlier one
         save_text(self.dir / METRICS, "".join(json.dumps(r) + "\n" for r in rows))
         self._write_static()
@@ -303,10 +223,10 @@ class Simulation:
         executor = self.executor_factory(self)
         t_run = time.perf_counter()
         status, error = "complete", None
-        pending: Optional[RoundRow] = None  # the previous round's row, its evaluation in the pool
+        pending: Optional[RoundMetrics] = None  # the previous round's row, its evaluation in the pool
 
-        def emit(part: RoundRow) -> None:
-            row = part.complete()
+        def emit(metrics: RoundMetrics) -> None:
+            row = metrics.row()
             rows.append(row)
             for cb in callbacks:
                 cb.on_round(row)
@@ -314,13 +234,13 @@ class Simulation:
         try:
             for rnd in range(start, cfg.rounds + 1):
                 overlap = self.overlaps(rnd, executor, callbacks)
-                state, part = self.run_round(rnd, state, executor, overlap)
+                state, metrics = self.run_round(rnd, state, executor, overlap)
                 if pending is not None:
                     emit(pending)
-                pending = part
+                pending = metrics
                 if not overlap:
                     pending = None
-                    emit(part)
+                    emit(metrics)
                     if self._is_checkpoint(rnd):
                         self._checkpoint(rnd, state, len(rows))
         except KeyboardInterrupt:  # a pending row is dropped: the checkpoint never counts it
@@ -335,12 +255,13 @@ class Simulation:
                 raise self.write_error(e, rows) from e
             raise
         finally:
-            self.executor_info = executor.describe()
+            self.execution = executor.describe()
             executor.close()
             summary = self._summary(rows, status, error, time.perf_counter() - t_run)
             try:
                 save_json(self.dir / SUMMARY, summary)
-                weights = algo.model_weights(state) if status == "complete" and cfg.output.save_model else None
+                weights = self.diagnostics().model_weights(state) if status == "complete" and cfg.output.save_model \
+                    else None
                 if weights is not None:
                     save_torch(self.dir / "model.pt", weights)
             except OSError as e:
@@ -377,88 +298,66 @@ class Simulation:
                 and not any(getattr(cb, "immediate", True) for cb in callbacks))
 
     @staticmethod
-    def _emit_quietly(emit, pending: Optional[RoundRow]) -> None:
+    def _emit_quietly(emit, pending: Optional[RoundMetrics]) -> None:
         if pending is None:
             return
         try:
             emit(pending)
         except Exception as e:  # the pool may be gone too; the error being raised matters more
-            log.warning("the row of round %s was not written: %s", pending.head.get("round"), e)
+            log.warning("the row of round %s was not written: %s", pending.rnd, e)
 
-    def run_round(self, rnd: int, state: Any, executor, overlap: bool = False) -> tuple[Any, RoundRow]:
-        """One round; its row is complete once ``RoundRow.complete()`` returns (with
-        ``overlap``, the global model's evaluation then waits in ``executor``'s pool)."""
-        cfg, algo = self.cfg, self.algorithm
+    def run_round(self, rnd: int, state: Any, executor, overlap: bool = False) -> tuple[Any, RoundMetrics]:
+        """One round; its row is :meth:`RoundMetrics.row` (with ``overlap``, the global
+        model's evaluation then waits in ``executor``'s pool)."""
+        cfg, algo, server = self.cfg, self.algorithm, self.server
         t0 = time.perf_counter()
+        evaluating = self._is_eval(rnd, cfg.eval.every)
+        personal = cfg.eval.personal and evaluating  # PA on the local test sets
+        full_test = personal and self._is_eval(rnd, cfg.eval.personal_every or cfg.eval.every)
+        metrics = RoundMetrics(rnd, round_lr(cfg.training, rnd, cfg.rounds), evaluating)
+        # 1. sample; a client whose reply will not arrive is not run: for the global model that
+        # is the same as dropping its reply, and it saves the compute (its own state stays as is)
         selected = self.participation.selected(rnd)
         arriving = set(self.participation.arriving(rnd, selected))
-        msgs = {cid: algo.configure(state, rnd, cid, self.server) for cid in selected}
-        do_eval = self._is_eval(rnd, cfg.eval.every)
-        do_personal = cfg.eval.personal and do_eval  # PA on the local test sets
-        full_test = do_personal and self._is_eval(rnd, cfg.eval.personal_every or cfg.eval.every)
-        # a client whose reply will not arrive is not run: for the global model that is the
-        # same as dropping its reply, and it saves the compute (its own state stays as is)
-        tasks = [ClientTask(cid, rnd, msgs[cid], self.store.get(cid), do_personal, full_test)
+        # 2. configure: the broadcast once, and what each client alone receives
+        shared = algo.configure(state, rnd, server)
+        own = {cid: algo.configure_client(state, rnd, cid, server) for cid in selected}
+        tasks = [ClientTask(cid, rnd, shared, own[cid], self.store.get(cid), personal, full_test)
                  for cid in selected if cid in arriving]
-        results = executor.run(tasks)  # in task order; None = the reply was lost in transit
-        lost = sum(out is None for out in results)
-        # a reply that fails the server's checks is treated like a lost one: it never
-        # reaches the aggregate and the client's persistent state does not advance
-        rejected = {t.cid: self.check_reply(t, o) for t, o in zip(tasks, results) if o is not None}
-        rejected = {cid: why for cid, why in rejected.items() if why}
+        # 3. run (outputs in task order; None = the reply was lost in transit)
+        outputs = executor.run(tasks)
+        # 4. validate: a reply that fails the server's checks is treated like a lost one: it
+        # never reaches the aggregate and the client's persistent state does not advance
+        lost = sum(out is None for out in outputs)
+        rejected = {t.cid: why for t, o in zip(tasks, outputs) if o is not None and (why := self.check_reply(t, o))}
         for cid, why in rejected.items():
             log.warning("round %d: rejected the reply of client %d: %s", rnd, cid, why)
-        kept = [(t, o) for t, o in zip(tasks, results) if o is not None and t.cid not in rejected]
-        tasks, outputs = [t for t, _ in kept], [o for _, o in kept]
-        for t, out in zip(tasks, outputs):
-            self.store.put(t.cid, out.state)
+        kept = [(t, o) for t, o in zip(tasks, outputs) if o is not None and t.cid not in rejected]
+        for t, o in kept:
+            self.store.put(t.cid, o.state)
             # the store holds the new state now (in memory or on disk): drop the round's own
             # references, so states it spills leave memory and old states are freed
-            t.state = out.state = None
-        t_train = time.perf_counter() - t0
-        replies = [(t.cid, out.reply) for t, out in zip(tasks, outputs)]
-        state = algo.aggregate(state, rnd, replies, self.server)
-
-        n = [o.train.get("samples", 0) for o in outputs]
-        row: dict[str, Any] = {
-            "round": rnd,
-            "lr": cfg.training.lr * cfg.training.lr_decay ** (rnd - 1),
-            "selected": len(selected),
-            "arrived": len(replies),
-            "lost": lost,
-            "rejected": len(rejected),
-            "train_loss": (float(np.average([o.train.get("loss", 0.0) for o in outputs], weights=n))
-                           if sum(n) > 0 else float("nan")),
-            "train_samples": int(sum(n)),
-            "bytes_down": int(sum(m.nbytes() for m in msgs.values())),
-            "bytes_up": int(sum(r.nbytes() for _, r in replies)),
-        }
-        if rejected:
-            row["rejected_reasons"] = [f"client {cid}: {why}" for cid, why in rejected.items()]
-        row.update(self.server.pop_logs())
-        purity = self.cluster_purity(state)
-        if purity is not None:
-            row["cluster_purity"] = purity
-        local = [algo.local_weights(r) for _, r in replies]  # ReBaFL eq. (24) over the local models that arrived
-        if local and all(w is not None for w in local):
-            row["weight_diversity"] = weight_diversity(local)
+            t.state = o.state = None
+        metrics.train_s = time.perf_counter() - t0
+        # 5. aggregate
+        replies = [(t.cid, o.reply) for t, o in kept]
+        state = algo.aggregate(state, rnd, replies, server)
+        # 6. observe
+        diag = self.diagnostics()
+        metrics.clients(len(selected), [shared.merged(own[cid]) for cid in selected], [r for _, r in replies],
+                        [o for _, o in kept], lost, rejected)
+        local = [r.weights for _, r in replies]  # ReBaFL eq. (24) over the local models that arrived
+        metrics.server(server.pop_logs(), self.cluster_purity(state, diag),
+                       local if not algo.heterogeneous_models and all(local) else None)
         t1 = time.perf_counter()
-        gm: Any = {}
-        tail: dict[str, Any] = {}
-        if do_eval:
-            gm = executor.evaluate_later(state) if overlap else self.evaluate_global(state)
-            tail.update(self.class_geometry(state, last=rnd == cfg.rounds))
-        personal = [o.eval for o in outputs if o.eval]
-        if personal:
-            tail.update(M.summarize_clients(personal))
-            tail["evaluated_clients"] = len(personal)
-        if full_test:  # the distribution of PA over clients (fairness), on the full evaluations
-            tail["pa_clients"] = [[t.cid, o.eval["pa"]] for t, o in zip(tasks, outputs) if "pa" in (o.eval or {})]
-        final = {}
+        if evaluating:
+            metrics.global_model(executor.evaluate_later(state) if overlap else self.evaluate_global(state),
+                                 diag.class_vectors(state), last=rnd == cfg.rounds)
+        metrics.personal([(t.cid, o.eval) for t, o in kept], full_test)
         if rnd == cfg.rounds and cfg.eval.personal and cfg.eval.final_all_clients:
-            final = self.evaluate_all_clients(state, executor)
-        return state, RoundRow(row, gm, tail, final, do_eval, train_s=t_train,
-                               eval_s=time.perf_counter() - t1, wall_s=time.perf_counter() - t0)
+            metrics.final(self.evaluate_all_clients(state, executor))
+        metrics.eval_s, metrics.wall_s = time.perf_counter() - t1, time.perf_counter() - t0
+        return state, metrics
 
     def known_groups(self) -> Optional[np.ndarray]:
         """The client groups the scenario knows: the feature-skew group of each client
@@ -466,22 +365,23 @@ class Simulation:
         None when it knows none."""
         return self.fed.feature_groups if self.fed.feature_groups is not None else self.fed.groups
 
-    def cluster_purity(self, state: Any) -> Optional[float]:
-        """Purity of the method's client clustering (``Algorithm.cluster_assignment``)
-        against :meth:`known_groups`; None when either is missing."""
+    def cluster_purity(self, state: Any, diag: Diagnostics) -> Optional[float]:
+        """Purity of the method's client clustering (``cluster_assignment``) against
+        :meth:`known_groups`; None when either is missing."""
         truth = self.known_groups()
         if truth is None:
             return None
-        assignment = self.algorithm.cluster_assignment(state)
+        assignment = diag.cluster_assignment(state)
         return None if assignment is None else M.cluster_purity(np.asarray(assignment), np.asarray(truth))
 
     def check_reply(self, task: ClientTask, out) -> Optional[str]:
         """Why the server refuses this client output (engine/validate.py), or None."""
         if out.rejected:
             return out.rejected
-        reason = check_reply(out.reply, task.msg, client_size=len(self.fed.train_idx[task.cid]),
+        sent = task.msg
+        reason = check_reply(out.reply, sent, client_size=len(self.fed.train_idx[task.cid]),
                              model_bytes=self.model_bytes, patterns=self.algorithm.reply_arrays)
-        return reason or self.algorithm.check_reply(out.reply, task.msg)
+        return reason or self.algorithm.check_reply(out.reply, sent)
 
     def evaluate_all_clients(self, state: Any, executor) -> dict[str, Any]:
         """Every client's personalized model after the last round (``all_*`` metrics).
@@ -493,12 +393,13 @@ class Simulation:
         Clients run in chunks of one round's size, so memory stays that of a round.
         """
         rnd, algo = self.cfg.rounds + 1, self.algorithm
+        shared = algo.configure(state, rnd, self.server)
         cids = list(range(self.fed.num_clients))
         chunk = max(1, self.participation.m)
         personal: list[dict] = []
         for i in range(0, len(cids), chunk):
-            tasks = [ClientTask(cid, rnd, algo.configure(state, rnd, cid, self.server), self.store.get(cid),
-                                True, True) for cid in cids[i:i + chunk]]
+            tasks = [ClientTask(cid, rnd, shared, algo.configure_client(state, rnd, cid, self.server),
+                                self.store.get(cid), True, True) for cid in cids[i:i + chunk]]
             personal += [o.eval for o in executor.run(tasks) if o is not None and o.eval]
         if not personal:
             return {}
@@ -506,35 +407,22 @@ class Simulation:
         out["all_clients"] = len(personal)
         return out
 
-    def execution_mode(self) -> dict:
-        """How clients ran: the backend, and its workers (local) or actors and nodes (ray)."""
-        if self.executor_info.get("backend", "local") != "local":
-            return dict(self.executor_info)
-        ex = self.cfg.execution
-        if "executor" in self.executor_info:  # the batched executor (or its sequential fallback)
-            return {"backend": "local", "workers": 0, "threads": ex.threads, "device": ex.device,
-                    **self.executor_info}
-        n = resolve_workers(ex.workers, self.participation.m, ex.device)
-        out = {"backend": "local", "workers": n, "threads": 1 if n else ex.threads}
-        return out if ex.device == "cpu" else {**out, "device": ex.device}
-
     def _summary(self, rows: list[dict], status: str, error: Optional[str], seconds: float) -> dict:
         final: dict[str, Any] = {}
         for row in rows:  # latest value of every metric
             final.update({k: v for k, v in row.items() if k not in ("round",)})
         gms = [r["gm"] for r in rows if "gm" in r]
-        probe = self.runtime.models.get(arch_kwargs(self.cfg, 0))
         return {
             "status": status, "error": error,
             "rounds_completed": rows[-1]["round"] if rows else 0, "rounds": self.cfg.rounds,
             "algorithm": self.cfg.algorithm.name, "dataset": self.cfg.data.name, "seed": self.cfg.seed,
-            "fingerprint": self.cfg.fingerprint(), "params": num_params(probe),
+            "fingerprint": self.cfg.fingerprint(), "params": num_params(self.runtime.models.live(self.task.arch(0))[0]),
             "final": final, "best_gm": max(gms) if gms else None,
             "bytes_up_total": int(sum(r.get("bytes_up", 0) for r in rows)),
             "bytes_down_total": int(sum(r.get("bytes_down", 0) for r in rows)),
             "mean_round_s": float(np.mean([r["wall_s"] for r in rows])) if rows else None,
             "wall_s_this_session": seconds,
-            "execution": self.execution_mode(),
+            "execution": self.execution,
             # per-client state held at the end: in memory, on disk (execution.state_memory_mb)
             "client_state": self.store.usage(),
             "torch": torch.__version__,

@@ -41,6 +41,11 @@ class ClientStateStore:
     def restore(self, states: dict) -> None:
         raise NotImplementedError
 
+    def resume(self, states: dict, run_dir: Union[str, os.PathLike]) -> None:
+        """Restore a checkpoint's snapshot of the run in ``run_dir``; states a
+        :class:`SpillStore` left on disk there (:class:`Spilled` references) are read back."""
+        self.restore(load_spilled(states, Path(run_dir) / STATE_DIR))
+
     def clear(self) -> None:
         """Forget the states of an earlier run (a fresh run in the same folder)."""
 
@@ -249,6 +254,10 @@ class SpillStore(ClientStateStore):
         live = {ref.file for ref in self._disk.values()}
         for name in gone - self._kept[0] - self._kept[1] - live:
             self._drop_file(name)
+
+    def resume(self, states: dict, run_dir: Union[str, os.PathLike]) -> None:
+        """A SpillStore keeps the snapshot's file references (its own folder holds them)."""
+        self.restore(states)
 
     def restore(self, states: dict[int, Union[Record, Spilled]]) -> None:
         """Resume from a snapshot: its file references become the clients' latest files;

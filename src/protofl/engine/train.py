@@ -1,28 +1,38 @@
-"""The one local training loop (of the sequential executor).
+"""The one local update, stated once: what both executors compute for a client's ``ctx.fit``.
 
-Every method trains through :func:`local_train`; methods change *what* is minimized
-(the ``loss`` callable), *which* parameters move (``params``) and, optionally, the
-gradient before the step (``grad``), never the loop. Batches are slices of a per-epoch
-permutation of the client's in-memory tensors; :func:`batch_sizes` is the schedule of
-their sizes, which the batched executor (``engine/batched.py``) follows too.
-``precision="bf16"`` runs the loss (the forward pass) under bfloat16 autocast, backward
-and the SGD step on the float32 weights (:mod:`protofl.engine.precision`).
+* **settings** (:class:`TrainSettings`): the run's ``training.*`` for this round (the
+  learning rate after its schedule, :func:`round_lr`), with a call's overrides;
+* **schedule** (:func:`batch_rows`): E epochs (or ``training.steps``) of minibatches,
+  each epoch a fresh permutation of the client's samples drawn from its own stream, the
+  last batch of an epoch smaller when the batch size does not divide n_k;
+* **step** (:func:`optimizer_state`, :func:`optimizer_step`): SGD with momentum, weight
+  decay and gradient-norm clipping, or Adam / AdamW, on *rows*: every tensor is (S, ...),
+  one row per client. The sequential executor steps one client (S = 1, the live model's
+  parameters viewed as rows), the batched executor a stack of them (one flat row per
+  client); the arithmetic is that of ``torch.optim.SGD`` and ``clip_grad_norm_``
+  tensor for tensor, so the sequential executor's numbers are theirs bit for bit;
+* **features** (:func:`embed_batches`): the inference batches of ``ctx.features``.
+
+:func:`fit` is the sequential driver: the minibatch gradient by autograd on the live
+model, then the shared step. The batched driver is ``engine/batched.py``.
+``precision="bf16"`` runs the loss (the forward pass) under bfloat16 autocast; backward
+and the step stay float32 (:mod:`protofl.engine.precision`).
 """
 from __future__ import annotations
 
 import math
-from typing import Callable, Iterable, Optional
+from dataclasses import dataclass, fields, replace
+from typing import Any, Callable, Mapping, Optional, Sequence
 
+import numpy as np
 import torch
 from torch import nn
 
-from ..algorithms.base import TrainStats
+from ..algorithms.base import GradFn, LossFn, TrainStats
 from .precision import autocast
 
-# the imperative form ``ctx.train`` takes: loss(model, x, y); the step's index is passed
-# to a ``StepLoss`` (loss(model, x, y, step)), which ``ctx.fit`` uses
-LossFn = Callable[[nn.Module, torch.Tensor, torch.Tensor], torch.Tensor]
-StepLoss = Callable[[nn.Module, torch.Tensor, torch.Tensor, int], torch.Tensor]
+OPTIMIZERS = ("sgd", "adam", "adamw")
+SCHEDULES = ("exponential", "cosine", "step")
 
 
 class NonFiniteLossError(FloatingPointError):
@@ -36,6 +46,64 @@ class NonFiniteLossError(FloatingPointError):
         return (type(self), (self.rnd, self.cid, self.value))
 
 
+# ---------------------------------------------------------------------------------------
+# settings
+# ---------------------------------------------------------------------------------------
+def round_lr(tc, rnd: int, rounds: int) -> float:
+    """The learning rate of round ``rnd`` (1-based) of ``rounds`` under ``training.schedule``:
+
+    * ``exponential``: lr * lr_decay^(rnd - 1) (lr_decay = 1: constant);
+    * ``step``: lr * lr_decay^(number of ``milestones`` <= rnd) (PyTorch's MultiStepLR, per round);
+    * ``cosine``: min_lr + (lr - min_lr) (1 + cos(pi (rnd - 1) / rounds)) / 2.
+    """
+    if tc.schedule == "exponential":
+        return tc.lr * tc.lr_decay ** (rnd - 1)
+    if tc.schedule == "step":
+        return tc.lr * tc.lr_decay ** sum(1 for m in tc.milestones if m <= rnd)
+    if tc.schedule == "cosine":
+        return tc.min_lr + (tc.lr - tc.min_lr) * (1.0 + math.cos(math.pi * (rnd - 1) / rounds)) / 2.0
+    raise ValueError(f"unknown schedule {tc.schedule!r}; expected one of {SCHEDULES}")
+
+
+@dataclass(frozen=True)
+class TrainSettings:
+    """The settings of one ``ctx.fit``: the run's ``training.*`` for this round, ``lr`` after
+    the schedule, with the call's overrides (``epochs=10``, ``clip_grad=...``)."""
+
+    lr: float
+    momentum: float = 0.0
+    weight_decay: float = 0.0
+    batch_size: int = 32
+    epochs: int = 1
+    steps: Optional[int] = None
+    clip_grad: Optional[float] = None
+    optimizer: str = "sgd"
+    betas: tuple = (0.9, 0.999)
+    eps: float = 1e-8
+
+    @classmethod
+    def of_round(cls, tc, rnd: int, rounds: int) -> "TrainSettings":
+        return cls(lr=round_lr(tc, rnd, rounds), momentum=tc.momentum, weight_decay=tc.weight_decay,
+                   batch_size=tc.batch_size, epochs=tc.epochs, steps=tc.steps, clip_grad=tc.clip_grad,
+                   optimizer=tc.optimizer, betas=tuple(tc.betas), eps=tc.eps)
+
+    def with_overrides(self, overrides: Mapping[str, Any]) -> "TrainSettings":
+        """These settings with ``overrides`` (an unknown key is a TypeError naming it)."""
+        unknown = set(overrides) - {f.name for f in fields(self)}
+        if unknown:
+            raise TypeError(f"unknown training setting(s): {sorted(unknown)}")
+        return replace(self, **overrides) if overrides else self
+
+    @property
+    def step_size(self) -> float:
+        """The steady-state step per unit gradient: lr / (1 - momentum) for SGD (heavy-ball SGD
+        under a constant gradient g moves by lr g / (1 - momentum) per step), lr for Adam."""
+        return self.lr / (1.0 - self.momentum) if self.optimizer == "sgd" else self.lr
+
+
+# ---------------------------------------------------------------------------------------
+# the schedule of minibatches, and the inference batches of ctx.features
+# ---------------------------------------------------------------------------------------
 def total_steps(n: int, batch_size: int, epochs: int, steps: Optional[int]) -> int:
     """SGD steps of a client with n samples: ``steps``, or ``epochs * ceil(n / batch_size)``."""
     if n == 0:
@@ -50,63 +118,179 @@ def batch_sizes(n: int, batch_size: int, total: int) -> list[int]:
     return [per_epoch[s % len(per_epoch)] for s in range(total)] if n else []
 
 
-def local_train(
-    model: nn.Module,
-    x: torch.Tensor,
-    y: torch.Tensor,
-    *,
-    loss: LossFn | StepLoss,
-    params: Iterable[torch.nn.Parameter],
-    lr: float,
-    momentum: float,
-    weight_decay: float,
-    batch_size: int,
-    epochs: int,
-    steps: Optional[int],
-    clip_grad: Optional[float],
-    generator: torch.Generator,
-    channels_last: bool = False,
-    precision: str = "fp32",
-    grad: Optional[Callable[[list[torch.Tensor]], list[torch.Tensor]]] = None,
-    step_loss: bool = False,
-) -> TrainStats:
-    """``epochs`` (or ``steps``) of SGD on ``loss`` over ``params``, in place.
-
-    ``grad``: the minibatch gradients of ``params`` (in their order; zeros for a parameter
-    the loss does not reach) -> the gradients the step uses, before clipping. With
-    ``step_loss``, ``loss`` also receives the step's index (0, 1, ...).
-    """
-    params = [p for p in params if p.requires_grad]
-    n = len(y)
-    if n == 0 or not params:
-        return TrainStats(loss=0.0, steps=0, samples=0)
-    model.train()
-    opt = torch.optim.SGD(params, lr=lr, momentum=momentum, weight_decay=weight_decay)
-    total = total_steps(n, batch_size, epochs, steps)
-    loss_sum = torch.zeros((), dtype=torch.float64, device=y.device)  # no host sync per step
-    device_type = x.device.type
-    seen = step = 0
+def batch_rows(n: int, batch_size: int, total: int, generator: torch.Generator) -> np.ndarray:
+    """The client-local sample indices of each step, (total, batch_size), padded with 0
+    (step s uses its first ``batch_sizes(...)[s]``): a permutation per epoch begun, drawn
+    from ``generator`` on the CPU (the same order on any device)."""
+    rows = np.zeros((total, batch_size), dtype=np.int64)
+    step = 0
     while step < total:
-        perm = torch.randperm(n, generator=generator).to(y.device)  # CPU stream: same order on any device
-        xp, yp = x[perm], y[perm]  # one gather per epoch; batches below are views
-        if channels_last and xp.dim() == 4:
-            xp = xp.contiguous(memory_format=torch.channels_last)
+        perm = torch.randperm(n, generator=generator).numpy()
         for i in range(0, n, batch_size):
             if step == total:
                 break
-            xb, yb = xp[i:i + batch_size], yp[i:i + batch_size]
-            with autocast(precision, device_type):
-                value = loss(model, xb, yb, step) if step_loss else loss(model, xb, yb)
-            opt.zero_grad(set_to_none=True)
-            value.backward()
-            if grad is not None:
-                new = grad([torch.zeros_like(p) if p.grad is None else p.grad for p in params])
-                for p, g in zip(params, new):
-                    p.grad = g
-            if clip_grad is not None:
-                nn.utils.clip_grad_norm_(params, clip_grad)
-            opt.step()
-            loss_sum += value.detach() * len(yb)
-            seen += len(yb)
+            b = perm[i:i + batch_size]
+            rows[step, :len(b)] = b
             step += 1
-    return TrainStats(loss=float(loss_sum) / seen, steps=step, samples=seen)
+    return rows
+
+
+# Inference batches of ctx.features. Cache-sized batches are the fastest on CPU: for
+# fedavg_cnn, 256 samples take about half the CPU time per sample of 1024 (whose first
+# activation, 1024 x 32 x 28 x 28 floats, is 100 MB).
+EMBED_BLOCK = 1024
+EMBED_BATCH_SIZE = 256
+
+
+def embed_batches(n: int, batch: int = EMBED_BATCH_SIZE, block: int = EMBED_BLOCK) -> list[tuple[int, int]]:
+    """(start, end) of the inference batches over n samples: each ``block`` (the last may be
+    short) cut into pieces of ``batch``, the remainder joining the last piece.
+
+    CPU GEMM kernels take a different path for a handful of rows (on x86 with 1-3 rows the
+    result differs in the last bits from the same rows inside a bigger batch), so a sample's
+    features depend on whether its batch is tiny. Subdividing the blocks without leaving a
+    piece smaller than ``batch`` keeps each sample in a batch that is tiny exactly when its
+    block was (the prototypes of FedProto, FedNH, MP-FedCL and ReBaFL are those of
+    block-wise inference; tests/test_speed_invariance.py).
+    """
+    out = []
+    for start in range(0, n, block):
+        b = min(block, n - start)
+        k = max(1, b // batch)
+        out += [(start + j * batch, start + (b if j == k - 1 else (j + 1) * batch)) for j in range(k)]
+    return out
+
+
+# ---------------------------------------------------------------------------------------
+# the optimizer step, on rows
+# ---------------------------------------------------------------------------------------
+def optimizer_state(s: TrainSettings, params: Sequence[torch.Tensor]) -> dict[str, list[torch.Tensor]]:
+    """The zero state of ``s.optimizer`` for rows of parameters (each tensor (S, ...)):
+    SGD's momentum buffers (none without momentum); Adam's first and second moments and
+    each row's step count ``t`` (one (S,) float64 tensor). A row is zeroed when a client
+    enters it (:func:`reset_rows`): torch's first momentum step, buf = d_p, is 0 * m + d_p."""
+    if s.optimizer == "sgd":
+        return {"momentum": [torch.zeros_like(p) for p in params]} if s.momentum != 0 else {}
+    if s.optimizer in ("adam", "adamw"):
+        rows = len(params[0]) if params else 0
+        device = params[0].device if params else None
+        return {"exp_avg": [torch.zeros_like(p) for p in params],
+                "exp_avg_sq": [torch.zeros_like(p) for p in params],
+                "t": [torch.zeros(rows, dtype=torch.float64, device=device)]}
+    raise ValueError(f"unknown optimizer {s.optimizer!r}; expected one of {OPTIMIZERS}")
+
+
+def reset_rows(state: Mapping[str, list[torch.Tensor]], row) -> None:
+    """Zero the optimizer state of ``row`` (an index, or a slice): a new client there."""
+    for tensors in state.values():
+        for t in tensors:
+            t[row].zero_()
+
+
+def _row_norms(g: torch.Tensor) -> torch.Tensor:
+    """(S,) the L2 norm of each row of ``g`` (S, ...), summed in ``g``'s memory order (as the
+    norm of the tensor itself is: a reshape would reorder a channels_last tensor's sum)."""
+    return torch.linalg.vector_norm(g.unsqueeze(1) if g.dim() == 1 else g, 2.0, dim=tuple(range(1, max(g.dim(), 2))))
+
+
+def _rows(v: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
+    """(S,) -> (S, 1, ..., 1), to scale the rows of ``like``."""
+    return v.view(-1, *([1] * (like.dim() - 1)))
+
+
+@torch.no_grad()
+def optimizer_step(params: Sequence[torch.Tensor], grads: Sequence[torch.Tensor],
+                   state: Mapping[str, list[torch.Tensor]], s: TrainSettings) -> None:
+    """One step of every row, in place: ``params[i]`` and ``grads[i]`` are (S, ...) with
+    one row per client, ``state`` from :func:`optimizer_state` for the same tensors.
+
+    1. clipping, per row: g <- g min(1, C / (||g|| + 1e-6)), the norm over all of the
+       row's tensors, computed as ``clip_grad_norm_`` does (the norm of the per-tensor norms);
+    2. SGD: g <- g + lambda p; m <- beta m + g (with momentum); p <- p - lr m, as
+       ``torch.optim.SGD`` (dampening 0, no Nesterov);
+       Adam: g <- g + lambda p (AdamW instead: p <- p (1 - lr lambda)); m1 <- lerp(m1, g,
+       1 - beta1); m2 <- beta2 m2 + (1 - beta2) g^2; p <- p - lr / (1 - beta1^t)
+       m1 / (sqrt(m2) / sqrt(1 - beta2^t) + eps), each row with its own t, as ``torch.optim.Adam(W)``.
+    """
+    if s.clip_grad is not None:
+        norms = torch.stack([_row_norms(g) for g in grads], dim=1)  # (S, tensors)
+        total = torch.linalg.vector_norm(norms, 2.0, dim=1)  # (S,)
+        coef = torch.clamp(s.clip_grad / (total + 1e-6), max=1.0)  # the expression clip_grad_norm_ evaluates
+        grads = [g * _rows(coef, g) for g in grads]
+    if s.optimizer == "sgd":
+        momenta = state.get("momentum")
+        for i, (p, g) in enumerate(zip(params, grads)):
+            if s.weight_decay != 0:
+                g = g.add(p, alpha=s.weight_decay)
+            if momenta is not None:
+                g = momenta[i].mul_(s.momentum).add_(g)
+            p.add_(g, alpha=-s.lr)
+        return
+    beta1, beta2 = s.betas
+    t = state["t"][0].add_(1.0)  # (S,)
+    step_size = s.lr / (1.0 - beta1 ** t)  # (S,) float64
+    root2 = torch.sqrt(1.0 - beta2 ** t)
+    for i, (p, g) in enumerate(zip(params, grads)):
+        if s.weight_decay != 0:
+            if s.optimizer == "adamw":
+                p.mul_(1.0 - s.lr * s.weight_decay)
+            else:
+                g = g.add(p, alpha=s.weight_decay)
+        m1, m2 = state["exp_avg"][i], state["exp_avg_sq"][i]
+        m1.lerp_(g, 1.0 - beta1)
+        m2.mul_(beta2).addcmul_(g, g, value=1.0 - beta2)
+        denom = (m2.sqrt() / _rows(root2, m2).to(m2.dtype)).add_(s.eps)
+        p.sub_(_rows(step_size, p).to(p.dtype) * (m1 / denom))
+
+
+# ---------------------------------------------------------------------------------------
+# the sequential driver
+# ---------------------------------------------------------------------------------------
+def fit(model: nn.Module, x: torch.Tensor, y: torch.Tensor, *, loss: LossFn, extras: Mapping[str, Any],
+        names: Sequence[str], settings: TrainSettings, generator: torch.Generator,
+        per_step: Optional[Mapping[str, torch.Tensor]] = None, grad: Optional[GradFn] = None,
+        channels_last: bool = False, precision: str = "fp32") -> TrainStats:
+    """Local training of the live ``model`` on (x, y), in place: the parameters ``names``
+    move, by the schedule and the step above, on ``loss(model, xb, yb, extras)``.
+
+    ``per_step``: tensors (steps, max batch, ...) whose row of a step, cut to its batch
+    size, joins ``extras`` at that step. ``grad(grads, extras)``: a transform of the
+    minibatch gradients by name, before clipping; without one, a parameter the loss does
+    not reach has no gradient and is left alone for that step, as ``torch.optim`` does.
+    """
+    named = dict(model.named_parameters())
+    params = [named[k] for k in names]
+    n = len(y)
+    total = total_steps(n, settings.batch_size, settings.epochs, settings.steps)
+    if total == 0 or not params:
+        return TrainStats(loss=0.0, steps=0, samples=0)
+    rows = batch_rows(n, settings.batch_size, total, generator)
+    sizes = batch_sizes(n, settings.batch_size, total)
+    as_rows = [p.unsqueeze(0) for p in params]  # the live parameters as one row each
+    state = optimizer_state(settings, as_rows)
+    model.train()
+    loss_sum = torch.zeros((), dtype=torch.float64, device=y.device)  # no host sync per step
+    for step, b in enumerate(sizes):
+        idx = torch.from_numpy(rows[step, :b]).to(y.device)
+        xb, yb = x[idx], y[idx]
+        if channels_last and xb.dim() == 4:
+            xb = xb.contiguous(memory_format=torch.channels_last)
+        ex = extras if per_step is None else {**extras, **{k: v[step, :b] for k, v in per_step.items()}}
+        with autocast(precision, x.device.type):
+            value = loss(model, xb, yb, ex)
+        for p in params:
+            p.grad = None
+        value.backward()
+        if grad is not None:
+            new = grad({k: torch.zeros_like(p) if p.grad is None else p.grad for k, p in zip(names, params)}, extras)
+            live = list(range(len(params)))
+            grads = [new[k] for k in names]
+        else:
+            live = [i for i, p in enumerate(params) if p.grad is not None]
+            grads = [params[i].grad for i in live]
+        optimizer_step([as_rows[i] for i in live], [g.unsqueeze(0) for g in grads],
+                       {k: [v[i] for i in live] if k != "t" else v for k, v in state.items()}, settings)
+        loss_sum += value.detach() * b
+    for p in params:
+        p.grad = None
+    return TrainStats(loss=float(loss_sum) / sum(sizes), steps=total, samples=sum(sizes))

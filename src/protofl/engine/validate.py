@@ -9,14 +9,15 @@ client's persistent state does not advance.
 
 Checks, in order (the first failure is the reason):
 
-1. every array is a tensor of a numeric dtype; floating arrays hold only finite values;
-   integer arrays (class counts, sample counts) are >= 0;
-2. every metric is a finite number; ``num_samples``, when present, is a whole number
-   in [0, the client's training-set size];
-3. model weights (arrays named ``w.*``) returned for weights that were sent: the names
-   are a subset of those sent, each with the shape and dtype it was sent with;
-4. array names match the method's :attr:`~protofl.algorithms.base.Algorithm.reply_arrays`
-   patterns, when the method declares them (no extra keys);
+1. every tensor (weights, arrays, groups) has a numeric dtype; floating ones hold only
+   finite values; integer ones (class counts, sample counts) are >= 0;
+2. every metric is a finite number; the sample count ``num_samples`` (Flower's
+   ``num-examples``), when present, is a whole number in [0, the client's training-set size];
+3. model weights (``Record.weights``) only for weights that were sent: the names are a
+   subset of those sent, each with the shape and dtype it was sent with;
+4. the names of the arrays and groups match the method's
+   :attr:`~protofl.algorithms.base.Algorithm.reply_arrays` patterns, when the method
+   declares them (no extra keys);
 5. the reply's size is at most ``4 x (model size) + 2 x (message sent) + 1 MiB`` (the
    largest honest reply, SCAFFOLD's weights and control variates, is 2 x the model);
 6. the method's own :meth:`~protofl.algorithms.base.Algorithm.check_reply` (e.g. class
@@ -30,7 +31,7 @@ from typing import Optional, Sequence
 
 import torch
 
-from ..messages import WEIGHTS, Record, expect_indices, expect_shapes  # noqa: F401 (re-exported)
+from ..messages import Record, expect_indices, expect_shapes  # noqa: F401 (re-exported)
 
 SLACK_BYTES = 1 << 20
 
@@ -44,7 +45,7 @@ def check_reply(reply: object, sent: Record, *, client_size: int, model_bytes: i
     """The reason to reject ``reply`` (a client's answer to ``sent``), or None if it is acceptable."""
     if not isinstance(reply, Record):
         return f"not a Record ({type(reply).__name__})"
-    for name, t in reply.arrays.items():
+    for name, t in reply.tensors():
         if t.is_complex() or t.dtype == torch.bool:
             return f"array {name!r} has dtype {t.dtype}, not a real number type"
         if t.is_floating_point():
@@ -55,19 +56,16 @@ def check_reply(reply: object, sent: Record, *, client_size: int, model_bytes: i
     for name, v in reply.metrics.items():
         if not math.isfinite(v):
             return f"metric {name!r} is not finite ({v})"
-    n = reply.metrics.get("num_samples")
-    if n is not None and (n != int(n) or not 0 <= n <= client_size):
+    n = reply.num_samples
+    if n is not None and not 0 <= n <= client_size:
         return f"num_samples={n} is not a count in [0, {client_size}] (the client's training-set size)"
-    if any(k.startswith(WEIGHTS) for k in sent.arrays):
-        for name, t in reply.arrays.items():
-            if not name.startswith(WEIGHTS):
-                continue
-            ref = sent.arrays.get(name)
-            if ref is None:
-                return f"array {name!r} is not one of the model weights sent to the client"
-            if tuple(t.shape) != tuple(ref.shape) or t.dtype != ref.dtype:
-                return (f"array {name!r} has shape {tuple(t.shape)} {t.dtype}, it was sent as "
-                        f"{tuple(ref.shape)} {ref.dtype}")
+    for name, t in reply.weights.items():
+        ref = sent.weights.get(name)
+        if ref is None:
+            return f"weight {name!r} is not one of the model weights sent to the client"
+        if tuple(t.shape) != tuple(ref.shape) or t.dtype != ref.dtype:
+            return (f"weight {name!r} has shape {tuple(t.shape)} {t.dtype}, it was sent as "
+                    f"{tuple(ref.shape)} {ref.dtype}")
     if patterns is not None:
         extra = [k for k in reply.arrays if not any(fnmatch.fnmatchcase(k, p) for p in patterns)]
         if extra:

@@ -52,18 +52,17 @@ def warm_up() -> None:
     ``torch._dynamo``, about 1 s here). The global RNG is left as it was; results do
     not depend on it anyway (every client turn seeds its own streams).
     """
-    from ..algorithms.base import cross_entropy_loss
+    from ..algorithms.base import cross_entropy
     from ..engine import client, simulation  # noqa: F401
-    from ..engine.train import local_train
+    from ..engine.train import TrainSettings, fit
     from . import records  # noqa: F401
 
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(0)
         model = nn.Sequential(nn.Linear(4, 8), nn.ReLU(), nn.Linear(8, 2))
         x, y = torch.randn(8, 4), torch.arange(8) % 2
-        local_train(model, x, y, loss=cross_entropy_loss, params=model.parameters(), lr=0.01, momentum=0.9,
-                    weight_decay=0.0, batch_size=4, epochs=1, steps=None, clip_grad=None,
-                    generator=torch.Generator().manual_seed(0))
+        fit(model, x, y, loss=cross_entropy, extras={}, names=[k for k, _ in model.named_parameters()],
+            settings=TrainSettings(lr=0.01, momentum=0.9, batch_size=4), generator=torch.Generator().manual_seed(0))
         with torch.inference_mode():
             model.eval()
             model(x).argmax(1)
@@ -78,7 +77,7 @@ def _runtime(context: Context):
     key = (context.run_id, str(run_config.get(CONFIG_KEY, "")), tuple(str(nc.get(k, "")) for k in NODE_OVERRIDES))
     if _CACHE.get("key") != key:
         from ..engine.client import ClientRuntime
-        from ..engine.simulation import build_task
+        from ..engine.task import Task
 
         _CACHE.clear()  # one run at a time: let the previous run's data go first
         cfg = config_from_run(run_config, nc)
@@ -86,8 +85,7 @@ def _runtime(context: Context):
             import torch
 
             torch.set_num_threads(cfg.execution.threads)
-        fed, algorithm, info = build_task(cfg)
-        _CACHE.update(key=key, runtime=ClientRuntime(cfg, fed, algorithm, info), cfg=cfg)
+        _CACHE.update(key=key, runtime=ClientRuntime(Task.build(cfg)), cfg=cfg)
     return _CACHE["runtime"], _CACHE["cfg"]
 
 
@@ -123,8 +121,9 @@ def train(msg: Message, context: Context) -> Message:
     store = _disk_store(msg, context, cfg, pid)
     state: Optional[Any] = (load_state(context.state) if store is None
                             else store.load(task.rnd, context.run_id, int(msg.content[RUN_INFO_KEY]["base-round"]))[0])
+    task.state = state
     try:
-        out = runtime.run(task.cid, task.rnd, task.msg, state, task.evaluate, task.full_test)
+        out = runtime.run(task)
     except NonFiniteLossError as e:
         # the in-process engine stops the run on a diverged client; tell the server so
         # it does the same, instead of counting the reply as lost

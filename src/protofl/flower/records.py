@@ -1,11 +1,14 @@
 """protofl messages <-> Flower records, 1:1.
 
-A :class:`~protofl.messages.Record` is three flat dicts; a Flower ``RecordDict`` holds
-named records. One Record becomes three entries of a RecordDict under a prefix::
+A Flower ``RecordDict`` holds named records. One :class:`~protofl.messages.Record` becomes
+these entries of a RecordDict under a prefix::
 
-    Record.arrays   -> "<prefix>arrays"   ArrayRecord   (one Array per tensor)
-    Record.metrics  -> "<prefix>metrics"  MetricRecord  (int / float)
-    Record.config   -> "<prefix>config"   ConfigRecord  (str / int / float / bool)
+    Record.weights        -> "<prefix>weights"         ArrayRecord  (the model, by state-dict key)
+    Record.arrays         -> "<prefix>arrays"          ArrayRecord  (one Array per tensor)
+    a group arrays[g]     -> "<prefix>arrays/<g>"      ArrayRecord  (SCAFFOLD's control variate, ...)
+    Record.metrics        -> "<prefix>metrics"         MetricRecord (int / float)
+    Record.num_samples    -> "num-examples" in it      (Flower's typed sample count of a reply)
+    Record.config         -> "<prefix>config"          ConfigRecord (str / int / float / bool)
 
 and a missing ``"<prefix>arrays"`` entry means "no Record" (``None``), which is how a
 client without persistent state is told apart from one with an empty state.
@@ -40,6 +43,8 @@ from ..engine.executor import ClientTask
 from ..messages import Record
 
 NUMPY_STYPE = "numpy.ndarray"  # Flower's SType.NUMPY
+NUM_EXAMPLES = "num-examples"  # the reply's sample count, the key Flower's strategies weight by
+GROUP = "/"  # "<prefix>arrays/<group>": a named group of a Record's arrays
 RAW_STYPE = "protofl.torch-raw"
 STATE_PREFIX = "state."
 TASK_KEY, EVAL_KEY, TRAIN_KEY, ERROR_KEY = "task", "eval", "train", "error"
@@ -83,10 +88,24 @@ def _number(v) -> int | float:
     return int(v) if isinstance(v, (int, np.integer)) else float(v)
 
 
+def _arrays(tensors) -> ArrayRecord:
+    return ArrayRecord({k: tensor_to_array(v) for k, v in tensors.items()})
+
+
 def put_record(rd: RecordDict, rec: Record, prefix: str = "") -> RecordDict:
-    """Store ``rec`` in ``rd`` under ``prefix`` (three entries); returns ``rd``."""
-    rd[prefix + "arrays"] = ArrayRecord({k: tensor_to_array(v) for k, v in rec.arrays.items()})
-    rd[prefix + "metrics"] = MetricRecord({k: _number(v) for k, v in rec.metrics.items()})
+    """Store ``rec`` in ``rd`` under ``prefix``; returns ``rd``."""
+    if NUM_EXAMPLES in rec.metrics:
+        raise ValueError(f"a Record's metric may not be named {NUM_EXAMPLES!r} (Flower's sample count)")
+    rd[prefix + "arrays"] = _arrays({k: v for k, v in rec.arrays.items() if not isinstance(v, dict)})
+    for g, v in rec.arrays.items():
+        if isinstance(v, dict):
+            rd[prefix + "arrays" + GROUP + g] = _arrays(v)
+    if rec.weights:
+        rd[prefix + "weights"] = _arrays(rec.weights)
+    metrics = {k: _number(v) for k, v in rec.metrics.items()}
+    if rec.num_samples is not None:
+        metrics[NUM_EXAMPLES] = int(rec.num_samples)
+    rd[prefix + "metrics"] = MetricRecord(metrics)
     rd[prefix + "config"] = ConfigRecord(dict(rec.config))
     return rd
 
@@ -95,15 +114,20 @@ def get_record(rd: RecordDict, prefix: str = "") -> Optional[Record]:
     """The Record stored under ``prefix``, or None when there is none."""
     if prefix + "arrays" not in rd:
         return None
-    arrays = rd[prefix + "arrays"]
-    metrics = rd.get(prefix + "metrics", MetricRecord())
-    config = rd.get(prefix + "config", ConfigRecord())
-    return Record(arrays={k: array_to_tensor(a) for k, a in arrays.items()},
-                  metrics=dict(metrics), config=dict(config))
+    groups = {k[len(prefix + "arrays" + GROUP):]: {n: array_to_tensor(a) for n, a in v.items()}
+              for k, v in rd.items() if k.startswith(prefix + "arrays" + GROUP)}
+    arrays = {k: array_to_tensor(a) for k, a in rd[prefix + "arrays"].items()}
+    weights = {k: array_to_tensor(a) for k, a in rd.get(prefix + "weights", ArrayRecord()).items()}
+    metrics = dict(rd.get(prefix + "metrics", MetricRecord()))
+    n = metrics.pop(NUM_EXAMPLES, None)
+    return Record(arrays={**arrays, **groups}, metrics=metrics, config=dict(rd.get(prefix + "config", ConfigRecord())),
+                  weights=weights, num_samples=None if n is None else int(n))
 
 
 def drop_record(rd: RecordDict, prefix: str = "") -> None:
-    for part in ("arrays", "metrics", "config"):
+    for key in [k for k in rd.keys() if k.startswith(prefix + "arrays" + GROUP)]:
+        rd.pop(key, None)
+    for part in ("arrays", "weights", "metrics", "config"):
         rd.pop(prefix + part, None)
 
 
@@ -132,7 +156,7 @@ def task_to_content(task: ClientTask) -> RecordDict:
 def content_to_task(rd: RecordDict) -> ClientTask:
     """The ClientTask of a ``train`` message; its ``state`` is the node's business (None)."""
     t = rd[TASK_KEY]
-    return ClientTask(cid=int(t["cid"]), rnd=int(t["round"]), msg=recorddict_to_record(rd), state=None,
+    return ClientTask(cid=int(t["cid"]), rnd=int(t["round"]), shared=recorddict_to_record(rd), own=None, state=None,
                       evaluate=bool(t["evaluate"]), full_test=bool(t["full_test"]))
 
 

@@ -69,3 +69,11 @@ def calibrated_logits(logits: torch.Tensor, counts: torch.Tensor, tau: float) ->
     n = counts.to(logits.dtype)
     margin = torch.where(n > 0, n.clamp(min=1.0) ** -0.25, torch.full_like(n, float("inf")))  # (C,)
     return logits - float(tau) * margin.unsqueeze(0)
+
+
+def proximal(model: torch.nn.Module, anchor: dict[str, torch.Tensor]) -> torch.Tensor:
+    """sum_k ||w_k - a_k||^2 over the parameters named in ``anchor`` (FedProx's eq. 2 and
+    Ditto's eq. 2 without their factor mu/2, lam/2): the squared distance of the model's
+    current parameters to the anchor."""
+    params = dict(model.named_parameters())
+    return sum(torch.sum((params[k] - a) ** 2) for k, a in anchor.items())

@@ -16,8 +16,8 @@ from typing import Optional
 
 import torch
 
-from protofl.algorithms.base import average
-from protofl.algorithms.fedavg import FedAvg, FedAvgHyper, WeightsState
+from protofl.algorithms.base import average, WeightsState
+from protofl.algorithms.fedavg import FedAvg, FedAvgHyper
 from protofl.errors import require
 
 
@@ -26,9 +26,9 @@ class FedAvgMHyper(FedAvgHyper):
     beta: float = 0.9  # server momentum β
     server_lr: float = 1.0  # η_s
 
-    def validate(self, s: str) -> None:
-        require(0 <= self.beta < 1, f"{s}.beta", self.beta, "must be in [0, 1)")
-        require(self.server_lr > 0, f"{s}.server_lr", self.server_lr, "must be > 0")
+    def validate(self, section: str) -> None:
+        require(0 <= self.beta < 1, f"{section}.beta", self.beta, "must be in [0, 1)")
+        require(self.server_lr > 0, f"{section}.server_lr", self.server_lr, "must be > 0")
 
 
 @dataclass

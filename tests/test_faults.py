@@ -380,6 +380,22 @@ def test_a_flower_node_refuses_a_state_file_that_would_run_code(tmp_path):
     assert not flag.exists()
 
 
+def test_a_cifar_batch_that_would_run_code_is_refused(tmp_path, capsys):
+    """Not a checkpoint but a downloaded file that is a pickle too: CIFAR's python batches."""
+    import pickle
+
+    d = tmp_path / "data" / "cifar-10-batches-py"
+    d.mkdir(parents=True)
+    flag = tmp_path / "flag"
+    for name in [f"data_batch_{i}" for i in range(1, 6)] + ["test_batch"]:
+        (d / name).write_bytes(pickle.dumps({b"data": Payload(flag), b"labels": [0]}, protocol=2))
+    code = main(["run", str(DIGITS), "data.name=cifar10", "model.name=cnn_cifar", "rounds=1", f"output.dir={tmp_path}",
+                 "--data-dir", str(tmp_path / "data"), "--quiet"])
+    err = short(capsys.readouterr().err, 1)
+    assert code == 2 and "builtin__.exec, which a CIFAR batch never holds" in err and "data_batch_1" in err, err
+    assert not flag.exists()
+
+
 class Phase(enum.Enum):
     WARM = "warm"
     MAIN = "main"

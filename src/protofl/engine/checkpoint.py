@@ -87,12 +87,15 @@ def _is_data_type(obj: Any) -> bool:
 
 def _numpy_globals() -> list:
     """What torch needs to rebuild numpy arrays and scalars (a method may keep numpy arrays
-    in its state, e.g. FeSEM's cluster assignment): rebuilding them only copies bytes."""
+    in its state, e.g. FeSEM's cluster assignment): rebuilding them only copies bytes.
+    Under both numpy 2's names and numpy 1's (``numpy.core``: a checkpoint written before
+    an upgrade)."""
     import numpy as np
 
     mod = np._core if hasattr(np, "_core") else np.core
-    dtypes = [getattr(np.dtypes, n) for n in dir(np.dtypes) if n.endswith("DType")]
-    return [mod.multiarray._reconstruct, mod.multiarray.scalar, np.ndarray, np.dtype, *dtypes]
+    dtypes = [getattr(np.dtypes, n) for n in dir(getattr(np, "dtypes", None)) if n.endswith("DType")]
+    rebuild = [mod.multiarray._reconstruct, mod.multiarray.scalar]
+    return [*rebuild, *((f, f"numpy.core.multiarray.{f.__name__}") for f in rebuild), np.ndarray, np.dtype, *dtypes]
 
 
 def checkpoint_types() -> list:
@@ -110,12 +113,8 @@ def checkpoint_types() -> list:
     from .store import Spilled
 
     found: set = {Record, Spilled, *_ALLOWED}
-    for name in ALGORITHMS.names():
-        try:
-            method = ALGORITHMS.get(name)
-        except KeyError:  # a plugin that failed to load: it has no checkpoints to read
-            continue
-        for klass in getattr(method, "__mro__", ()):
+    for name in ALGORITHMS.names():  # every method that loaded (a broken plugin is left out)
+        for klass in getattr(ALGORITHMS.get(name), "__mro__", ()):
             module = sys.modules.get(getattr(klass, "__module__", ""))
             if module is None or klass is object:
                 continue

@@ -200,8 +200,8 @@ class WandbTracker(Callback):
             raise ConfigError("output.trackers", "wandb", f"W&B could not start a run: {one_line(e, 200)} "
                               "(run `wandb login`, or set WANDB_MODE=offline to keep the run in the run "
                               "folder)") from None
-        self.run.summary.update({"protofl/fingerprint": self.cfg.fingerprint(), "protofl/dir": str(self.dir.resolve()),
-                                 "protofl/start_round": info["start_round"]})
+        self.run.summary.update({"protofl/fingerprint": self.cfg.fingerprint(),
+                                 "protofl/dir": str(self.dir.resolve()), "protofl/start_round": info["start_round"]})
         if not self.run.offline:
             log.info("W&B run: %s", self.run.url)
 

@@ -123,10 +123,11 @@ def offline_wandb(tmp_path, monkeypatch):
 
 
 def test_wandb_offline_run_holds_config_every_metric_of_every_round_and_summary(digits_cfg, offline_wandb):
-    pytest.importorskip("wandb")
+    wandb = pytest.importorskip("wandb")
     from protofl.engine.trackers import metric_items
 
     cfg, result = _run(digits_cfg, "wandb")
+    wandb.teardown()  # W&B's service writes the run file on its own time: wait until it has closed it
     files = sorted(result.dir.glob("wandb/offline-run-*/run-*.wandb"))
     assert len(files) == 1, files
     config, history, summary = read_wandb_run(files[0])
@@ -145,7 +146,7 @@ def test_wandb_offline_run_holds_config_every_metric_of_every_round_and_summary(
     assert (files[0].parent / "files" / "config.yaml").read_text() == (result.dir / "config.yaml").read_text()
 
 
-def test_wandb_that_cannot_start_is_one_line(digits_cfg, tmp_path, monkeypatch, capsys):
+def test_wandb_that_cannot_start_is_one_line(tmp_path, monkeypatch, capsys, offline_wandb):
     wandb = pytest.importorskip("wandb")
 
     def no_login(*a, **kw):

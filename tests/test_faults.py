@@ -5,8 +5,8 @@ Each case asserts the exit code, that protofl says what happened in at most thre
 ``--resume`` afterwards gives the uninterrupted run's results. Cases covered elsewhere
 and not repeated here:
 
-* ``kill -9`` of a run, then ``--resume`` (bit-identical): tests/test_engine.py,
-  tests/test_ray.py (the driver killed mid-run);
+* a run stopped mid-way, then resumed (bit-identical): tests/test_engine.py; a Ray
+  driver killed with SIGKILL mid-run, then resumed: tests/test_ray.py;
 * a truncated checkpoint when no generation is readable, resuming with another config,
   divergence, damaged data files, a bad client: tests/test_reliability.py;
 * a real Flower deployment whose SuperNode (and ServerApp) is killed with SIGKILL in

@@ -179,10 +179,13 @@ def _run_in_a_small_tmpfs(mnt, size_kb: int, argv: list, out, report) -> None:
         report.write_text(json.dumps({"skip": str(e)}))
         os._exit(0)
     err = io.StringIO()
-    with contextlib.redirect_stderr(err), contextlib.redirect_stdout(io.StringIO()):
-        code = main(argv)
-    shutil.copytree(mnt / "r", out)
-    report.write_text(json.dumps({"code": code, "err": err.getvalue()}))
+    try:
+        with contextlib.redirect_stderr(err), contextlib.redirect_stdout(io.StringIO()):
+            code = main(argv)
+        shutil.copytree(mnt / "r", out)
+        report.write_text(json.dumps({"code": code, "err": err.getvalue()}))
+    except BaseException as e:  # noqa: BLE001 - reported to the test, which fails with it
+        report.write_text(json.dumps({"code": None, "err": err.getvalue() + repr(e)}))
     os._exit(0)
 
 
@@ -203,6 +206,9 @@ def test_a_real_full_tmpfs(tmp_path, capsys, fresh):
     child = mp.get_context("fork").Process(target=_run_in_a_small_tmpfs, args=(mnt, size_kb, argv, out, report))
     child.start()
     child.join(120)
+    if child.exitcode is None:
+        child.kill()
+    assert report.exists(), f"the child ended with {child.exitcode} and no report"
     got = json.loads(report.read_text())
     if "skip" in got:
         pytest.skip(f"cannot mount a tmpfs here ({got['skip']})")

@@ -34,11 +34,15 @@ def test_example_plugin_adds_all_four_components(tmp_path):
         assert name in out.stdout
     assert "broken" not in out.stdout and "plugin 'broken'" in out.stderr and "failed to load" in out.stderr
 
-    out = run("run", str(DIGITS), "rounds=2", "data.name=blobs", "data.classes=3", "partition.name=power_law",
-              "partition.num_clients=4", "model.name=small_mlp", "model.width=16", "algorithm.name=fedavgm",
-              "algorithm.beta=0.5", "execution.workers=0", f"output.dir={tmp_path / 'runs'}", "--quiet")
+    args = [str(DIGITS), "data.name=blobs", "data.classes=3", "partition.name=power_law",
+            "partition.num_clients=4", "model.name=small_mlp", "model.width=16", "algorithm.name=fedavgm",
+            "algorithm.beta=0.5", "execution.workers=0", f"output.dir={tmp_path / 'runs'}", "--quiet"]
+    out = run("run", *args, "rounds=2")
     assert out.returncode == 0, out.stderr
     assert "fedavgm: 2 rounds" in out.stdout and "gm=" in out.stdout
+    # its checkpoint holds the plugin's own state dataclass: allowed, with no list to edit
+    out = run("run", *args, "rounds=3", "--resume")
+    assert out.returncode == 0 and "fedavgm: 3 rounds" in out.stdout, out.stderr
     # the plugin's own validation is the config's: one line, exit 2
     out = run("run", str(DIGITS), "algorithm.name=fedavgm", "algorithm.beta=1.5", "--quiet")
     assert out.returncode == 2 and "algorithm.beta=1.5: must be in [0, 1)" in out.stderr

@@ -5,7 +5,9 @@ order the README gives. Only the length changes: runs, compares and sweeps get
 ``rounds=1`` (``--resume`` then ``rounds=2``, one more round) and the sweep ``--jobs 1``;
 ``runs/<run-a>`` and ``runs/<run-b>`` become two run folders the earlier commands made.
 The tracker command runs with its extras installed and, with them hidden, must stop with
-the one-line ``pip install`` error the README's comment promises.
+the one-line ``pip install`` error the README's comment promises; where they are not
+installed (only ``.[dev]``), the run of every command leaves it out and ends as skipped,
+naming it and the missing packages.
 """
 import importlib.util
 import re
@@ -43,13 +45,26 @@ def shorter(argv: list[str]) -> list[str]:
     return [*argv, *extra]
 
 
+def missing_trackers(argv: list[str]) -> list[str]:
+    """The packages of the trackers a command asks for that are not installed."""
+    from protofl.config import TRACKERS
+
+    asked = [a.split("=", 1)[1].strip("[]").split(",") for a in argv if a.startswith("output.trackers=")]
+    modules = [TRACKERS[t.strip()][0] for names in asked for t in names if t.strip() in TRACKERS]
+    return [m for m in modules if importlib.util.find_spec(m) is None]
+
+
 def test_every_quick_start_command_runs(tmp_path, monkeypatch, capsys):
     monkeypatch.chdir(tmp_path)
     commands = quick_start()
     assert len(commands) >= 10 and all(argv[0] == "protofl" for argv, _ in commands), commands
-    ran = []
+    ran, left_out = [], []
     for argv, comment in commands:
         argv = list(argv)
+        missing = missing_trackers(argv)
+        if missing:  # an extra that is not installed: the next test checks its one-line error
+            left_out.append(f"`{' '.join(argv)}` needs {', '.join(missing)} ({comment})")
+            continue
         if any("<run-" in a for a in argv):
             runs = sorted(p.name for p in (tmp_path / "runs").iterdir() if (p / "metrics.jsonl").exists())
             argv = [a.replace("<run-a>", runs[0]).replace("<run-b>", runs[1]) for a in argv]
@@ -74,6 +89,9 @@ def test_every_quick_start_command_runs(tmp_path, monkeypatch, capsys):
     assert (tmp_path / "my.yaml").read_text() == (REPO / "src/protofl/configs/digits.yaml").read_text()
     assert (tmp_path / "runs" / "compare" / "report.html").exists() and (tmp_path / "curves.png").exists()
     assert any(a[1:3] == ["run", "my.yaml"] for a in ran)
+    if left_out:
+        pytest.skip(f"ran {len(commands) - len(left_out)} of {len(commands)} commands; left out: "
+                    + "; ".join(left_out))
 
 
 def test_the_tracker_command_without_its_extras_stops_with_the_promised_line(tmp_path, monkeypatch, capsys):

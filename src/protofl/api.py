@@ -25,6 +25,7 @@ import torch
 
 from .algorithms import ALGORITHMS
 from .config import apply_overrides, check_here, Config, from_dict, parse_override
+from .config.coerce import check_path_component
 from .data.build import build_federated
 from .data.datasets import load_dataset
 from .data.features import make_scenario
@@ -298,6 +299,7 @@ def grid_config(cfg: Config, method: dict, seed: int, label: str) -> Config:
     c.output.name = f"{label}-s{seed}-{c.fingerprint()}"
     if not extendable(c):
         c.output.name += f"-R{c.rounds}"
+    check_path_component("output.name", c.output.name)  # the label names a folder: it must stay one
     return c
 
 

@@ -431,7 +431,9 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return 1
     except OSError as e:  # the machine, not the input: a full disk, a folder that went away
-        what = f"{e.strerror}: {e.filename}" if e.strerror and e.filename else str(e)
+        from .errors import os_error_text
+
+        what = f"{os_error_text(e)}: {e.filename}" if e.strerror and e.filename else str(e)
         return _fail(EXIT_IO, f"protofl: error: {what}", debug=debug)
     except Exception as e:  # noqa: BLE001 - anything else is a bug: say so in two lines
         return _fail(EXIT_BUG, f"protofl: internal error: {type(e).__name__}: {e}",

@@ -12,7 +12,11 @@ Every class here survives pickling (a sweep's runs raise them in worker processe
 """
 from __future__ import annotations
 
-from typing import Any
+import errno
+import os
+import shutil
+from pathlib import Path
+from typing import Any, Optional
 
 
 class InputError(Exception):
@@ -44,6 +48,10 @@ class CheckpointError(InputError, ValueError):
     """No readable checkpoint to resume from."""
 
 
+class UnsafeCheckpointError(CheckpointError):
+    """A checkpoint (or state file) holds something no protofl file holds: it is not loaded."""
+
+
 class OutputDirError(InputError, OSError):
     """The run folder cannot be created or written."""
 
@@ -60,3 +68,46 @@ def one_line(text: str, limit: int = 400) -> str:
     """Collapse a message to one line (library messages such as zlib's or YAML's span several)."""
     text = " ".join(str(text).split())
     return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+# -- a full disk ---------------------------------------------------------------------------
+FULL_BELOW = 1 << 20  # bytes: a write that failed with less free than this failed for room
+
+
+def disk_free(path: str | os.PathLike) -> Optional[int]:
+    """The bytes an unprivileged writer may still use on the disk of ``path`` (of its
+    nearest existing folder); None when that cannot be told."""
+    p = Path(path)
+    for folder in (p, *p.parents):
+        if folder.exists():
+            try:
+                return shutil.disk_usage(folder).free
+            except OSError:
+                return None
+    return None
+
+
+def disk_full(path: str | os.PathLike) -> bool:
+    """Whether the disk of ``path`` has (almost) no room left: checked when a write fails
+    with an error that does not say so itself (torch's zip writer raises RuntimeError)."""
+    free = disk_free(path)
+    return free is not None and free < FULL_BELOW
+
+
+def human_bytes(n: int) -> str:
+    for unit, size in (("GB", 1 << 30), ("MB", 1 << 20), ("kB", 1 << 10)):
+        if n >= size:
+            return f"{n / size:.1f} {unit}"
+    return f"{n} B"
+
+
+def os_error_text(e: OSError) -> str:
+    """Why a read or write failed, in words; a full disk says so with its free space
+    (checked for every failed write: a quota or a nearly full disk reports other errors)."""
+    why = e.strerror or str(e)
+    where = e.filename or "."
+    if e.errno in (errno.ENOSPC, getattr(errno, "EDQUOT", -1)) or disk_full(where):
+        free = disk_free(where)
+        room = f", {human_bytes(free)} free" if free is not None else ""
+        return f"{why} (the disk is full{room})"
+    return why

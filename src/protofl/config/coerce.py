@@ -11,9 +11,94 @@ import inspect
 import re
 import types
 import typing
-from typing import Any, Literal, Union
+from typing import Any, Literal, Optional, Union
+
+import yaml
 
 from ..errors import ConfigError
+
+# -- YAML text -----------------------------------------------------------------------------
+ALIAS_BUDGET = 100_000  # values aliases may add to a document: a real config adds a handful
+
+
+class YAMLAliasError(yaml.constructor.ConstructorError):
+    """A YAML document whose aliases (``*name``) expand to more than :data:`ALIAS_BUDGET`
+    values (an "alias bomb": nine nested levels of nine aliases each are 387 million
+    values from ten lines), or that contains itself."""
+
+
+def load_yaml(text: str) -> Any:
+    """``yaml.safe_load(text)``, refusing a document whose aliases expand too far.
+
+    PyYAML builds an aliased value once and shares it, so loading is fast; everything
+    after it that walks the value (validation, ``repr`` in an error message, a JSON
+    fingerprint) walks every copy. The document's node graph is measured first, in time
+    linear in its text: each repeated use of a node adds the node's whole expanded size.
+    """
+    loader = yaml.SafeLoader(text)
+    try:
+        node = loader.get_single_node()
+        if node is None:
+            return None
+        _expanded_size(node, {}, [0], set())
+        return loader.construct_document(node)
+    finally:
+        loader.dispose()
+
+
+def _expanded_size(node: yaml.Node, sizes: dict[int, int], extra: list[int], open_: set[int]) -> int:
+    """The number of values ``node`` stands for once every alias is written out."""
+    key = id(node)
+    if key in open_:
+        raise YAMLAliasError(None, None, "an alias refers to a value that contains it (a recursive "
+                             "structure); write the values out", node.start_mark)
+    if key in sizes:  # a repeated use: every value of it again
+        extra[0] += sizes[key]
+        if extra[0] > ALIAS_BUDGET:
+            raise YAMLAliasError(None, None, f"its aliases expand the document by more than {ALIAS_BUDGET:,} "
+                                 "values (an alias bomb?); write the values out", node.start_mark)
+        return sizes[key]
+    open_.add(key)
+    if isinstance(node, yaml.SequenceNode):
+        size = 1 + sum(_expanded_size(n, sizes, extra, open_) for n in node.value)
+    elif isinstance(node, yaml.MappingNode):
+        size = 1 + sum(_expanded_size(k, sizes, extra, open_) + _expanded_size(v, sizes, extra, open_)
+                       for k, v in node.value)
+    else:
+        size = 1
+    open_.discard(key)
+    sizes[key] = size
+    return size
+
+
+# -- names that become paths ------------------------------------------------------------------
+def path_component_problem(name: Any) -> Optional[str]:
+    """Why ``name`` cannot be one folder or file name inside another folder, or None.
+
+    A run name, a label that names a run folder, a setting's id: each must stay inside
+    the folder it is joined to, so it may not be empty, ``.`` or ``..``, nor hold a path
+    separator (``/``, or ``\\`` as on Windows), a control character, or more than 255
+    bytes (the longest name file systems take).
+    """
+    if not isinstance(name, str) or not name.strip():
+        return "a name is needed (one folder name)"
+    if name in (".", ".."):
+        return "must be a folder name, not . or .."
+    bad = sorted({c for c in name if c in "/\\" or ord(c) < 32 or ord(c) == 127})
+    if bad:
+        shown = ", ".join(repr(c) for c in bad)
+        return f"must be one folder name inside the output folder: no {shown} (no path separators or control characters)"
+    if len(name.encode("utf-8")) > 255:
+        return "must be at most 255 bytes long (one folder name)"
+    return None
+
+
+def check_path_component(key: str, name: Any) -> None:
+    """A :class:`~protofl.errors.ConfigError` for ``key=name`` unless :func:`path_component_problem` is None."""
+    why = path_component_problem(name)
+    if why is not None:
+        raise ConfigError(key, name, why)
+
 
 _NUMBER = re.compile(r"^[+-]?(\d+\.?\d*|\.\d+)([eE][+-]?\d+)?$")
 

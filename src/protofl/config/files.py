@@ -11,6 +11,7 @@ import yaml
 
 from ..errors import ConfigError
 from ..packaged_configs import resolve_config_path
+from .coerce import load_yaml, YAMLAliasError
 from .schema import apply_overrides, check_here, Config, from_dict, parse_override, switch_components
 
 
@@ -28,7 +29,9 @@ def load_config(path: Optional[str | Path] = None, overrides: Optional[list[str]
     if path is not None:
         path = resolve_config_path(path)
         try:
-            raw = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
+            raw = load_yaml(path.read_text(encoding="utf-8")) or {}
+        except YAMLAliasError as e:
+            raise ConfigError("CONFIG", str(path), f"refused: {yaml_problem(e)}") from None
         except yaml.YAMLError as e:
             raise ConfigError("CONFIG", str(path), f"not valid YAML: {yaml_problem(e)}") from None
         except UnicodeDecodeError:

@@ -13,7 +13,7 @@ import torch
 from ..errors import ConfigError, require
 
 # tracker name -> (module it needs, the extra that installs it); protofl.engine.trackers builds them
-TRACKERS = {"tensorboard": ("tensorboard", "tensorboard"), "mlflow": ("mlflow", "mlflow")}
+TRACKERS = {"tensorboard": ("tensorboard", "tensorboard"), "mlflow": ("mlflow", "mlflow"), "wandb": ("wandb", "wandb")}
 RAY_HINT = "Ray is not installed; install the extra: pip install 'protofl[ray]'"
 
 

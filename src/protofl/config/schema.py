@@ -21,8 +21,8 @@ from ..data.features import FEATURES, check_scenario
 from ..data.partition import PARTITIONERS
 from ..models import MODELS
 from ..registry import UnknownNameError
-from ..errors import ConfigError, require
-from .coerce import check_dataclass, check_kwargs, coerce, plain
+from ..errors import ConfigError, one_line, require
+from .coerce import check_dataclass, check_kwargs, coerce, load_yaml, plain, YAMLAliasError
 from .machine import check_device, check_trackers, require_ray
 from .sections import (AlgorithmConfig, DataConfig, EvalConfig, ExecutionConfig, FeaturesConfig, ModelConfig,
                        OutputConfig, ParticipationConfig, PartitionConfig, TrainingConfig)
@@ -145,7 +145,9 @@ def parse_override(item: str) -> tuple[str, Any]:
     if not key:
         raise ConfigError(item, None, "empty key")
     try:
-        value = yaml.safe_load(text) if text.strip() else None
+        value = load_yaml(text) if text.strip() else None
+    except YAMLAliasError as e:
+        raise ConfigError(key, one_line(text, 60), e.problem) from None
     except yaml.YAMLError:
         value = text
     return key, value

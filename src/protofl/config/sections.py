@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 from typing import Literal, Optional, Union
 
 from ..errors import require
-from .coerce import coerce
+from .coerce import check_path_component, coerce
 from .machine import TRACKERS
 
 
@@ -233,13 +233,15 @@ class OutputConfig:
     progress: bool = True  # a bar on a terminal / in a notebook, else plain log lines
     log_every: int = 1  # without a terminal: one log line every N rounds (and the last)
     save_model: bool = True
-    trackers: list[str] = field(default_factory=list)  # tensorboard, mlflow (optional extras)
+    trackers: list[str] = field(default_factory=list)  # tensorboard, mlflow, wandb (optional extras)
     tracking_uri: Optional[str] = None  # MLflow; null = SQLite store <dir>/mlflow.db
-    experiment: str = "protofl"  # MLflow experiment name
+    experiment: str = "protofl"  # MLflow experiment name; W&B project
 
     def validate(self, section: str) -> None:
         require(self.checkpoint_every >= 0, f"{section}.checkpoint_every", self.checkpoint_every, "must be >= 0")
         require(self.log_every >= 1, f"{section}.log_every", self.log_every, "must be >= 1")
+        if self.name is not None:  # joined to output.dir: it must stay inside it
+            check_path_component(f"{section}.name", self.name)
         for i, t in enumerate(self.trackers):
             require(t in TRACKERS, f"{section}.trackers[{i}]", t, f"unknown tracker; known: {', '.join(TRACKERS)}")
 

@@ -478,11 +478,28 @@ def load_shakespeare(root: Path, seed: int) -> Dataset:
 # ---------------------------------------------------------------------------------------
 # CIFAR-10 / CIFAR-100: the "python version" pickles (dicts with bytes keys; b"data" is
 # (N, 3072) uint8, the 1024 R, then G, then B values of each image, row-major).
-# Pickles can run code when loaded: only point the data root at files you trust.
+# A pickle can run code when loaded: these are read with an unpickler that rebuilds
+# plain values and numpy arrays only, so a file that names anything else is refused.
 # ---------------------------------------------------------------------------------------
+class _ArraysOnly(pickle.Unpickler):
+    # numpy arrays and scalars; ``_codecs.encode``: how a protocol-2 pickle written by
+    # Python 3 spells a bytes value
+    ALLOWED = {("numpy", "ndarray"), ("numpy", "dtype"), ("numpy.core.multiarray", "_reconstruct"),
+               ("numpy._core.multiarray", "_reconstruct"), ("numpy.core.multiarray", "scalar"),
+               ("numpy._core.multiarray", "scalar"), ("_codecs", "encode")}
+
+    def find_class(self, module: str, name: str):
+        if (module, name) not in self.ALLOWED:
+            raise pickle.UnpicklingError(f"{getattr(self, 'path', 'the file')} holds {module}.{name}, which a "
+                                         "CIFAR batch never holds (loading it could run code); it was not loaded")
+        return super().find_class(module, name)
+
+
 def _unpickle(path: Path) -> dict:
     with open(path, "rb") as f:
-        return pickle.load(f, encoding="bytes")  # written by Python 2: str keys -> bytes
+        loader = _ArraysOnly(f, encoding="bytes")  # written by Python 2: str keys -> bytes
+        loader.path = path
+        return loader.load()
 
 
 def _cifar(name, root, folders, train_files, test_file, label_key, meta_file, names_key, num_classes, mean, std):

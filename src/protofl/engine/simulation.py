@@ -31,8 +31,9 @@ import torch
 from .. import metrics as M
 from ..algorithms.base import Diagnostics
 from ..config import Config
+from ..config.coerce import check_path_component
 from ..data.federated import FederatedData
-from ..errors import CheckpointError, ConfigError, InputError, OutputDirError, WriteError
+from ..errors import CheckpointError, ConfigError, InputError, os_error_text, OutputDirError, WriteError
 from ..models import num_params
 from .backends import EXECUTORS
 from .callbacks import Callback, JsonlWriter, progress_callback
@@ -66,7 +67,11 @@ def default_run_name(cfg: Config) -> str:
 
 
 def run_dir_for(cfg: Config) -> Path:
-    return Path(cfg.output.dir) / (cfg.output.name or default_run_name(cfg))
+    """``output.dir/<run name>``; a name that would leave ``output.dir`` (``../x``, set
+    after validation, e.g. from a label) is a :class:`ConfigError`, never a path."""
+    name = cfg.output.name or default_run_name(cfg)
+    check_path_component("output.name", name)
+    return Path(cfg.output.dir) / name
 
 
 def read_rows(path: Path) -> list[dict]:
@@ -274,13 +279,14 @@ class Simulation:
 
     def write_error(self, e: OSError, rows: list[dict]) -> WriteError:
         """A failed read or write of the run's files (a full disk, a folder that went away) as
-        one line: which file, why, and what is kept for ``--resume``."""
+        one line: which file, why (a full disk says so, with its free space), and what is
+        kept for ``--resume``."""
         what = e.filename or f"a file in {self.dir}"
         done = rows[-1]["round"] if rows else 0
         kept = (f"its checkpoint of round {self.checkpointed} is kept in {self.dir}: fix the cause and continue "
                 f"with --resume" if self.checkpointed else
                 f"no checkpoint was written yet: fix the cause and run it again")
-        return WriteError(f"I/O error on {what}: {e.strerror or e}; the run stopped after round {done}; {kept}")
+        return WriteError(f"I/O error on {what}: {os_error_text(e)}; the run stopped after round {done}; {kept}")
 
     def _is_checkpoint(self, rnd: int) -> bool:
         every = self.cfg.output.checkpoint_every

@@ -15,7 +15,6 @@ A store is injectable (``Simulation(cfg, store=...)``): any :class:`ClientStateS
 from __future__ import annotations
 
 import os
-import pickle
 from collections import OrderedDict
 from pathlib import Path
 from typing import NamedTuple, Optional, Union
@@ -94,18 +93,22 @@ class Spilled(NamedTuple):
 
 
 STATE_DIR = "client_state"  # the SpillStore's folder inside the run folder
+STATE_TYPES = (Record,)  # what a client-state file holds besides tensors and plain values
 
 
 def _write(path: Path, state: Record) -> None:
-    tmp = path.with_name(f".{path.name}.tmp")
-    with open(tmp, "wb") as f:
-        pickle.dump(state, f, protocol=pickle.HIGHEST_PROTOCOL)
-    os.replace(tmp, path)
+    """Atomically, without a sync of its own (a checkpoint syncs the files it names)."""
+    from .checkpoint import save_torch
+
+    save_torch(path, state, sync=False)
 
 
 def _read(path: Path) -> Record:
-    with open(path, "rb") as f:
-        return pickle.load(f)
+    """A state file, loaded as checkpoints are: a file that holds anything but a Record's
+    tensors and values (it could run code) is refused, not loaded."""
+    from .checkpoint import load_torch
+
+    return load_torch(path, STATE_TYPES)
 
 
 def load_spilled(states: dict, root: Union[str, os.PathLike]) -> dict[int, Record]:
@@ -320,7 +323,8 @@ def usage_line(usage: Optional[dict]) -> Optional[str]:
 
 
 class DiskStore(ClientStateStore):
-    """One pickle per client under ``root``; the snapshot is the dict of all states."""
+    """One file per client under ``root`` (written and read as the SpillStore's); the
+    snapshot is the dict of all states."""
 
     def __init__(self, root: str | os.PathLike) -> None:
         self.root = Path(root)
@@ -331,20 +335,14 @@ class DiskStore(ClientStateStore):
 
     def get(self, cid: int) -> Optional[Record]:
         p = self._path(cid)
-        if not p.exists():
-            return None
-        with open(p, "rb") as f:
-            return pickle.load(f)
+        return _read(p) if p.exists() else None
 
     def put(self, cid: int, state: Optional[Record]) -> None:
         p = self._path(cid)
         if state is None:
             p.unlink(missing_ok=True)
             return
-        tmp = p.with_suffix(".tmp")
-        with open(tmp, "wb") as f:
-            pickle.dump(state, f, protocol=pickle.HIGHEST_PROTOCOL)
-        os.replace(tmp, p)
+        _write(p, state)
 
     def __len__(self) -> int:
         return sum(1 for _ in self.root.glob("*.pkl"))

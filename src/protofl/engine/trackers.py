@@ -1,31 +1,38 @@
 """Experiment trackers as callbacks, chosen in the config::
 
     output:
-      trackers: [tensorboard, mlflow]
+      trackers: [tensorboard, mlflow, wandb]
       tracking_uri: null   # MLflow: null = a local SQLite store, <output.dir>/mlflow.db
-      experiment: protofl  # MLflow experiment name
+      experiment: protofl  # MLflow experiment name; W&B project
 
 Each tracker records the resolved config (TensorBoard: as text; MLflow: as params with
-dotted names, ``training.lr``), every numeric metric of every round at step = round
-(per-class lists as ``<metric>/<class>``), and at the end the summary, the config and
-any ``report.*`` of the run folder (MLflow: as artifacts; TensorBoard: the summary as
-text). Both are optional extras: ``pip install 'protofl[tensorboard]'`` /
-``'protofl[mlflow]'``; asking for one that is not installed is a config error.
+dotted names, ``training.lr``; W&B: as its nested config), every numeric metric of every
+round at step = round (per-class lists as ``<metric>/<class>``), and at the end the
+summary, the config and any ``report.*`` of the run folder (MLflow: as artifacts;
+TensorBoard: the summary as text; W&B: the run summary, the files saved with the run).
+Each is an optional extra: ``pip install 'protofl[tensorboard]'`` / ``'protofl[mlflow]'``
+/ ``'protofl[wandb]'``; asking for one that is not installed is a config error.
 
-Weights & Biases is not offered: its offline mode writes files that only its server can
-read back, so the integration could not be tested here.
+W&B runs online by default (after ``wandb login``); ``WANDB_MODE=offline`` keeps
+everything in the run folder (``<run>/wandb/offline-run-*``) for ``wandb sync`` later.
 """
 from __future__ import annotations
 
+import hashlib
 import json
+import logging
 import math
 import re
+import shutil
 import time
 from pathlib import Path
 from typing import Any, Iterator, Optional
 
 from ..config.machine import check_trackers, TRACKERS  # noqa: F401  (re-exported)
+from ..errors import ConfigError, one_line
 from .callbacks import Callback
+
+log = logging.getLogger("protofl")
 
 _BAD = re.compile(r"[^\w\-. /]")
 
@@ -156,6 +163,64 @@ class MLflowTracker(Callback):
         self.client = None
 
 
+class WandbTracker(Callback):
+    """One Weights & Biases run per protofl run, in project ``output.experiment``.
+
+    Its files go to the run folder (``<run>/wandb``). The W&B run id is derived from the
+    run folder and the config's fingerprint, so online a ``--resume`` continues the same
+    W&B run (rounds the checkpoint did not count are logged again, with equal values);
+    offline each session is its own offline run of that id, which ``wandb sync`` merges.
+    W&B's own console output is silenced: protofl's progress and errors stay readable.
+    """
+
+    immediate = False  # records rows only
+
+    def __init__(self, cfg) -> None:
+        self.cfg = cfg
+        self.run = None
+        self.dir: Optional[Path] = None
+
+    def on_start(self, info: dict[str, Any]) -> None:
+        import wandb
+
+        self.dir = Path(info["dir"])
+        key = f"{self.dir.resolve()}|{self.cfg.fingerprint()}"
+        try:
+            mode = wandb.setup().settings.mode
+            self.run = wandb.init(
+                project=self.cfg.output.experiment, name=info["name"], dir=str(self.dir),
+                id=hashlib.sha256(key.encode()).hexdigest()[:16],
+                # W&B refuses (with a warning) to resume a run offline: each session is one
+                resume="allow" if mode not in ("offline", "dryrun", "disabled") else None,
+                reinit="create_new",  # runs of a sweep or compare follow one another in a process
+                config=self.cfg.to_dict(),
+                tags=[self.cfg.algorithm.name, self.cfg.data.name],
+                settings=wandb.Settings(console="off", silent=True, disable_git=True))
+        except Exception as e:  # noqa: BLE001 - no login, a server that cannot be reached, ...
+            raise ConfigError("output.trackers", "wandb", f"W&B could not start a run: {one_line(e, 200)} "
+                              "(run `wandb login`, or set WANDB_MODE=offline to keep the run in the run "
+                              "folder)") from None
+        self.run.summary.update({"protofl/fingerprint": self.cfg.fingerprint(),
+                                 "protofl/dir": str(self.dir.resolve()), "protofl/start_round": info["start_round"]})
+        if not self.run.offline:
+            log.info("W&B run: %s", self.run.url)
+
+    def on_round(self, row: dict[str, Any]) -> None:
+        if self.run is not None:
+            self.run.log(dict(metric_items(row)), step=row["round"])
+
+    def on_end(self, summary: dict[str, Any]) -> None:
+        if self.run is None:
+            return
+        # the latest value of every metric is W&B's summary already; the rest of protofl's
+        self.run.summary.update({k: v for k, v in summary.items() if k != "final"})
+        for p in [self.dir / "config.yaml", *_reports(self.dir)]:
+            if p.exists():  # the run's files folder is uploaded (synced) with the run
+                shutil.copy2(p, Path(self.run.dir) / p.name)
+        self.run.finish(exit_code=0 if summary.get("status") == "complete" else 1)
+        self.run = None
+
+
 def prepare_trackers(cfg) -> None:
     """Create the trackers' stores once, before runs in parallel processes share them
     (two processes creating one MLflow database at once would race)."""
@@ -167,5 +232,5 @@ def prepare_trackers(cfg) -> None:
 def make_trackers(cfg) -> list[Callback]:
     """The callbacks for ``cfg.output.trackers``."""
     check_trackers(list(cfg.output.trackers))
-    classes = {"tensorboard": TensorBoardTracker, "mlflow": MLflowTracker}
+    classes = {"tensorboard": TensorBoardTracker, "mlflow": MLflowTracker, "wandb": WandbTracker}
     return [classes[name](cfg) for name in cfg.output.trackers]

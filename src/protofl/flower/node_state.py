@@ -42,6 +42,7 @@ from pathlib import Path
 from typing import Any, Optional
 
 from ..engine.checkpoint import load_torch, save_torch
+from ..engine.store import STATE_TYPES
 
 _FILE = re.compile(r"^r(\d{6,})-(\d+)\.pt$")  # r<round>-<Flower run id>.pt
 
@@ -87,7 +88,9 @@ class NodeStateStore:
                 best = (s, rid == run_id, p)
         if best is None:
             return None, None
-        obj = load_torch(best[2])  # complete or absent: every write is atomic
+        # complete or absent: every write is atomic; a file that holds more than a client
+        # state (it could run code: the folder may be shared) is refused, not loaded
+        obj = load_torch(best[2], STATE_TYPES)
         return obj["state"], best[0]
 
     def save(self, rnd: int, run_id: int, state: Optional[Any]) -> None:
@@ -95,6 +98,8 @@ class NodeStateStore:
         files = self._files()
         if state is None and not files:
             return  # a method without client state writes nothing
+        for stray in self.dir.glob(".r*.pt.*"):  # the temporary file of a write a kill cut short
+            stray.unlink(missing_ok=True)
         save_torch(self.dir / f"r{int(rnd):06d}-{int(run_id)}.pt", {"round": int(rnd), "state": state})
         if self.every > 0:
             last = (rnd - 1) // self.every * self.every  # the server's last checkpoint before this round

@@ -36,9 +36,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, Mapping, Optional
 
-import yaml
-
 from ..config import Config, ConfigError, from_dict
+from ..config.coerce import load_yaml
 
 CONFIG_KEY = "protofl-config"
 SERVERAPP = "protofl.flower.server_app:app"
@@ -106,7 +105,7 @@ def config_from_run(run_config: Mapping[str, Any], node_config: Optional[Mapping
     if not text:
         raise ConfigError("protofl-config", None, "the Flower run config carries no protofl config; "
                                                   "build the app with `protofl flower app`")
-    raw = yaml.safe_load(str(text)) or {}
+    raw = load_yaml(str(text)) or {}
     node_config = node_config or {}
     for key, (section, field) in NODE_OVERRIDES.items():
         if node_config.get(key):

@@ -18,6 +18,7 @@ from typing import Optional, Sequence
 import numpy as np
 import yaml
 
+from ..config.coerce import load_yaml
 from ..engine.simulation import METRICS, read_rows
 from ..errors import InputError, one_line
 
@@ -158,7 +159,7 @@ def read_file(path: Path, kind: str = "json"):
     path = Path(path)
     try:
         text = path.read_text(encoding="utf-8")
-        data = json.loads(text) if kind == "json" else yaml.safe_load(text)
+        data = json.loads(text) if kind == "json" else load_yaml(text)
     except (UnicodeDecodeError, ValueError, yaml.YAMLError) as e:
         raise ReportError(f"{path}: not a readable {kind.upper()} file ({one_line(e, 160)}); "
                           "it was cut short or replaced: run it again, or move it away") from e

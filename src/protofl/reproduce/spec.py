@@ -40,6 +40,7 @@ from typing import Any, Optional
 import yaml
 
 from ..config import yaml_problem
+from ..config.coerce import check_path_component, load_yaml
 from ..errors import ConfigError
 from ..report.tables import parse_select
 
@@ -206,6 +207,7 @@ def parse_spec(raw: dict, path: Path) -> TableSpec:
         for lab in s["methods"] or []:
             if lab not in labels:
                 raise ConfigError(f"{w}: settings[{i}].methods", lab, f"not a method label; labels: {', '.join(labels)}")
+        check_path_component(f"{w}: settings[{i}].id", str(s["id"]))  # a folder of the table's output
         if s["paper"] is not None and s["paper"] not in paper["numbers"]:
             raise ConfigError(f"{w}: settings[{i}].paper", s["paper"],
                               f"not a column of paper.numbers ({', '.join(paper['numbers']) or 'none'})")
@@ -284,7 +286,7 @@ def _unique(items: list[str], where: str) -> None:
 
 def load_spec(path: Path) -> TableSpec:
     try:
-        raw = yaml.safe_load(Path(path).read_text())
+        raw = load_yaml(Path(path).read_text())
     except yaml.YAMLError as e:
         raise ConfigError(str(path), None, f"not valid YAML: {yaml_problem(e)}") from None
     return parse_spec(raw, Path(path))

@@ -26,7 +26,7 @@ import torch
 from .algorithms import ALGORITHMS
 from .config import apply_overrides, check_here, Config, from_dict, parse_override
 from .data.build import build_federated
-from .data.datasets import load_dataset
+from .data.datasets import load_configured
 from .data.features import make_scenario
 from .engine.callbacks import Callback, OverallProgress
 from .engine.checkpoint import save_json, save_text
@@ -190,7 +190,7 @@ def _dataset_for(cfg: Config, datasets: Optional[dict]):
     key = json.dumps([cfg.data.name, cfg.data.root, cfg.data.params, cfg.seed], sort_keys=True, default=str)
     if key not in datasets:
         datasets.clear()
-        datasets[key] = load_dataset(cfg.data.name, cfg.data.root, seed=cfg.seed, **cfg.data.params)
+        datasets[key] = load_configured(cfg)
     return datasets[key]
 
 

@@ -16,7 +16,7 @@ from typing import Any
 import yaml
 
 from ..algorithms import ALGORITHMS
-from ..data.datasets import DATASETS
+from ..data.datasets import DATASETS, HF_PREFIX
 from ..data.features import FEATURES, check_scenario
 from ..data.partition import PARTITIONERS
 from ..models import MODELS
@@ -68,6 +68,10 @@ class Config:
                 for k in ("root", "train_size"):
                     if d.get(k) is None:
                         d.pop(k)
+                if d.get("download") is True:
+                    d.pop("download")
+                if not d.get("mirrors"):
+                    d.pop("mirrors", None)
             out[sec] = d
         return out
 
@@ -79,7 +83,8 @@ class Config:
         d = self.to_dict()
         for k in ignore:
             d.pop(k, None)
-        d["data"].pop("root", None)  # where the files live does not change the results
+        for k in ("root", "download", "mirrors"):  # where the files live or come from does not change the results
+            d["data"].pop(k, None)
         if "execution" in ignore and self.execution.precision != "fp32":
             d["precision"] = self.execution.precision  # the one execution setting that changes them
         return hashlib.sha256(json.dumps(d, sort_keys=True, default=str).encode()).hexdigest()[:8]
@@ -185,7 +190,10 @@ def validate_components(cfg: Config) -> None:
             f"unknown execution backend {cfg.execution.backend!r}; known: {', '.join(BACKENDS)}")
     if cfg.execution.backend == "ray":
         require_ray()
-    loader = _get(DATASETS, cfg.data.name, "data.name")
+    if cfg.data.name.startswith(HF_PREFIX):  # any Hugging Face dataset: its options are load_hf's
+        from ..data.hf import load_hf as loader
+    else:
+        loader = _get(DATASETS, cfg.data.name, "data.name")
     cfg.data.params = check_kwargs(loader, cfg.data.params, "data", skip=2)
     part = _get(PARTITIONERS, cfg.partition.name, "partition.name")
     require(cfg.partition.num_clients >= 1, "partition.num_clients", cfg.partition.num_clients, "must be >= 1")

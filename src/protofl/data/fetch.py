@@ -1,6 +1,6 @@
 """Fetching the catalog's datasets, and proving the bytes are the published ones.
 
-The transfer is pooch's (:func:`pooch.retrieve`): it checks the pinned checksum, retries
+The transfer is pooch's (a :class:`pooch.Pooch` registry per file and URL): it checks the pinned checksum, retries
 a failed transfer, and moves a file into place only once its checksum matches, so a file
 under its final name is always complete and verified. pooch was chosen over
 torchvision's download helpers (which need torchvision, and check checksums only after
@@ -287,8 +287,10 @@ def _fetch_file(source: Source, f: RemoteFile, folder: Path, mirrors: Sequence[s
         part = folder / (f.name + ".part")
         downloader = ResumableDownloader(part, f"{source.name}/{f.name}", progress, opener=opener)
         try:
-            return Path(pooch.retrieve(url, f.known_hash, fname=f.name, path=folder, downloader=downloader,
-                                       progressbar=False, retry_if_failed=retries))
+            # one pooch registry per URL: it pins the checksum and carries the retries
+            pup = pooch.create(path=folder, base_url="", registry={f.name: f.known_hash}, urls={f.name: url},
+                               retry_if_failed=retries)
+            return Path(pup.fetch(f.name, downloader=downloader))
         except PermanentError as e:
             failures.append(str(e))
         except ValueError as e:  # pooch: the checksum did not match; it kept nothing

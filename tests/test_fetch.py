@@ -104,7 +104,13 @@ class Server:
                     return
                 self.wfile.write(body)
 
-        self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        class Quiet(ThreadingHTTPServer):
+            daemon_threads = True
+
+            def handle_error(self, request, client_address):  # a client that hung up (the full-disk test)
+                pass
+
+        self.httpd = Quiet(("127.0.0.1", 0), Handler)
         self.url = f"http://127.0.0.1:{self.httpd.server_port}"
         self.thread = threading.Thread(target=self.httpd.serve_forever, daemon=True)
         self.thread.start()
@@ -546,3 +552,13 @@ def test_catalog_md5s_match_the_real_files_where_present():
         for f in src.files:
             p = root / src.folder / f.name
             assert F.file_checksum(p, "md5") == f.md5 and p.stat().st_size == f.size, (name, f.name)
+
+
+def test_docs_data_page_lists_every_dataset_and_checksum():
+    from conftest import REPO
+
+    page = (REPO / "docs" / "data.md").read_text()
+    for src in CATALOG.values():
+        assert f"| `{src.name}` |" in page, src.name
+        for f in src.files:
+            assert (f.sha256 or f.md5) in page and f.urls[0] in page, (src.name, f.name)

@@ -300,19 +300,19 @@ def _fetch_file(source: Source, f: RemoteFile, folder: Path, mirrors: Sequence[s
             failures.append(f"{url}: checksum mismatch (not the published file; expected {f.known_hash}); "
                             "nothing was kept")
         except requests.exceptions.RequestException as e:
-            failures.append(f"{url}: {_reason(e)}")
+            failures.append(f"{url}: {_reason(e, url)}")
     raise FetchError(f"could not fetch {source.name}'s {f.name}: " + "; ".join(failures)
                      + (" (a partial download is kept and resumes next time)" if (folder / (f.name + '.part')).exists()
                         else ""))
 
 
-def _reason(e: Exception) -> str:
+def _reason(e: Exception, url: str) -> str:
     """The short cause of a requests error (its messages embed whole urllib3 reprs)."""
-    text = one_line(str(e), 200)
+    text = one_line(str(e), 300).removeprefix(f"{url}: ")
     for known in ("Connection refused", "Name or service not known", "timed out", "Connection aborted",
-                  "connection closed at", "Max retries exceeded"):
+                  "Connection reset"):
         if known in text:
-            return known if known != "connection closed at" else text.split(": ", 1)[-1]
+            return known
     return text
 
 

@@ -151,11 +151,10 @@ def _read(name, loader, root: Path, seed: int, options: dict) -> Dataset:
         raise DataFileError(f"dataset {name!r}: {one_line(e)}") from None
 
 
-def load_configured(cfg, **overrides) -> Dataset:
+def load_configured(cfg) -> Dataset:
     """The dataset of a config's ``data`` section (fetched on first use as it says)."""
     d = cfg.data
-    return load_dataset(d.name, d.root, seed=cfg.seed, download=d.download, mirrors=tuple(d.mirrors),
-                        **{**d.params, **overrides})
+    return load_dataset(d.name, d.root, seed=cfg.seed, download=d.download, mirrors=tuple(d.mirrors), **d.params)
 
 
 # ---------------------------------------------------------------------------------------

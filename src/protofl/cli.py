@@ -172,7 +172,7 @@ def cmd_list(args) -> int:
 
     for title, reg in (("methods", ALGORITHMS), ("datasets", DATASETS), ("models", MODELS),
                        ("partitioners", PARTITIONERS), ("feature scenarios", FEATURES)):
-        print(f"{title}: {', '.join(reg.names())}")
+        print(f"{title}: {', '.join(reg.names() + reg.usages())}")
     return 0
 
 

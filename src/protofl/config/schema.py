@@ -62,8 +62,11 @@ class Config:
             params = d.pop("params", None)
             if params:
                 d.update(params)
-            if sec == "model" and not d.get("per_client"):
-                d.pop("per_client", None)
+            if sec == "model":  # unset: left out, so that the fingerprints of older configs stay
+                if not d.get("per_client"):
+                    d.pop("per_client", None)
+                if d.get("pretrained") is None:
+                    d.pop("pretrained", None)
             if sec == "data":  # unset: left out, so that the fingerprints of older configs stay
                 for k in ("root", "train_size"):
                     if d.get(k) is None:

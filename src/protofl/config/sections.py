@@ -58,6 +58,10 @@ class ModelConfig:
     # clients is used as is, a shorter one is assigned in contiguous equal blocks
     # (three values -> thirds), as in FedProto's 18/20/22-channel setting
     per_client: dict = field(default_factory=dict)
+    # a file of weights (a state dict saved with torch.save: the whole model's or its
+    # body's) loaded after the model is built and before the method adapts it
+    # (protofl.models.pretrained); left out of the saved config and the fingerprint when null
+    pretrained: Optional[str] = None
 
 
 @dataclass

@@ -101,7 +101,8 @@ class ModelCache:
             # and the server's global model start from identical weights
             with torch.random.fork_rng(devices=[]):
                 torch.manual_seed(seed_for(self.info.seed, "init"))
-                base = build_model(self.cfg.model.name, self.info.input_shape, self.info.num_classes, **kwargs)
+                base = build_model(self.cfg.model.name, self.info.input_shape, self.info.num_classes,
+                                   pretrained=self.cfg.model.pretrained, **kwargs)
                 model = self.algorithm.adapt_model(base).to(self.device)
             if use_channels_last(self.cfg, model):
                 model = model.to(memory_format=torch.channels_last)

@@ -6,6 +6,7 @@ import pytest
 import torch
 from torch import nn
 
+from protofl.api import check_task
 from protofl.cli import main
 from protofl.config import ConfigError, load_config
 from protofl.engine.client import ModelCache, arch_kwargs
@@ -157,7 +158,7 @@ def test_per_client_architectures_must_all_take_the_file(digits_cfg, tmp_path):
                      f"model.pretrained={tmp_path / 'b.pt'}")
     # client 0's architecture takes it, the second one's does not: found before the run starts
     with pytest.raises(ConfigError, match=r"'1.weight' has shape \(32, 64\) in the file but \(48, 64\)"):
-        build_task(cfg)
+        check_task(cfg)
 
 
 def test_pretrained_is_left_out_of_the_fingerprint_when_unset_and_enters_it_when_set():

@@ -118,10 +118,6 @@ def build_task(cfg: Config, fed: Optional[FederatedData] = None) -> tuple[Federa
     fed = fed if fed is not None else build_federated(cfg)
     ds = fed.dataset
     probe = build_probe(cfg, ds, arch_kwargs(cfg, 0))
-    if cfg.model.pretrained is not None and cfg.model.per_client:  # the file must fit every architecture:
-        archs = {repr(sorted(kw.items())): kw for kw in (arch_kwargs(cfg, k) for k in range(fed.num_clients))}
-        for kw in archs.values():  # checked before the run writes anything
-            build_probe(cfg, ds, kw)
     info = TaskInfo(num_classes=ds.num_classes, num_clients=fed.num_clients, feature_dim=probe.feature_dim,
                     input_shape=tuple(ds.input_shape), seed=cfg.seed, rounds=cfg.rounds)
     algo_cls, hp = method(cfg)

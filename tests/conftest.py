@@ -3,6 +3,11 @@ from pathlib import Path
 
 import pytest
 
+# No test reaches the network: a dataset that is missing stops with the offline one-line
+# error instead of being fetched. The fetch tests serve their files from 127.0.0.1 and
+# lift this for themselves (tests/test_fetch.py).
+os.environ.setdefault("PROTOFL_OFFLINE", "1")
+
 
 def pytest_collection_modifyitems(config, items):
     """``long`` tests (longer variants of what the default suite covers) run only when the

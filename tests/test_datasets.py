@@ -14,6 +14,7 @@ import pytest
 import torch
 
 from protofl.data.datasets import (
+    DataFileError,
     ALL_LETTERS,
     DATASETS,
     MissingDataError,
@@ -436,3 +437,124 @@ def test_real_shakespeare():
     # (79 = 80-1 fewer per role); the loader uses the samples that are there
     assert d.info["declared_num_samples"] == {"train": 41990, "test": 4671}
     assert len(d.x_test) == sum(map(len, d.users_test)) == 3881
+
+
+# ---------------------------------------------------------------------------------------
+# EMNIST, USPS, MNIST-M, SynthDigits, Shakespeare's Hub csv: tiny files in the published formats
+# ---------------------------------------------------------------------------------------
+def test_emnist_from_the_published_zip(tmp_path):
+    import zipfile
+
+    (tmp_path / "emnist").mkdir()
+    x = np.zeros((2, 28, 28), np.uint8)
+    x[0, 0, 5] = 255  # stored transposed: row 0, column 5 -> upright row 5, column 0
+    with zipfile.ZipFile(tmp_path / "emnist" / "gzip.zip", "w") as zf:
+        for split, labels in (("train", [1, 26]), ("test", [3, 4])):
+            zf.writestr(f"gzip/emnist-letters-{split}-images-idx3-ubyte.gz", gzip.compress(idx_bytes(x)))
+            zf.writestr(f"gzip/emnist-letters-{split}-labels-idx1-ubyte.gz",
+                        gzip.compress(idx_bytes(np.array(labels, np.uint8))))
+    d = load_dataset("emnist", tmp_path, split="letters")
+    assert d.num_classes == 26 and d.y_train.tolist() == [0, 25] and d.y_test.tolist() == [2, 3]
+    assert d.x_train.shape == (2, 1, 28, 28) and d.x_train[0, 0, 5, 0].item() == 255
+    with pytest.raises(DataFileError, match="lacks gzip/emnist-digits"):
+        load_dataset("emnist", tmp_path, split="digits")  # not in this archive
+
+
+def test_usps_libsvm_bz2(tmp_path):
+    import bz2
+
+    (tmp_path / "usps").mkdir()
+    line = lambda label, v: f"{label} " + " ".join(f"{i}:{v}" for i in range(1, 257)) + "\n"  # noqa: E731
+    (tmp_path / "usps" / "usps.bz2").write_bytes(bz2.compress((line(10, -1) + line(3, 1)).encode()))
+    (tmp_path / "usps" / "usps.t.bz2").write_bytes(bz2.compress(line(1, 0).encode()))
+    d = load_dataset("usps", tmp_path)
+    assert d.y_train.tolist() == [9, 2] and d.y_test.tolist() == [0]
+    assert d.x_train[0].unique().tolist() == [0] and d.x_train[1].unique().tolist() == [255]
+    assert d.x_test[0].unique().tolist() == [127] and d.x_train.shape == (2, 1, 16, 16)
+    # mean/std measured on the training images: half 0, half 255
+    assert d.mean == (0.5,) and d.std == (0.5,)
+
+
+def _saved_pair(n, hw, value):
+    buf = io.BytesIO()
+    torch.save((torch.full((n, hw, hw, 3), value, dtype=torch.uint8), torch.arange(n) % 10), buf)
+    return buf.getvalue()
+
+
+def test_mnistm_and_synthdigits_as_published(tmp_path):
+    (tmp_path / "mnistm").mkdir()
+    for split, n in (("train", 3), ("test", 2)):
+        with tarfile.open(tmp_path / "mnistm" / f"mnist_m_{split}.pt.tar.gz", "w:gz") as tf:
+            data = _saved_pair(n, 28, 9)
+            info = tarfile.TarInfo(f"mnist_m_{split}.pt")
+            info.size = len(data)
+            tf.addfile(info, io.BytesIO(data))
+    d = load_dataset("mnistm", tmp_path)
+    assert d.x_train.shape == (3, 3, 28, 28) and d.y_train.tolist() == [0, 1, 2] and d.y_test.tolist() == [0, 1]
+    (tmp_path / "synthdigits").mkdir()
+    for split in ("train", "test"):
+        (tmp_path / "synthdigits" / f"synth_{split}.pt.gz").write_bytes(gzip.compress(_saved_pair(2, 32, 5)))
+    d = load_dataset("synthdigits", tmp_path)
+    assert d.x_test.shape == (2, 3, 32, 32) and d.x_test.unique().tolist() == [5]
+    (tmp_path / "synthdigits" / "synth_test.pt.gz").write_bytes(gzip.compress(_saved_pair(2, 28, 5)))
+    with pytest.raises(DataFileError, match=r"expected uint8 images \(N, 32, 32, 3\)"):
+        load_dataset("synthdigits", tmp_path)  # MNIST-M's shape where SynthDigits' should be
+
+
+def test_shakespeare_from_the_hub_csv_splits_each_user_by_order(tmp_path):
+    import csv
+
+    (tmp_path / "shakespeare").mkdir()
+    rows = [("A_KING", "a" * 79 + str(i % 10), "b") for i in range(20)] + [("B_FOOL", "x" * 80, "y")] * 3
+    with open(tmp_path / "shakespeare" / "shakespeare.csv", "w", newline="") as fh:
+        w = csv.writer(fh)
+        w.writerow(["character_id", "x", "y"])
+        w.writerows(rows)
+    d = load_dataset("shakespeare", tmp_path)
+    assert d.user_names == ["A_KING", "B_FOOL"]
+    assert [len(u) for u in d.users_train] == [18, 3] and [len(u) for u in d.users_test] == [2, 0]
+    assert d.x_train.dtype == torch.uint8 and d.normalize(d.x_train[:1]).dtype == torch.int64
+    # the test split holds A_KING's last two samples (windows 18 and 19)
+    assert d.x_test[:, -1].tolist() == [ALL_LETTERS.index("8"), ALL_LETTERS.index("9")]
+    (tmp_path / "shakespeare" / "shakespeare.csv").write_text("user,text\nA,b\n")
+    with pytest.raises(DataFileError, match="expected columns character_id, x, y"):
+        load_dataset("shakespeare", tmp_path)
+
+
+def test_hf_columns_to_a_dataset_and_missing_extra(monkeypatch):
+    from PIL import Image
+
+    from protofl.config import load_config
+    from protofl.data.hf import from_columns
+    from protofl.errors import ConfigError
+
+    imgs = [Image.fromarray(np.full((4, 4), v, np.uint8)) for v in (0, 255, 0)]
+    d = from_columns("me/tiny", {"image": imgs[:2], "label": [0, 2]}, {"image": imgs[2:], "label": [1]},
+                     "image", "label", ["a", "b", "c"])
+    assert d.x_train.shape == (2, 1, 4, 4) and d.num_classes == 3 and d.mean == (0.5,) and d.std == (0.5,)
+    assert d.name == "hf:me/tiny" and d.y_test.tolist() == [1]
+    import builtins
+
+    real_import = builtins.__import__
+    monkeypatch.setattr(builtins, "__import__", lambda n, *a, **k: (_ for _ in ()).throw(ImportError(n))
+                        if n == "datasets" else real_import(n, *a, **k))
+    cfg = load_config("digits", ["data.name=hf:me/tiny"])  # options are load_hf's, checked at load
+    with pytest.raises(ConfigError, match=r"pip install 'protofl\[hf\]'"):
+        load_dataset(cfg.data.name)
+
+
+def test_hf_local_parquet_folder_when_datasets_is_installed(tmp_path):
+    datasets = pytest.importorskip("datasets", reason="the hf extra (datasets) is not installed")
+    from PIL import Image
+
+    for split, labels in (("train", [0, 1]), ("test", [1])):
+        ds = datasets.Dataset.from_dict({"img": [Image.fromarray(np.full((4, 4, 3), 9, np.uint8))] * len(labels),
+                                         "label": labels})
+        (tmp_path / "data").mkdir(exist_ok=True)
+        ds.to_parquet(str(tmp_path / "data" / f"{split}-00000-of-00001.parquet"))
+    d = load_dataset(f"hf:{tmp_path}")
+    assert d.x_train.shape == (2, 3, 4, 4) and d.y_train.tolist() == [0, 1]
+    from protofl.errors import InputError
+
+    with pytest.raises(InputError, match="cannot be loaded"):
+        load_dataset("hf:protofl-test/no-such-repository-anywhere")

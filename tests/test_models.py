@@ -23,6 +23,7 @@ INPUTS: dict[str, list[tuple[int, ...]]] = {
     "simple_cnn": [(3, 32, 32), (1, 28, 28)],
     "lenet5": [(1, 28, 28), (3, 32, 32)],
     "fedavg_cnn": [(1, 28, 28), (3, 32, 32)],
+    "resnet18": [(3, 32, 32)],
     "resnet18_gn": [(3, 32, 32)],
 }
 CONV = sorted(n for n in INPUTS if n not in {"mlp", "mlp_mnist", "mlp2d", "lstm_shakespeare"})
@@ -37,7 +38,7 @@ def _input(name: str, shape: tuple[int, ...], batch: int = B) -> torch.Tensor:
 
 
 def _batch(name: str) -> int:
-    return 2 if name == "resnet18_gn" else B
+    return 2 if name.startswith("resnet18") else B
 
 
 def test_every_model_is_covered():
@@ -130,7 +131,8 @@ def test_cnn_cifar_minimum_and_bad_shapes():
 
 @pytest.mark.parametrize("name,shape", [("conv2cifar", (3, 32, 32)), ("cnn_cifar", (3, 32, 32)),
                                         ("cnn_mnist", (1, 28, 28)), ("lenet5", (1, 28, 28)),
-                                        ("fedavg_cnn", (1, 28, 28)), ("resnet18_gn", (3, 32, 32))])
+                                        ("fedavg_cnn", (1, 28, 28)), ("resnet18_gn", (3, 32, 32)),
+                                        ("resnet18", (3, 32, 32))])
 def test_channels_last_matches_default_format(name, shape):
     torch.manual_seed(0)
     model = build_model(name, shape, C).eval()
@@ -140,3 +142,54 @@ def test_channels_last_matches_default_format(name, shape):
         ref = model(x)
         out = cl_model(x.contiguous(memory_format=torch.channels_last))
     torch.testing.assert_close(out, ref, atol=1e-5, rtol=1e-5)
+
+
+def test_resnet18_batch_and_group_norm_and_the_standard_parameter_count():
+    bn = build_model("resnet18", (3, 32, 32), 10)
+    gn = build_model("resnet18", (3, 32, 32), 10, norm="group", groups=4)
+    # 1 stem + 2 per block x 8 blocks + 3 shortcuts = 20 norm layers, none of the other kind
+    assert sum(isinstance(m, torch.nn.BatchNorm2d) for m in bn.modules()) == 20
+    assert not any(isinstance(m, torch.nn.GroupNorm) for m in bn.modules())
+    groups = [m for m in gn.modules() if isinstance(m, torch.nn.GroupNorm)]
+    assert len(groups) == 20 and {m.num_groups for m in groups} == {4}
+    assert not any(isinstance(m, torch.nn.BatchNorm2d) for m in gn.modules())
+    # the CIFAR ResNet-18's 11,173,962 parameters (10 classes); GroupNorm's affine ones as many
+    assert num_params(bn) == num_params(gn) == 11_173_962
+    assert isinstance(bn.body[1], torch.nn.BatchNorm2d) and isinstance(bn.body[2], torch.nn.ReLU)
+    assert bn.body[0].kernel_size == (3, 3) and bn.body[0].stride == (1, 1)  # the CIFAR stem
+    assert not any(isinstance(m, torch.nn.MaxPool2d) for m in bn.modules())
+    assert "body.3.bn1.running_mean" in bn.state_dict() and "body.3.gn1.weight" in gn.state_dict()
+    # any input size: a 1x8x8 digit goes through the three stride-2 stages to a 1x1 map
+    one = build_model("resnet18", (1, 8, 8), 10).eval()
+    with torch.no_grad():
+        assert one.body(torch.randn(2, 1, 8, 8)).shape == (2, 512)
+
+
+def test_resnet18_gn_is_resnet18_with_group_norm_weight_for_weight():
+    torch.manual_seed(3)
+    named = build_model("resnet18_gn", (3, 32, 32), 10).state_dict()
+    torch.manual_seed(3)
+    group = build_model("resnet18", (3, 32, 32), 10, norm="group").state_dict()
+    assert list(named) == list(group)  # resnet18_gn's keys (gn1, gn2, shortcut.1) as they were
+    assert all(torch.equal(named[k], group[k]) for k in named)
+    assert "body.17.shortcut.1.weight" not in named and "body.9.shortcut.1.weight" in named
+
+
+def test_resnet18_projection_gives_signed_features_of_its_width():
+    torch.manual_seed(0)
+    model = build_model("resnet18", (3, 32, 32), 10, proj_dim=84).eval()
+    assert model.feature_dim == 84 and model.head.in_features == 84
+    assert isinstance(model.body[-1], torch.nn.Linear)  # the FC projection, no activation after it
+    with torch.no_grad():
+        h = model.body(torch.randn(2, 3, 32, 32))
+    assert h.shape == (2, 84) and (h < 0).any()
+    assert num_params(model) == 11_173_962 - (512 * 10 + 10) + (512 * 84 + 84) + (84 * 10 + 10)
+
+
+@pytest.mark.parametrize("kwargs,match", [({"norm": "layer"}, "norm must be one of batch, group"),
+                                          ({"norm": "group", "groups": 3}, "groups must divide"),
+                                          ({"groups": 0}, "groups must be a positive integer"),
+                                          ({"proj_dim": 0}, "proj_dim must be a positive integer")])
+def test_resnet18_bad_parameters(kwargs, match):
+    with pytest.raises(ValueError, match=match):
+        build_model("resnet18", (3, 32, 32), 10, **kwargs)

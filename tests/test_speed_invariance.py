@@ -55,7 +55,7 @@ def test_eval_batch_size_does_not_change_metrics(digits_cfg, tmp_path):
 
 
 def test_embed_batches_subdivide_the_old_blocks():
-    from protofl.engine.client import embed_batches
+    from protofl.engine.train import embed_batches
 
     assert embed_batches(0, 256) == []
     assert embed_batches(3, 256) == [(0, 3)]

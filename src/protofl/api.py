@@ -27,7 +27,7 @@ from .algorithms import ALGORITHMS
 from .config import apply_overrides, check_here, Config, from_dict, parse_override
 from .config.coerce import check_path_component
 from .data.build import build_federated
-from .data.datasets import load_dataset
+from .data.datasets import load_configured
 from .data.features import make_scenario
 from .engine.callbacks import Callback, OverallProgress
 from .engine.checkpoint import save_json, save_text
@@ -191,7 +191,7 @@ def _dataset_for(cfg: Config, datasets: Optional[dict]):
     key = json.dumps([cfg.data.name, cfg.data.root, cfg.data.params, cfg.seed], sort_keys=True, default=str)
     if key not in datasets:
         datasets.clear()
-        datasets[key] = load_dataset(cfg.data.name, cfg.data.root, seed=cfg.seed, **cfg.data.params)
+        datasets[key] = load_configured(cfg)
     return datasets[key]
 
 

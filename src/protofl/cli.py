@@ -1,4 +1,4 @@
-"""Command line: ``protofl {run,compare,sweep,reproduce,partition,demo,list,configs,plot,report,flower} ...``.
+"""Command line: ``protofl {run,compare,sweep,reproduce,partition,demo,list,data,configs,plot,report,flower} ...``.
 
 Exit codes: 0 success; 1 a bug in protofl (two lines; ``--debug`` shows the traceback);
 2 bad input (config, names, missing or damaged data, a combination of components that
@@ -172,7 +172,55 @@ def cmd_list(args) -> int:
 
     for title, reg in (("methods", ALGORITHMS), ("datasets", DATASETS), ("models", MODELS),
                        ("partitioners", PARTITIONERS), ("feature scenarios", FEATURES)):
-        print(f"{title}: {', '.join(reg.names())}")
+        print(f"{title}: {', '.join(reg.names() + reg.usages())}")
+    return 0
+
+
+def cmd_data(args) -> int:
+    from .data import fetch as F
+    from .data.catalog import CATALOG
+    from .data.datasets import DATASETS, resolve_root
+
+    root = resolve_root(args.root)
+    what = args.data_command
+    if what == "list":
+        print(f"data root: {root} (--root, ${'PROTOFL_DATA'}, else ~/.cache/protofl/data)")
+        for name in [*CATALOG, *[n for n in DATASETS.names() if n not in CATALOG]]:
+            src = CATALOG.get(name)
+            if src is None:
+                builtin = {"spiral": "generated in memory", "digits": "bundled with scikit-learn"}
+                print(f"{name}: {builtin.get(name, 'not in protofl catalog (a plugin dataset): place it by hand')}; "
+                      "nothing to fetch")
+                continue
+            st = F.status(src, root)
+            fetchable = "fetchable" if src.fetchable else f"not fetchable: {src.not_fetchable}"
+            print(f"{name}: {src.title}, {src.size or '?'}; present: {st.present}; checksums: {st.checksums}; "
+                  f"{fetchable}")
+            pinned = f"checksums from {src.checksum_from}" if src.checksum_from else "no pinned checksums"
+            print(f"    source: {src.homepage}; {pinned}; license: {src.license}")
+            if not src.fetchable:
+                print(f"    by hand: {src.how_to_place(root)}")
+        return 0
+    if what == "fetch":
+        for name in args.names:
+            src = F.get_source(name)
+            folder = F.fetch(src, root, mirrors=args.mirror or (), download=True)
+            print(f"{name}: {len(src.files)} file(s) present and verified in {folder}")
+        return 0
+    # verify
+    names = args.names or [n for n in CATALOG]
+    sources = [F.get_source(n) for n in names]
+    bad = []
+    for src, st in F.verify(sources, root):
+        if st.present == "no" and not args.names:
+            continue
+        print(f"{src.name}: present: {st.present}; checksums: {st.checksums}")
+        if st.ok is False:
+            bad.append(f"{src.name} ({st.checksums.split(': ', 1)[-1]})")
+    if bad:
+        print(f"protofl: error: files that are not the published ones: {', '.join(bad)}; fetch them again "
+              f"(protofl data fetch NAME) or copy the right files there", file=sys.stderr)
+        return EXIT_BAD_INPUT
     return 0
 
 
@@ -317,6 +365,24 @@ def build_parser() -> argparse.ArgumentParser:
 
     sp = sub.add_parser("list", help="registered methods, datasets, models, partitioners, feature scenarios")
     sp.set_defaults(func=cmd_list)
+
+    sp = sub.add_parser("data", help="the datasets: list them, fetch one (with checksums), verify the files",
+                        description="`protofl data list` shows every dataset (source, size, license, present, "
+                        "checksums); `protofl data fetch NAME` downloads and verifies one; `protofl data verify "
+                        "[NAME]` re-checks the files present. Details: docs/data.md.")
+    dsub = sp.add_subparsers(dest="data_command", required=True)
+    root_help = "data root (default: $PROTOFL_DATA, then ~/.cache/protofl/data)"
+    dp = dsub.add_parser("list", help="every dataset: source, size, license, present?, checksums verified?")
+    dp.add_argument("--root", help=root_help)
+    dp = dsub.add_parser("fetch", help="download datasets into the data root and verify their checksums")
+    dp.add_argument("names", nargs="+", metavar="NAME")
+    dp.add_argument("--root", help=root_help)
+    dp.add_argument("--mirror", action="append", metavar="URL",
+                    help="a mirror (base URL laid out like the data root) tried first; repeatable")
+    dp = dsub.add_parser("verify", help="re-read the files present and compare them with the published checksums")
+    dp.add_argument("names", nargs="*", metavar="NAME")
+    dp.add_argument("--root", help=root_help)
+    sp.set_defaults(func=cmd_data)
 
     sp = sub.add_parser("configs", aliases=["config"],
                         help="the example configs shipped with protofl, and the defaults",

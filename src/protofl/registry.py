@@ -10,12 +10,17 @@ the groups ``protofl.algorithms``, ``protofl.models``, ``protofl.datasets`` and
 They are loaded the first time a name is not found or the names are listed, in every
 process (worker processes and Flower clients included). A plugin that fails to import
 is reported by name and left out; it does not break protofl.
+
+A *family* of names that another library resolves, such as ``torchvision:<name>``, is
+registered once with :meth:`Registry.add_prefix`; ``protofl list`` shows its usage line.
 """
 from __future__ import annotations
 
 import warnings
 from importlib.metadata import entry_points
 from typing import Callable, Generic, Iterator, Optional, TypeVar
+
+from .errors import InputError
 
 T = TypeVar("T")
 
@@ -34,6 +39,7 @@ class Registry(Generic[T]):
         self._items: dict[str, T] = {}
         self._plugins_loaded = group is None
         self.plugin_errors: dict[str, str] = {}
+        self._prefixes: dict[str, tuple[Callable[[str], T], str]] = {}
 
     def load_plugins(self, reload: bool = False) -> None:
         """Register the components of the installed packages' entry points (once)."""
@@ -65,7 +71,25 @@ class Registry(Generic[T]):
     def add(self, name: str, obj: T) -> None:
         self.register(name)(obj)
 
+    def add_prefix(self, prefix: str, resolve: Callable[[str], T], usage: str) -> None:
+        """Names ``<prefix><rest>`` resolve to ``resolve(rest)``, which raises
+        :class:`UnknownNameError` for a ``rest`` it does not know; ``usage`` says how to use
+        the family (``protofl list``)."""
+        if prefix in self._prefixes:
+            raise ValueError(f"{self.kind} prefix {prefix!r} registered twice")
+        self._prefixes[prefix] = (resolve, usage)
+
+    def usages(self) -> list[str]:
+        """The usage lines of the families of names (:meth:`add_prefix`)."""
+        return [usage for _, usage in self._prefixes.values()]
+
+    def _family(self, name: str) -> Optional[str]:
+        return next((p for p in self._prefixes if name.startswith(p)), None)
+
     def get(self, name: str) -> T:
+        prefix = self._family(name)
+        if prefix is not None:
+            return self._prefixes[prefix][0](name[len(prefix):])
         if name not in self._items:
             self.load_plugins()
         try:
@@ -82,6 +106,12 @@ class Registry(Generic[T]):
         return sorted(self._items)
 
     def __contains__(self, name: object) -> bool:
+        if isinstance(name, str) and self._family(name) is not None:
+            try:
+                self.get(name)
+            except (UnknownNameError, InputError):  # an unknown name, or its library is missing
+                return False
+            return True
         if name not in self._items:
             self.load_plugins()
         return name in self._items

@@ -184,12 +184,16 @@ def check_kwargs(fn: Any, params: dict, section: str, skip: int = 0,
                  provided: tuple[str, ...] = ()) -> dict:
     """Validate ``params`` against the keyword parameters of ``fn`` after the first ``skip``.
 
-    Unknown keys are rejected with the list of known ones; values are type-checked
-    against the annotations. Returns the coerced kwargs (only those given). Names in
-    ``provided`` are supplied by the library (e.g. the natural partition's users).
+    Unknown keys are rejected with the list of known ones, unless ``fn`` takes ``**kwargs``
+    (a builder that passes them on to another library, e.g. ``torchvision:<name>``: that
+    library checks them); values are type-checked against the annotations. Returns the
+    coerced kwargs (only those given). Names in ``provided`` are supplied by the library
+    (e.g. the natural partition's users).
     """
     sig = inspect.signature(fn)
     plist = list(sig.parameters.values())[skip:]
+    passes_on = any(p.kind == p.VAR_KEYWORD for p in plist)
+    given_by_protofl = [p.name for p in list(sig.parameters.values())[:skip]]  # e.g. a model's num_classes
     try:
         hints = typing.get_type_hints(fn)
     except Exception:  # pragma: no cover - unresolved annotations: skip type checks
@@ -198,6 +202,11 @@ def check_kwargs(fn: Any, params: dict, section: str, skip: int = 0,
              if p.kind in (p.KEYWORD_ONLY, p.POSITIONAL_OR_KEYWORD) and p.name not in provided}
     out = {}
     for k, v in params.items():
+        if k in given_by_protofl:
+            raise ConfigError(f"{section}.{k}", v, "set by protofl, not a parameter")
+        if k not in known and passes_on and k not in provided:
+            out[k] = v
+            continue
         if k not in known:
             allowed = ", ".join(sorted(known)) or "no parameters"
             raise ConfigError(f"{section}.{k}", v, f"unknown parameter; allowed: {allowed}")

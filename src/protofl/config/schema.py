@@ -16,7 +16,7 @@ from typing import Any
 import yaml
 
 from ..algorithms import ALGORITHMS
-from ..data.datasets import DATASETS
+from ..data.datasets import DATASETS, HF_PREFIX
 from ..data.features import FEATURES, check_scenario
 from ..data.partition import PARTITIONERS
 from ..models import MODELS
@@ -62,12 +62,19 @@ class Config:
             params = d.pop("params", None)
             if params:
                 d.update(params)
-            if sec == "model" and not d.get("per_client"):
-                d.pop("per_client", None)
+            if sec == "model":  # unset: left out, so that the fingerprints of older configs stay
+                if not d.get("per_client"):
+                    d.pop("per_client", None)
+                if d.get("pretrained") is None:
+                    d.pop("pretrained", None)
             if sec == "data":  # unset: left out, so that the fingerprints of older configs stay
                 for k in ("root", "train_size"):
                     if d.get(k) is None:
                         d.pop(k)
+                if d.get("download") is True:
+                    d.pop("download")
+                if not d.get("mirrors"):
+                    d.pop("mirrors", None)
             out[sec] = d
         return out
 
@@ -79,7 +86,8 @@ class Config:
         d = self.to_dict()
         for k in ignore:
             d.pop(k, None)
-        d["data"].pop("root", None)  # where the files live does not change the results
+        for k in ("root", "download", "mirrors"):  # where the files live or come from does not change the results
+            d["data"].pop(k, None)
         for section, key, default in ADDED_AT_DEFAULT:  # settings added later, at the value that
             if d.get(section, {}).get(key, default) == default:  # reproduces the earlier behaviour,
                 d[section].pop(key, None)  # do not rename the run folders written before them
@@ -199,7 +207,10 @@ def validate_components(cfg: Config) -> None:
             f"unknown execution backend {cfg.execution.backend!r}; known: {', '.join(BACKENDS)}")
     if cfg.execution.backend == "ray":
         require_ray()
-    loader = _get(DATASETS, cfg.data.name, "data.name")
+    if cfg.data.name.startswith(HF_PREFIX):  # any Hugging Face dataset: its options are load_hf's
+        from ..data.hf import load_hf as loader
+    else:
+        loader = _get(DATASETS, cfg.data.name, "data.name")
     cfg.data.params = check_kwargs(loader, cfg.data.params, "data", skip=2)
     part = _get(PARTITIONERS, cfg.partition.name, "partition.name")
     require(cfg.partition.num_clients >= 1, "partition.num_clients", cfg.partition.num_clients, "must be >= 1")

@@ -22,11 +22,17 @@ class DataConfig:
     # a seeded uniform random subset of this many training samples, drawn before the
     # partition (MP-FedCL's Table VI trains on 2,000 MNIST images); null = the whole split
     train_size: Optional[int] = None
+    # a catalog dataset whose files are missing is fetched on first use (docs/data.md);
+    # false (or PROTOFL_OFFLINE=1) forbids the network: the error says how to place the files
+    download: bool = True
+    mirrors: list[str] = field(default_factory=list)  # base URLs laid out like the data root, tried first
     params: dict = field(default_factory=dict)  # the loader's own options
 
     def validate(self, section: str) -> None:
         require(self.train_size is None or self.train_size >= 1, f"{section}.train_size", self.train_size,
                 "must be >= 1 or null")
+        for i, m in enumerate(self.mirrors):
+            require(isinstance(m, str) and bool(m.strip()), f"{s}.mirrors[{i}]", m, "expected a base URL")
 
 
 @dataclass
@@ -52,6 +58,10 @@ class ModelConfig:
     # clients is used as is, a shorter one is assigned in contiguous equal blocks
     # (three values -> thirds), as in FedProto's 18/20/22-channel setting
     per_client: dict = field(default_factory=dict)
+    # a file of weights (a state dict saved with torch.save: the whole model's or its
+    # body's) loaded after the model is built and before the method adapts it
+    # (protofl.models.pretrained); left out of the saved config and the fingerprint when null
+    pretrained: Optional[str] = None
 
 
 @dataclass

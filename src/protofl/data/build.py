@@ -14,7 +14,7 @@ import torch
 
 from ..errors import ConfigError
 from .dataset import Dataset
-from .datasets import load_dataset
+from .datasets import load_configured
 from .features import make_scenario
 from .federated import FederatedData, make_partition
 from .partition import client_groups, local_test_indices
@@ -57,8 +57,7 @@ def train_subset(ds: Dataset, n: int, seed: int) -> Dataset:
 
 
 def _build_label_skew(cfg, dataset: Optional[Dataset] = None) -> FederatedData:
-    ds = dataset if dataset is not None else load_dataset(cfg.data.name, cfg.data.root, seed=cfg.seed,
-                                                          **cfg.data.params)
+    ds = dataset if dataset is not None else load_configured(cfg)
     if cfg.data.train_size is not None:
         if cfg.partition.name == "natural":
             raise ConfigError("data.train_size", cfg.data.train_size,

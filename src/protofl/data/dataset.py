@@ -16,7 +16,7 @@ import torch
 @dataclass
 class Dataset:
     name: str
-    x_train: torch.Tensor  # (N, ...) uint8 / float32 images or int64 tokens
+    x_train: torch.Tensor  # (N, ...) uint8 / float32 images or int64 / uint8 tokens
     y_train: torch.Tensor  # (N,) int64
     x_test: torch.Tensor
     y_test: torch.Tensor
@@ -52,9 +52,9 @@ class Dataset:
         return self.y_test.numpy()
 
     def normalize(self, x: torch.Tensor) -> torch.Tensor:
-        """Raw slice -> model input (float32 for images/vectors, int64 kept for tokens)."""
-        if self.kind == "tokens":
-            return x
+        """Raw slice -> model input (float32 for images/vectors, int64 for tokens)."""
+        if self.kind == "tokens":  # tokens may be stored as uint8 (the full LEAF Shakespeare)
+            return x if x.dtype == torch.int64 else x.long()
         out = x.to(torch.float32)
         if out is x:  # already float32: do not modify the caller's tensor
             out = x.clone()

@@ -2,7 +2,10 @@
 
 Every loader has the signature ``loader(root: Path, seed: int, **options) -> Dataset``;
 options are validated against the signature by the config layer. Files are read in the
-datasets' published formats; nothing is downloaded.
+datasets' published formats, straight from the published archives where there are some.
+A dataset of the catalog (:mod:`protofl.data.catalog`) whose files are missing is
+fetched on first use (:mod:`protofl.data.fetch`), unless ``PROTOFL_OFFLINE`` is set or
+``data.download`` is false.
 
 Data root resolution (first that is set): ``--data-dir`` / ``data.root``, the
 ``PROTOFL_DATA`` environment variable, then ``$XDG_CACHE_HOME/protofl/data``
@@ -19,6 +22,7 @@ import os
 import pickle
 import re
 import tarfile
+import zipfile
 import zlib
 from pathlib import Path, PurePosixPath
 from typing import Optional
@@ -31,6 +35,7 @@ from ..registry import Registry
 from .dataset import Dataset
 
 DATASETS: Registry = Registry("dataset", "protofl.datasets")
+HF_PREFIX = "hf:"  # data.name: hf:<repo> loads a Hugging Face dataset (protofl.data.hf)
 
 
 class MissingDataError(InputError, FileNotFoundError):
@@ -93,20 +98,63 @@ def find_files(root: Path, dataset: str, folders: list[str], files: list[str]) -
             return d
     raise MissingDataError(
         f"dataset {dataset!r}: expected files {', '.join(files)} in one of: {'; '.join(searched)}. "
-        f"Set --data-dir or PROTOFL_DATA to the folder that holds them (protofl never downloads)."
+        f"Set --data-dir or PROTOFL_DATA to the folder that holds them{_fetch_hint(dataset)}."
     )
 
 
-def load_dataset(name: str, root: Optional[str | os.PathLike] = None, seed: int = 0, **options) -> Dataset:
-    """Load a registered dataset; a file that exists but cannot be read is one-line bad input."""
+def _fetch_hint(dataset: str) -> str:
+    from .catalog import CATALOG
+
+    src = CATALOG.get(dataset)
+    return f", or run `protofl data fetch {dataset}`" if src is not None and src.fetchable else ""
+
+
+def load_dataset(name: str, root: Optional[str | os.PathLike] = None, seed: int = 0, *,
+                 download: Optional[bool] = None, mirrors: tuple[str, ...] | list[str] = (), **options) -> Dataset:
+    """Load a registered dataset; a file that exists but cannot be read is one-line bad input.
+
+    A catalog dataset whose files are missing is fetched first (``download=False`` or
+    ``PROTOFL_OFFLINE=1`` forbid it: the error then says how to place the files by hand).
+    ``hf:<repo>`` loads a Hugging Face dataset (the ``hf`` extra).
+    """
+    if name.startswith(HF_PREFIX):
+        from .hf import load_hf
+
+        return load_hf(name[len(HF_PREFIX):], seed, **options)
     loader = DATASETS.get(name)
+    path = resolve_root(root)
     try:
-        return loader(resolve_root(root), seed, **options)
+        return _read(name, loader, path, seed, options)
+    except MissingDataError as missing:
+        from .catalog import CATALOG
+        from .fetch import fetch
+
+        source = CATALOG.get(name)
+        if source is None:
+            raise
+        try:
+            fetch(source, path, mirrors=mirrors, download=download)
+        except MissingDataError as e:  # offline, or not fetchable: what was looked for, then how to place it
+            detail = str(e).removeprefix(f"dataset {name!r}: ")
+            raise MissingDataError(f"{missing} Not fetched: {detail}") from None
+        return _read(name, loader, path, seed, options)
+
+
+def _read(name, loader, root: Path, seed: int, options: dict) -> Dataset:
+    try:
+        return loader(root, seed, **options)
     except InputError:
         raise
-    except (ValueError, OSError, EOFError, zlib.error, tarfile.TarError, pickle.UnpicklingError) as e:
+    except (ValueError, OSError, EOFError, zlib.error, tarfile.TarError, pickle.UnpicklingError,
+            zipfile.BadZipFile) as e:
         # a file that exists but cannot be read as the dataset's format: one line, exit 2
         raise DataFileError(f"dataset {name!r}: {one_line(e)}") from None
+
+
+def load_configured(cfg) -> Dataset:
+    """The dataset of a config's ``data`` section (fetched on first use as it says)."""
+    d = cfg.data
+    return load_dataset(d.name, d.root, seed=cfg.seed, download=d.download, mirrors=tuple(d.mirrors), **d.params)
 
 
 # ---------------------------------------------------------------------------------------
@@ -379,7 +427,7 @@ def _read_leaf(root: Path, dataset: str, folders: list[str], archive: str = ""):
     raise MissingDataError(
         f"dataset {dataset!r}: expected LEAF json files in train/ and test/ folders, or a .tar.gz "
         f"holding them, in one of: {'; '.join(searched)}. Set --data-dir or PROTOFL_DATA to the "
-        f"folder that holds them (protofl never downloads)."
+        f"folder that holds them."
     )
 
 
@@ -387,6 +435,11 @@ def _leaf_dataset(name, root, folders, archive, encode_x, encode_y, **fields) ->
     """Concatenate users' samples in sorted-user order; users_* index those blocks.
     A user present in only one split gets an empty index array on the other side."""
     source, docs = _read_leaf(root, name, folders, archive)
+    return _users_dataset(name, source, docs, encode_x, encode_y, **fields)
+
+
+def _users_dataset(name, source, docs, encode_x, encode_y, **fields) -> Dataset:
+    """LEAF-form docs ({split: [{"users", "num_samples", "user_data"}]}) -> a Dataset."""
     per: dict[str, dict[str, tuple[list, list]]] = {s: {} for s in LEAF_SPLITS}
     declared = {s: 0 for s in LEAF_SPLITS}
     for split, split_docs in docs.items():
@@ -446,8 +499,9 @@ def load_femnist(root: Path, seed: int) -> Dataset:
     )
 
 
-def encode_chars(texts: list[str], length: int, what: str = "shakespeare") -> np.ndarray:
-    """Strings of ``length`` characters -> int64 (N, length) indices into ALL_LETTERS.
+def encode_chars(texts: list[str], length: int, what: str = "shakespeare", dtype=np.int64) -> np.ndarray:
+    """Strings of ``length`` characters -> (N, length) indices into ALL_LETTERS (int64, or
+    ``dtype``: uint8 keeps the full LEAF Shakespeare at 340 MB instead of 2.7 GB).
 
     A character outside LEAF's vocabulary is an error (LEAF itself maps it to -1 via
     str.find, which silently aliases the last embedding row)."""
@@ -458,7 +512,7 @@ def encode_chars(texts: list[str], length: int, what: str = "shakespeare") -> np
     unknown = set(joined) - set(ALL_LETTERS)
     if unknown:
         raise ValueError(f"{what}: characters outside LEAF's 80-symbol vocabulary: {sorted(unknown)!r}")
-    lut = np.zeros(128, dtype=np.int64)  # ALL_LETTERS is ASCII, checked above
+    lut = np.zeros(128, dtype=dtype)  # ALL_LETTERS is ASCII, checked above
     lut[np.frombuffer(ALL_LETTERS.encode("ascii"), np.uint8)] = np.arange(len(ALL_LETTERS))
     return lut[np.frombuffer(joined.encode("ascii"), np.uint8)].reshape(len(texts), length)
 
@@ -466,13 +520,61 @@ def encode_chars(texts: list[str], length: int, what: str = "shakespeare") -> np
 @DATASETS.register("shakespeare")
 def load_shakespeare(root: Path, seed: int) -> Dataset:
     """LEAF Shakespeare next-character prediction: x 80 characters, y the next one, both
-    as indices into LEAF's 80-symbol ALL_LETTERS; one user per (play, role)."""
-    return _leaf_dataset(
-        "shakespeare", root, ["shakespeare", "shakespeare/data"], "leaf_shakespeare_sample.tar.gz",
-        lambda xs: encode_chars(xs, SHAKESPEARE_SEQ_LEN),
-        lambda ys: encode_chars(ys, 1).reshape(-1),
-        num_classes=len(ALL_LETTERS), class_names=list(ALL_LETTERS), kind="tokens",
-    )
+    as indices into LEAF's 80-symbol ALL_LETTERS; one user per (play, role).
+
+    Read from LEAF's json (train/ and test/ folders or a .tar.gz), else from the fetched
+    ``shakespeare.csv`` (LEAF's samples as published on the Hugging Face Hub,
+    ``character_id,x,y``: one split), whose every user's last tenth of samples is the test
+    split: consecutive samples are windows shifted by one character, so a random split
+    would put nearly the same text on both sides."""
+    fields = dict(num_classes=len(ALL_LETTERS), class_names=list(ALL_LETTERS), kind="tokens")
+    folders = ["shakespeare", "shakespeare/data"]
+    try:
+        return _leaf_dataset(
+            "shakespeare", root, folders, "leaf_shakespeare_sample.tar.gz",
+            lambda xs: encode_chars(xs, SHAKESPEARE_SEQ_LEN), lambda ys: encode_chars(ys, 1).reshape(-1), **fields)
+    except MissingDataError:
+        csv_path = root / "shakespeare" / SHAKESPEARE_CSV
+        if not csv_path.exists():
+            raise
+    docs = _shakespeare_csv_docs(csv_path)
+    return _users_dataset(
+        "shakespeare", csv_path, docs,
+        lambda xs: encode_chars(xs, SHAKESPEARE_SEQ_LEN, dtype=np.uint8),
+        lambda ys: encode_chars(ys, 1, dtype=np.uint8).reshape(-1).astype(np.int64), **fields)
+
+
+SHAKESPEARE_CSV = "shakespeare.csv"
+SHAKESPEARE_TEST_EVERY = 10  # a user's last n // 10 samples are its test split
+
+
+def _shakespeare_csv_docs(path: Path) -> dict:
+    """``character_id,x,y`` rows -> LEAF-form docs, each user's samples in file order."""
+    import csv
+
+    users: dict[str, tuple[list, list]] = {}
+    with open(path, newline="", encoding="utf-8") as fh:
+        reader = csv.reader(fh)
+        header = next(reader, None)
+        cols = {c: i for i, c in enumerate(header or [])}
+        if not {"character_id", "x", "y"} <= set(cols):
+            raise DataFileError(f"{path}: not the Shakespeare csv (expected columns character_id, x, y; "
+                                f"got {', '.join(header or []) or 'an empty file'})")
+        ci, xi, yi = cols["character_id"], cols["x"], cols["y"]
+        for row in reader:
+            xs, ys = users.setdefault(row[ci], ([], []))
+            xs.append(row[xi])
+            ys.append(row[yi])
+    docs: dict[str, list] = {"train": [], "test": []}
+    for split in LEAF_SPLITS:
+        data = {}
+        for u, (xs, ys) in users.items():
+            cut = len(ys) - len(ys) // SHAKESPEARE_TEST_EVERY
+            sl = slice(0, cut) if split == "train" else slice(cut, None)
+            data[u] = {"x": xs[sl], "y": ys[sl]}
+        docs[split].append({"users": list(data), "num_samples": [len(v["y"]) for v in data.values()],
+                            "user_data": data})
+    return docs
 
 
 # ---------------------------------------------------------------------------------------
@@ -502,19 +604,51 @@ def _unpickle(path: Path) -> dict:
         return loader.load()
 
 
-def _cifar(name, root, folders, train_files, test_file, label_key, meta_file, names_key, num_classes, mean, std):
-    d = find_files(root, name, folders, [*train_files, test_file])
+def archive_members(path: Path, wanted: list[str], optional: tuple[str, ...] = ()) -> dict[str, bytes]:
+    """The bytes of the named members of a tar (any compression) or zip archive, in one
+    sequential pass; a missing member says that the archive is not the dataset's."""
+    found: dict[str, bytes] = {}
+    names = set(wanted) | set(optional)
+    if zipfile.is_zipfile(path):
+        with zipfile.ZipFile(path) as zf:
+            for n in names & set(zf.namelist()):
+                found[n] = zf.read(n)
+    else:
+        with tarfile.open(path, "r:*") as tf:
+            for m in tf:
+                if m.isfile() and m.name in names:
+                    found[m.name] = tf.extractfile(m).read()
+    lacking = [n for n in wanted if n not in found]
+    if lacking:
+        raise DataFileError(f"{path}: not the archive this dataset is published in (it lacks {', '.join(lacking[:3])}"
+                            f"{'...' if len(lacking) > 3 else ''}); fetch it again or copy the right file there")
+    return found
+
+
+def _cifar(name, root, folders, train_files, test_file, label_key, meta_file, names_key, num_classes, mean, std,
+           archive, inner):
+    try:
+        d = find_files(root, name, folders, [*train_files, test_file])
+        read = lambda f: _unpickle(d / f)  # noqa: E731
+        has_meta = (d / meta_file).exists()
+    except MissingDataError:
+        d = root / name / archive  # the published tarball, read without unpacking it
+        if not d.exists():
+            raise
+        members = archive_members(d, [f"{inner}/{f}" for f in (*train_files, test_file)], (f"{inner}/{meta_file}",))
+        read = lambda f: pickle.loads(members[f"{inner}/{f}"], encoding="bytes")  # noqa: E731
+        has_meta = f"{inner}/{meta_file}" in members
     splits = []
     for files in (train_files, [test_file]):
-        batches = [_unpickle(d / f) for f in files]
+        batches = [read(f) for f in files]
         x = np.concatenate([np.asarray(b[b"data"], dtype=np.uint8).reshape(-1, 3, 32, 32) for b in batches])
         y = np.concatenate([np.asarray(b[label_key], dtype=np.int64).reshape(-1) for b in batches])
         if len(x) != len(y) or (y.size and (y.min() < 0 or y.max() >= num_classes)):
             raise ValueError(f"{name}: bad labels in {', '.join(files)} ({len(x)} images, {len(y)} labels)")
         splits.append((torch.from_numpy(x), torch.from_numpy(y)))
     class_names = None
-    if (d / meta_file).exists():  # optional: only for readable class names
-        class_names = [n.decode() if isinstance(n, bytes) else str(n) for n in _unpickle(d / meta_file)[names_key]]
+    if has_meta:  # optional: only for readable class names
+        class_names = [n.decode() if isinstance(n, bytes) else str(n) for n in read(meta_file)[names_key]]
     return Dataset(
         name=name,
         x_train=splits[0][0],
@@ -537,7 +671,7 @@ def load_cifar10(root: Path, seed: int) -> Dataset:
     return _cifar(
         "cifar10", root, ["cifar10/cifar-10-batches-py", "cifar-10-batches-py", "cifar10"],
         [f"data_batch_{i}" for i in range(1, 6)], "test_batch", b"labels", "batches.meta", b"label_names",
-        10, (0.4914, 0.4822, 0.4465), (0.2470, 0.2435, 0.2616),
+        10, (0.4914, 0.4822, 0.4465), (0.2470, 0.2435, 0.2616), "cifar-10-python.tar.gz", "cifar-10-batches-py",
     )
 
 
@@ -546,7 +680,7 @@ def load_cifar100(root: Path, seed: int) -> Dataset:
     return _cifar(
         "cifar100", root, ["cifar100/cifar-100-python", "cifar-100-python", "cifar100"],
         ["train"], "test", b"fine_labels", "meta", b"fine_label_names",
-        100, (0.5071, 0.4865, 0.4409), (0.2673, 0.2564, 0.2762),
+        100, (0.5071, 0.4865, 0.4409), (0.2673, 0.2564, 0.2762), "cifar-100-python.tar.gz", "cifar-100-python",
     )
 
 
@@ -582,3 +716,225 @@ def load_svhn(root: Path, seed: int) -> Dataset:
         class_names=[str(i) for i in range(10)],
         info={"source": str(d)},
     )
+
+
+def channel_stats(x: np.ndarray) -> tuple[tuple[float, ...], tuple[float, ...]]:
+    """Per-channel mean and std of uint8 (N, C, H, W) images, on the [0, 1] scale
+    (measured on the training split at load time, so no constant can be stale)."""
+    if not len(x):
+        return (0.0,) * x.shape[1], (1.0,) * x.shape[1]
+    c = x.shape[1]
+    s1, s2 = np.zeros(c), np.zeros(c)
+    for start in range(0, len(x), 4096):  # float64 sums over bounded chunks: exact enough, little memory
+        chunk = x[start:start + 4096].astype(np.float64) / 255.0
+        s1 += chunk.sum(axis=(0, 2, 3))
+        s2 += (chunk * chunk).sum(axis=(0, 2, 3))
+    n = x.shape[0] * x.shape[2] * x.shape[3]
+    mean = s1 / n
+    std = np.sqrt(np.maximum(s2 / n - mean * mean, 1e-12))
+    return tuple(round(float(v), 4) for v in mean), tuple(round(float(v), 4) for v in std)
+
+
+def _image_dataset(name, xtr, ytr, xte, yte, num_classes, source, class_names=None, **info) -> Dataset:
+    """uint8 (N, C, H, W) arrays and int labels -> a Dataset normalized on the fly by the
+    training split's per-channel mean and std."""
+    mean, std = channel_stats(xtr)
+    for y, split in ((ytr, "train"), (yte, "test")):
+        if y.size and (y.min() < 0 or y.max() >= num_classes):
+            raise ValueError(f"{name} {split}: labels outside 0..{num_classes - 1}")
+    return Dataset(
+        name=name,
+        x_train=torch.from_numpy(np.ascontiguousarray(xtr)),
+        y_train=torch.from_numpy(np.asarray(ytr, dtype=np.int64)),
+        x_test=torch.from_numpy(np.ascontiguousarray(xte)),
+        y_test=torch.from_numpy(np.asarray(yte, dtype=np.int64)),
+        num_classes=num_classes,
+        scale=255.0,
+        mean=mean,
+        std=std,
+        class_names=class_names,
+        info={"source": str(source), **info},
+    )
+
+
+def _published(root: Path, dataset: str, folder: str, files: list[str]) -> Path:
+    """The folder holding a catalog dataset's published files (``root/folder``)."""
+    return find_files(root, dataset, [folder], files)
+
+
+# ---------------------------------------------------------------------------------------
+# EMNIST: NIST's gzip.zip, every split's IDX files inside (read from the zip as it is)
+# ---------------------------------------------------------------------------------------
+EMNIST_SPLITS = {"byclass": 62, "bymerge": 47, "balanced": 47, "letters": 26, "digits": 10, "mnist": 10}
+
+
+@DATASETS.register("emnist")
+def load_emnist(root: Path, seed: int, split: str = "byclass") -> Dataset:
+    """EMNIST ``split`` (byclass, bymerge, balanced, letters, digits, mnist) as 28x28
+    uint8 images, turned upright (the files store them transposed). ``letters`` labels
+    1..26 become 0..25 (26 classes); the others keep the publisher's label order."""
+    if split not in EMNIST_SPLITS:
+        raise ValueError(f"emnist: split must be one of {', '.join(EMNIST_SPLITS)}, got {split!r}")
+    d = _published(root, "emnist", "emnist", ["gzip.zip"])
+    names = [f"gzip/emnist-{split}-{part}-ubyte.gz" for part in
+             ("train-images-idx3", "train-labels-idx1", "test-images-idx3", "test-labels-idx1")]
+    members = archive_members(d / "gzip.zip", names)
+    xtr, ytr, xte, yte = (parse_idx(zlib.decompress(members[n], 16 + zlib.MAX_WBITS), n) for n in names)
+    if split == "letters":
+        ytr, yte = ytr.astype(np.int64) - 1, yte.astype(np.int64) - 1
+    upright = [np.ascontiguousarray(x.transpose(0, 2, 1))[:, None] for x in (xtr, xte)]
+    return _image_dataset("emnist", upright[0], ytr, upright[1], yte, EMNIST_SPLITS[split], d / "gzip.zip",
+                          split=split)
+
+
+# ---------------------------------------------------------------------------------------
+# Tiny-ImageNet-200: the published zip; 64x64 JPEGs, train/<wnid>/images/*.JPEG, and the
+# validation labels in val/val_annotations.txt (every validation image sits in one folder)
+# ---------------------------------------------------------------------------------------
+TINY_ROOT = "tiny-imagenet-200"
+
+
+def tiny_imagenet_val_labels(text: str, wnids: list[str]) -> dict[str, int]:
+    """val_annotations.txt (``file<TAB>wnid<TAB>x0<TAB>y0<TAB>x1<TAB>y1`` per line) -> {file: class}.
+
+    The class of a validation image is in this file only: its folder (val/images/) is
+    shared by all 10,000 images, so a folder-per-class reader gives every one class 0."""
+    index = {w: i for i, w in enumerate(wnids)}
+    out = {}
+    for n, line in enumerate(text.splitlines(), 1):
+        if not line.strip():
+            continue
+        parts = line.split("\t")
+        if len(parts) < 2 or parts[1] not in index:
+            raise ValueError(f"val_annotations.txt line {n}: expected a file name and one of the 200 wnids, got {line!r}")
+        out[parts[0]] = index[parts[1]]
+    return out
+
+
+@DATASETS.register("tinyimagenet")
+def load_tinyimagenet(root: Path, seed: int) -> Dataset:
+    """Tiny-ImageNet-200: 100,000 training images (500 per class) and the 10,000 labelled
+    validation images as the test split; classes are the wnids in sorted order. Read
+    from the published zip, or from an extracted tiny-imagenet-200/ folder."""
+    import io
+
+    from PIL import Image
+
+    zpath = root / "tinyimagenet" / "tiny-imagenet-200.zip"
+    if zpath.exists():
+        zf = zipfile.ZipFile(zpath)
+        names = zf.namelist()
+        read = zf.read
+        source = zpath
+    else:
+        d = find_files(root, "tinyimagenet", [f"tinyimagenet/{TINY_ROOT}", TINY_ROOT, "tinyimagenet"],
+                       ["wnids.txt", "val/val_annotations.txt"])
+        base = d.parent
+        names = [p.relative_to(base).as_posix() for p in d.rglob("*") if p.is_file()]
+        read = lambda n: (base / n).read_bytes()  # noqa: E731
+        source = d
+    prefix = next((n[: -len("wnids.txt")] for n in names if n.endswith("wnids.txt")), None)
+    if prefix is None or prefix + "val/val_annotations.txt" not in names:
+        raise DataFileError(f"{source}: not Tiny-ImageNet (no wnids.txt and val/val_annotations.txt)")
+    wnids = sorted(read(prefix + "wnids.txt").decode().split())
+    val_labels = tiny_imagenet_val_labels(read(prefix + "val/val_annotations.txt").decode(), wnids)
+    index = {w: i for i, w in enumerate(wnids)}
+
+    def decode(name: str) -> np.ndarray:
+        img = Image.open(io.BytesIO(read(name))).convert("RGB")  # a few are greyscale
+        a = np.asarray(img, dtype=np.uint8)
+        if a.shape != (64, 64, 3):
+            raise ValueError(f"{name}: expected a 64x64 image, got {a.shape[:2]}")
+        return a
+
+    train, val = [], []
+    for n in sorted(names):
+        rel = n[len(prefix):]
+        parts = rel.split("/")
+        if not rel.lower().endswith((".jpeg", ".jpg")):
+            continue
+        if parts[0] == "train" and len(parts) == 4 and parts[1] in index:
+            train.append((n, index[parts[1]]))
+        elif parts[0] == "val" and parts[-1] in val_labels:
+            val.append((n, val_labels[parts[-1]]))
+    listed = len(val_labels)
+    if len(val) != listed:
+        raise DataFileError(f"{source}: val_annotations.txt lists {listed} images, {len(val)} of them are there")
+    xs = [np.stack([decode(n) for n, _ in split]).transpose(0, 3, 1, 2) if split else
+          np.zeros((0, 3, 64, 64), np.uint8) for split in (train, val)]
+    return _image_dataset("tinyimagenet", xs[0], np.array([c for _, c in train]), xs[1],
+                          np.array([c for _, c in val]), 200, source, class_names=wnids)
+
+
+# ---------------------------------------------------------------------------------------
+# Digit-5's other domains: USPS (LIBSVM's bz2 text), MNIST-M and SynthDigits (torch
+# tensors as their publisher saves them)
+# ---------------------------------------------------------------------------------------
+def parse_usps(text: str, what: str) -> tuple[np.ndarray, np.ndarray]:
+    """LIBSVM lines ``label i:v ...`` (labels 1..10, values in [-1, 1], 256 pixels) ->
+    uint8 (N, 1, 16, 16) images ((v + 1) / 2 * 255, as torchvision) and labels 0..9."""
+    xs, ys = [], []
+    for n, line in enumerate(text.splitlines(), 1):
+        parts = line.split()
+        if not parts:
+            continue
+        row = np.zeros(256, dtype=np.float32)
+        try:
+            for item in parts[1:]:
+                i, v = item.split(":")
+                row[int(i) - 1] = float(v)
+            ys.append(int(float(parts[0])) - 1)
+        except (ValueError, IndexError):
+            raise ValueError(f"{what} line {n}: not a LIBSVM line of 256 pixels") from None
+        xs.append(row)
+    x = ((np.stack(xs) + 1) / 2 * 255).astype(np.uint8).reshape(-1, 1, 16, 16) if xs else np.zeros((0, 1, 16, 16), np.uint8)
+    return x, np.asarray(ys, dtype=np.int64)
+
+
+@DATASETS.register("usps")
+def load_usps(root: Path, seed: int) -> Dataset:
+    """USPS handwritten digits: 7,291 train / 2,007 test, 16x16 grey (a Digit-5 domain)."""
+    import bz2
+
+    d = _published(root, "usps", "usps", ["usps.bz2", "usps.t.bz2"])
+    (xtr, ytr), (xte, yte) = (parse_usps(bz2.decompress((d / f).read_bytes()).decode("ascii"), f)
+                              for f in ("usps.bz2", "usps.t.bz2"))
+    return _image_dataset("usps", xtr, ytr, xte, yte, 10, d, [str(i) for i in range(10)])
+
+
+def _torch_pair(raw: bytes, what: str, hw: int) -> tuple[np.ndarray, np.ndarray]:
+    """A ``torch.save((images, labels))`` file: uint8 (N, H, W, 3) images -> (N, 3, H, W)."""
+    import io
+
+    try:
+        data, targets = torch.load(io.BytesIO(raw), weights_only=True)  # tensors only: no code runs
+    except (RuntimeError, pickle.UnpicklingError, ValueError, TypeError) as e:
+        raise ValueError(f"{what}: not a saved (images, labels) pair ({one_line(e, 120)})") from None
+    x, y = np.asarray(data), np.asarray(targets).reshape(-1)
+    if x.dtype != np.uint8 or x.ndim != 4 or x.shape[1:] != (hw, hw, 3) or len(x) != len(y):
+        raise ValueError(f"{what}: expected uint8 images (N, {hw}, {hw}, 3) and N labels, got {x.dtype} {x.shape}")
+    return x.transpose(0, 3, 1, 2), y.astype(np.int64)
+
+
+@DATASETS.register("mnistm")
+def load_mnistm(root: Path, seed: int) -> Dataset:
+    """MNIST-M (MNIST digits blended with BSDS500 patches): 60,000 / 10,000, 28x28 RGB."""
+    d = _published(root, "mnistm", "mnistm", ["mnist_m_train.pt.tar.gz", "mnist_m_test.pt.tar.gz"])
+    pairs = [_torch_pair(archive_members(d / f"{s}.tar.gz", [s])[s], s, 28)
+             for s in ("mnist_m_train.pt", "mnist_m_test.pt")]
+    return _image_dataset("mnistm", *pairs[0], *pairs[1], 10, d, [str(i) for i in range(10)])
+
+
+@DATASETS.register("synthdigits")
+def load_synthdigits(root: Path, seed: int) -> Dataset:
+    """SynthDigits (Ganin & Lempitsky's synthetic numbers): 32x32 RGB (a Digit-5 domain)."""
+    d = _published(root, "synthdigits", "synthdigits", ["synth_train.pt.gz", "synth_test.pt.gz"])
+    pairs = []
+    for f in ("synth_train.pt.gz", "synth_test.pt.gz"):
+        try:
+            raw = zlib.decompress((d / f).read_bytes(), 16 + zlib.MAX_WBITS)
+        except zlib.error as e:
+            raise DataFileError(f"{d / f}: damaged gzip file ({e}); fetch it again") from None
+        pairs.append(_torch_pair(raw, f, 32))
+    return _image_dataset("synthdigits", *pairs[0], *pairs[1], 10, d,
+                          [str(i) for i in range(10)])

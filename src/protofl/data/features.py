@@ -41,7 +41,7 @@ import torch
 from ..registry import Registry
 from ..rng import np_rng, torch_gen
 from .dataset import Dataset
-from .datasets import load_dataset, resolve_root
+from .datasets import load_configured, load_dataset, resolve_root
 from .federated import FederatedData, make_partition
 from .partition import local_test_indices
 
@@ -358,8 +358,7 @@ class Writers(Scenario):
                              "(partition.name=iid keeps every sample of the group)")
 
     def build(self, cfg, dataset: Optional[Dataset] = None):
-        ds = dataset if dataset is not None else load_dataset(cfg.data.name, cfg.data.root, seed=cfg.seed,
-                                                              **cfg.data.params)
+        ds = dataset if dataset is not None else load_configured(cfg)
         if ds.users_train is None or ds.users_test is None:
             raise ValueError(f"writers needs a dataset with natural users (femnist, shakespeare); "
                              f"{ds.name!r} has none")

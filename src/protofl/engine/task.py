@@ -85,7 +85,8 @@ class ModelCache:
             # and the server's global model start from identical weights
             with torch.random.fork_rng(devices=[]):
                 torch.manual_seed(seed_for(self.info.seed, "init"))
-                base = build_model(self.cfg.model.name, self.info.input_shape, self.info.num_classes, **kwargs)
+                base = build_model(self.cfg.model.name, self.info.input_shape, self.info.num_classes,
+                                   pretrained=self.cfg.model.pretrained, **kwargs)
                 model = self.algorithm.adapt_model(base).to(self.device)
             if use_channels_last(self.cfg, model):
                 model = model.to(memory_format=torch.channels_last)
@@ -146,7 +147,7 @@ def build_probe(cfg: Config, ds, kwargs: dict):
     them (an image model on 8x8 digits, an LSTM on images) is a :class:`ConfigError` that
     names the registered models that can take them."""
     try:
-        return build_model(cfg.model.name, ds.input_shape, ds.num_classes, **kwargs)
+        return build_model(cfg.model.name, ds.input_shape, ds.num_classes, pretrained=cfg.model.pretrained, **kwargs)
     except (ValueError, RuntimeError) as e:  # a shape check, or torch refusing a layer's size
         if isinstance(e, ConfigError):
             raise

@@ -2,18 +2,27 @@
 from __future__ import annotations
 
 import math
-from typing import Sequence
+from typing import Callable, Literal, Optional, Sequence
 
 from torch import nn
 
 from ..registry import Registry
+from . import torchvision_models
 from .base import FLModel
+from .pretrained import load_pretrained
 
 MODELS: Registry = Registry("model", "protofl.models")
+MODELS.add_prefix(torchvision_models.PREFIX, torchvision_models.resolve, torchvision_models.USAGE)
 
 
-def build_model(name: str, input_shape: Sequence[int], num_classes: int, **kwargs) -> FLModel:
-    return MODELS.get(name)(tuple(input_shape), int(num_classes), **kwargs)
+def build_model(name: str, input_shape: Sequence[int], num_classes: int, pretrained: Optional[str] = None,
+                **kwargs) -> FLModel:
+    """The registered model ``name`` for these inputs and classes; ``pretrained``: a file of
+    weights (``model.pretrained``) loaded into it before any method adapts it."""
+    model = MODELS.get(name)(tuple(input_shape), int(num_classes), **kwargs)
+    if pretrained is not None:
+        load_pretrained(model, pretrained)
+    return model
 
 
 @MODELS.register("mlp")
@@ -227,51 +236,104 @@ def fedavg_cnn(input_shape: tuple, num_classes: int) -> FLModel:
 
 
 # ---------------------------------------------------------------------------------------
-# ResNet-18 with GroupNorm
+# ResNet-18 for 32x32 inputs, with BatchNorm or GroupNorm
 # ---------------------------------------------------------------------------------------
 
-def _gn(channels: int) -> nn.GroupNorm:
-    return nn.GroupNorm(2, channels)
+NORMS = ("batch", "group")
 
 
 class _BasicBlock(nn.Module):
-    def __init__(self, in_planes: int, planes: int, stride: int) -> None:
+    """conv3x3 -> norm -> ReLU -> conv3x3 -> norm, plus the shortcut (identity, or a 1x1
+    conv + norm where the shape changes), then ReLU.
+
+    The norm layers are named ``gn1``/``gn2`` (GroupNorm) or ``bn1``/``bn2`` (BatchNorm):
+    ``resnet18_gn``'s state-dict keys, and so its checkpoints, stay as they were.
+    """
+
+    def __init__(self, in_planes: int, planes: int, stride: int, norm: Callable[[int], nn.Module],
+                 tag: str) -> None:
         super().__init__()
+        self.norms = (f"{tag}1", f"{tag}2")
         self.conv1 = nn.Conv2d(in_planes, planes, 3, stride=stride, padding=1, bias=False)
-        self.gn1 = _gn(planes)
+        self.add_module(self.norms[0], norm(planes))
         self.conv2 = nn.Conv2d(planes, planes, 3, stride=1, padding=1, bias=False)
-        self.gn2 = _gn(planes)
+        self.add_module(self.norms[1], norm(planes))
         self.relu = nn.ReLU()
         if stride != 1 or in_planes != planes:
             self.shortcut: nn.Module = nn.Sequential(
-                nn.Conv2d(in_planes, planes, 1, stride=stride, bias=False), _gn(planes))
+                nn.Conv2d(in_planes, planes, 1, stride=stride, bias=False), norm(planes))
         else:
             self.shortcut = nn.Identity()
 
     def forward(self, x):
-        out = self.relu(self.gn1(self.conv1(x)))
-        out = self.gn2(self.conv2(out))
+        n1, n2 = (getattr(self, n) for n in self.norms)
+        out = self.relu(n1(self.conv1(x)))
+        out = n2(self.conv2(out))
         return self.relu(out + self.shortcut(x))
+
+
+@MODELS.register("resnet18")
+def resnet18(input_shape: tuple, num_classes: int, norm: Literal["batch", "group"] = "batch",
+             groups: int = 2, proj_dim: Optional[int] = None) -> FLModel:
+    """ResNet-18 for 32x32 inputs (the "CIFAR stem"), as the FL papers train it on CIFAR-10/100
+    and SVHN.
+
+    body: Conv2d(C, 64, 3, padding=1, bias=False) -> norm -> ReLU (no max-pool) ->
+    4 stages of 2 BasicBlocks, widths 64/128/256/512, strides 1/2/2/2 (1x1 conv + norm
+    shortcut where the shape changes) -> AdaptiveAvgPool2d(1) -> Flatten; feature_dim 512.
+    With ``proj_dim``: then Linear(512, proj_dim) (no activation); feature_dim proj_dim.
+    head: Linear(feature_dim, num_classes). Any in_channels and any spatial size work.
+
+    ``norm``: ``batch`` (BatchNorm2d; its running statistics are buffers, averaged like the
+    weights) or ``group`` (GroupNorm(``groups``, C); FedNH's appendix replaces every
+    BatchNorm by GroupNorm with 2 groups, following Lin et al. 2020: ``resnet18_gn``).
+
+    FedGELA (section 5 and Appendix C) uses "ResNet18 (modified by 32x32 input)" with BatchNorm
+    (its code's ResNetCifar10: torchvision's ResNet-18 with this 3x3 stride-1 stem and no
+    max-pool), followed by "one layer of FC as the projection layer (the hidden size is 84
+    for SVHN and CIFAR10 and 512 for CIFAR100)" and the classifier: ``norm: batch,
+    proj_dim: 84``. Deviations: the convolutions keep PyTorch's default initialization
+    (torchvision and FedGELA's code draw them from kaiming_normal_(fan_out)); FedGELA's code
+    projects with two FC layers (512 -> 512, ReLU, 512 -> out) where the paper says one, and
+    we follow the paper.
+    """
+    if norm not in NORMS:
+        raise ValueError(f"model 'resnet18': norm must be one of {', '.join(NORMS)}; got {norm!r}")
+    _positive("resnet18", groups=groups)
+    if proj_dim is not None:
+        _positive("resnet18", proj_dim=proj_dim)
+    c = _image_shape("resnet18", input_shape)[0]
+    if norm == "group":
+        for width in (64, 128, 256, 512):
+            if width % groups:
+                raise ValueError(f"model 'resnet18': groups must divide every width (64, 128, 256, 512); "
+                                 f"got {groups}")
+        make, tag = (lambda ch: nn.GroupNorm(groups, ch)), "gn"
+    else:
+        make, tag = nn.BatchNorm2d, "bn"
+    layers: list[nn.Module] = [nn.Conv2d(c, 64, 3, padding=1, bias=False), make(64), nn.ReLU()]
+    in_planes = 64
+    for planes, stride in ((64, 1), (128, 2), (256, 2), (512, 2)):
+        layers += [_BasicBlock(in_planes, planes, stride, make, tag), _BasicBlock(planes, planes, 1, make, tag)]
+        in_planes = planes
+    layers += [nn.AdaptiveAvgPool2d(1), nn.Flatten()]
+    feature_dim = 512
+    if proj_dim is not None:
+        layers.append(nn.Linear(512, proj_dim))
+        feature_dim = proj_dim
+    return FLModel(nn.Sequential(*layers), nn.Linear(feature_dim, num_classes), feature_dim, num_classes,
+                   is_conv=True)
 
 
 @MODELS.register("resnet18_gn")
 def resnet18_gn(input_shape: tuple, num_classes: int) -> FLModel:
-    """ResNet-18 for 32x32 inputs (CIFAR stem) with GroupNorm(2, C) for every BatchNorm.
-
-    body: Conv2d(C, 64, 3, padding=1, bias=False) -> GN -> ReLU (no max-pool) ->
-    4 stages of 2 BasicBlocks, widths 64/128/256/512, strides 1/2/2/2 (1x1 conv + GN
-    shortcut where the shape changes) -> AdaptiveAvgPool2d(1) -> Flatten; feature_dim 512.
-    head: Linear(512, num_classes). Any in_channels and any spatial size work.
+    """``resnet18`` with ``norm: group`` (GroupNorm(2, C) for every BatchNorm), FedNH's
+    ResNet-18 for Tiny-ImageNet. The same weights for the same seed as ``resnet18`` with
+    ``norm: group``; kept as a name of its own (without parameters) so that the configs
+    and run folders that name it keep their fingerprints.
     """
-    c = _image_shape("resnet18_gn", input_shape)[0]
-    layers: list[nn.Module] = [nn.Conv2d(c, 64, 3, padding=1, bias=False), _gn(64), nn.ReLU()]
-    in_planes = 64
-    for planes, stride in ((64, 1), (128, 2), (256, 2), (512, 2)):
-        layers += [_BasicBlock(in_planes, planes, stride), _BasicBlock(planes, planes, 1)]
-        in_planes = planes
-    layers += [nn.AdaptiveAvgPool2d(1), nn.Flatten()]
-    return FLModel(nn.Sequential(*layers), nn.Linear(512, num_classes), 512, num_classes,
-                   is_conv=True)
+    _image_shape("resnet18_gn", input_shape)
+    return resnet18(input_shape, num_classes, norm="group", groups=2)
 
 
 # ---------------------------------------------------------------------------------------

@@ -483,8 +483,8 @@ def test_the_index_of_pages_comes_from_the_pages(tmp_path, capsys):
     (pages / "traps.md").write_text(markdown_page(res, date="D", mach="M"))
     (pages / "old.md").write_text("# a page made before pages carried their verdicts\n")
     text = index_text(pages, {"traps": None, "fednh-table1": None}, tmp_path)
-    assert "| [traps](pages/traps.md) | Someone" not in text  # the paper's short name, not its authors
-    assert "[traps](pages/traps.md) | A paper, Table 9 (digits) | `cpu`: 0, 1, 2 (exploratory: 3, 4) |" in text
+    assert "| [traps](pages/traps.md) | Traps: unequal seeds, a reversal, a constant difference, a missing metric | " \
+           "`cpu`: 0, 1, 2 (exploratory: 3, 4) |" in text
     assert "`reversal` (iid): contradicted" in text and "`missing-metric` (iid): shown, against 1 of 2" in text
     assert "| [old](pages/old.md) | – | – | made before pages carried their verdicts: regenerate it | – |" in text
     assert "No page yet: `fednh-table1`." in text

@@ -368,8 +368,9 @@ def _paper_col_text(res: Results) -> str:
 # ---------------------------------------------------------------------------------------
 def summary(res: Results) -> dict:
     spec, p = res.plan.spec, res.plan
-    return {"table": spec.name, "paper": f"{spec.paper.get('short') or spec.paper['title']}, {spec.paper['table']}",
-            "ours": spec.substitute or spec.dataset, "scale": p.scale, "seeds": p.planned, "exploratory": p.extra,
+    return {"table": spec.name, "title": spec.title,
+            "paper": f"{spec.paper.get('short') or spec.paper['title']}, {spec.paper['table']}",
+            "scale": p.scale, "seeds": p.planned, "exploratory": p.extra,
             "complete": all(res.complete(sp.setting.id) for sp in p.settings),
             "claims": [{"id": cr.claim.id, "role": cr.claim.role, "setting": cr.setting.label,
                         "verdict": cr.verdict.verdict, "label": verdict_label(cr.claim, cr.verdict, bold=False)}
@@ -415,8 +416,8 @@ def index_text(pages: Path, specs: dict[str, TableSpec], relative_to: Path) -> s
             seeds += ", incomplete"
         verdicts = {role: "; ".join(f"`{c['id']}` ({c['setting']}): {c['label']}" for c in s["claims"]
                                     if c["role"] == role) or "–" for role in ("paper", "ablation")}
-        rows.append([link, f"{s['paper']} ({s['ours']})", seeds, verdicts["paper"], verdicts["ablation"]])
-    out = markdown(["page", "the paper's table (ours)", "seeds", "the paper's claims", "our ablations"], rows)
+        rows.append([link, s["title"], seeds, verdicts["paper"], verdicts["ablation"]])
+    out = markdown(["page", "what it rebuilds", "seeds", "the paper's claims", "our ablations"], rows)
     missing = [name for name in specs if name not in have]
     if missing:
         out += f"\nNo page yet: {', '.join(f'`{n}`' for n in missing)}.\n"

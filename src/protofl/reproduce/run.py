@@ -314,15 +314,12 @@ def collect(p: Plan) -> Results:
                                           if res.complete(s.id) else _incomplete(p, labels, rows_of))
     res.claims = [ClaimResult(c, sp.setting, verdicts[(c.id, sp.setting.id)])
                   for c in spec.claims for sp in p.settings if (c.id, sp.setting.id) in verdicts]
-    cells = res.cells
-    ranks = {}
     if spec.rank is not None:
         for sp in p.settings:
-            paper = {lab: cs[spec.rank].paper for lab, cs in cells[sp.setting.id].items()
-                     if cs[spec.rank].paper is not None}
-            ours = {lab: cs[spec.rank].mean for lab, cs in cells[sp.setting.id].items() if cs[spec.rank].present}
-            ranks[sp.setting.id] = stats.rank_correlation(paper, ours)
-    res.ranks = ranks
+            cells = res.cells[sp.setting.id]
+            paper = {lab: cs[spec.rank].paper for lab, cs in cells.items() if cs[spec.rank].paper is not None}
+            ours = {lab: cs[spec.rank].mean for lab, cs in cells.items() if cs[spec.rank].present}
+            res.ranks[sp.setting.id] = stats.rank_correlation(paper, ours)
     return res
 
 

@@ -114,7 +114,8 @@ class Paired:
             counts = "it is" if min(self.p_for, self.p_against) == 0 else "it is not"
             return (f"zero spread, so no t-test: a constant difference counts only when at least one test "
                     f"sample ({one}) {past}; {counts}")
-        return (f"one-sided paired t-test p = {_p(self.p_for)}, the opposite {_p(self.p_against)}; "
+        against = f" against {self.shift:+g} pts" if self.shift else ""
+        return (f"one-sided paired t-test{against} p = {_p(self.p_for)}, the opposite {_p(self.p_against)}; "
                 f"Wilcoxon p = {_p(self.w_for)} / {_p(self.w_against)}")
 
     def text(self) -> str:
@@ -231,11 +232,8 @@ def greater(a: dict[int, Optional[float]], b: dict[int, Optional[float]], step: 
 
 def not_worse(a: dict[int, Optional[float]], b: dict[int, Optional[float]], margin: float,
               step: Step = None) -> Verdict:
-    """a not below b by more than ``margin`` points (non-inferiority)."""
-    v = greater(a, b, step, shift=-margin)
-    if v.tests:
-        v.detail += f" (against -{margin:g} pts: the non-inferiority margin)"
-    return v
+    """a not below b by more than ``margin`` points (non-inferiority): mean(d) against -margin."""
+    return greater(a, b, step, shift=-margin)
 
 
 def smaller_std(a: dict[int, Optional[float]], b: dict[int, Optional[float]]) -> Verdict:
@@ -256,6 +254,10 @@ def each_of(a: dict[int, Optional[float]], others: dict[str, dict[int, Optional[
     parts = {label: test(a, b) for label, b in others.items()}
     short = {label: v for label, v in parts.items() if v.verdict == NOT_COMPARABLE}
     if short:
+        details = {v.detail for v in short.values()}
+        if len(details) == 1:
+            who = "each of them" if len(short) == len(parts) else ", ".join(short)
+            return Verdict(NOT_COMPARABLE, f"against {who}: {details.pop()}")
         return Verdict(NOT_COMPARABLE, "; ".join(f"against {label}: {v.detail}" for label, v in short.items()))
     k = len(parts)
     tests = [v.tests[0] for v in parts.values()]

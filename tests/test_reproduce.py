@@ -381,7 +381,7 @@ def traps_plan(tmp_path, seeds=(3, 4), drop=()):
     p = plan(load_spec(TRAPS / "traps.yaml"), "cpu", seeds=list(seeds), out=tmp_path / "traps")
     for sp in p.settings:
         for r in sp.runs:
-            src = TRAPS / "runs" / f"{r.label}-s{r.seed}"
+            src = TRAPS / "run_folders" / f"{r.label}-s{r.seed}"
             if src.is_dir() and src.name not in drop:
                 shutil.copytree(src, r.dir)
     return p

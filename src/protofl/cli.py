@@ -109,6 +109,19 @@ def cmd_reproduce(args) -> int:
         print(list_text(R.all_specs()))
         print("runs: settings x methods x the scale's seeds (docs/reproduce.md)")
         return 0
+    if args.table == "index":
+        from .errors import ConfigError
+        from .reproduce.render import index_text, write_index
+
+        pages = Path(args.pages)
+        if not pages.is_dir():
+            raise ConfigError("--pages", args.pages, "not a folder of reproduction pages")
+        if args.write:
+            write_index(pages, Path(args.write), R.all_specs())
+            print(f"written: the index block of {args.write}")
+        else:
+            sys.stdout.write(index_text(pages, R.all_specs(), Path.cwd()))
+        return 0
     overrides = list(args.overrides or [])
     if args.data_dir:
         overrides.append(f"data.root={args.data_dir}")
@@ -333,12 +346,14 @@ def build_parser() -> argparse.ArgumentParser:
                         description="`protofl reproduce list` shows the tables; `protofl reproduce TABLE` runs "
                         "its grid (resumable; finished runs are reused) and writes table.md, table.csv and "
                         "report.html.")
-    sp.add_argument("table", help="a table name from `protofl reproduce list`, or list")
+    sp.add_argument("table", help="a table name from `protofl reproduce list`; list; or index (the index of "
+                                  "published pages, from the verdicts each page carries)")
     sp.add_argument("overrides", nargs="*", help="dotted key=value overrides for every run, e.g. execution.device=cuda")
     sp.add_argument("--scale", choices=("smoke", "cpu", "paper"), default="cpu",
                     help="smoke (minutes), cpu (a 2-core machine; the default) or paper (the paper's rounds, "
                     "clients and epochs)")
-    sp.add_argument("--seeds", help="comma-separated seeds (default: the scale's)")
+    sp.add_argument("--seeds", help="comma-separated exploratory seeds, run besides the scale's own (fixed in the "
+                                  "table file; the verdicts use exactly those): shown apart, never in a verdict")
     sp.add_argument("--methods", help="comma-separated row labels to run (default: every row); the table "
                                       "still shows every finished run")
     sp.add_argument("--jobs", type=int, help="runs at once (default: CPU count / cores one run uses)")
@@ -346,6 +361,10 @@ def build_parser() -> argparse.ArgumentParser:
     sp.add_argument("--data-dir", help="data root (default: $PROTOFL_DATA, then ~/.cache/protofl/data)")
     sp.add_argument("--dry-run", action="store_true", help="list the runs and their folders, run nothing")
     sp.add_argument("--no-run", action="store_true", help="only tabulate the runs already finished")
+    sp.add_argument("--pages", default="benchmarks/reproductions",
+                    help="index: the folder of published pages (default benchmarks/reproductions)")
+    sp.add_argument("--write", help="index: replace the index block of this file (e.g. benchmarks/RESULTS.md) "
+                                    "instead of printing it")
     sp.set_defaults(func=cmd_reproduce)
 
     sp = sub.add_parser("partition", help="print per-client class counts and save a heatmap")

@@ -1,15 +1,17 @@
 """``protofl reproduce``: a seed paper's table in one command, ours beside theirs.
 
     protofl reproduce list
-    protofl reproduce fednh-table1 --scale cpu --seeds 0,1,2 --data-dir DATA [key=value ...]
+    protofl reproduce fednh-table1 --scale cpu --data-dir DATA [--seeds 3,4] [key=value ...]
+    protofl reproduce index --write benchmarks/RESULTS.md
 
 A table is data (``reproduce/tables/<name>.yaml``, :mod:`protofl.reproduce.spec`): the
 paper's numbers with their source, and the grid that rebuilds them at three scales. The
 grid runs on the sweep machinery (resumable, finished runs skipped, ``--jobs`` at once;
 :mod:`protofl.reproduce.run`); the outputs are written by :mod:`protofl.reproduce.render`;
-the verdicts of the paper's claims come from paired tests over seeds
-(:mod:`protofl.reproduce.stats`, which says exactly what "shown", "not shown" and "not
-comparable" mean).
+the verdicts of the paper's claims come from paired tests over the seeds fixed for the
+scale in the table file (:mod:`protofl.reproduce.stats`, which says exactly what "shown",
+"not shown", "contradicted" and "not comparable" mean); ``--seeds`` adds exploratory seeds,
+listed apart and never in a verdict.
 """
 from __future__ import annotations
 
@@ -29,8 +31,9 @@ def reproduce(name: str, scale: str = "cpu", seeds: Optional[list[int]] = None,
               log: Callable[[str], None] = print, run: bool = True) -> tuple[Results, list[Path], list]:
     """Run (or reuse) every run of table ``name`` at ``scale`` and write its outputs.
 
-    Returns (results, files written, failed runs). ``run=False`` only collects the runs
-    already finished (the table then marks the missing ones).
+    ``seeds``: exploratory seeds besides the scale's own. Returns (results, files written,
+    failed runs). ``run=False`` only collects the runs already finished (the table then
+    marks the missing ones).
     """
     p = plan(get_spec(name), scale, seeds, overrides, out)
     failed = execute(p, jobs=jobs, log=log) if run else []

@@ -1,30 +1,40 @@
 """A reproduction's outputs: ``table.md`` (a short page: the command, the date, the
-machine, the table with each cell "ours mean ± std (paper)", the paper's ranking beside
-ours with the rank correlation, and one verdict per claim), ``table.csv`` (one row per
-setting, method and metric, with the per-seed values) and ``report.html`` (the same,
-self-contained, with learning curves)."""
+machine, the seeds, the table with each cell "ours mean ± std (paper)", the paper's
+ranking beside ours with the rank correlation, one verdict per claim, and apart from all
+of them the exploratory runs), ``table.csv`` (one row per setting, method and metric, with
+the per-seed values) and ``report.html`` (the same, self-contained, with learning curves).
+
+The page ends with its verdicts in machine-readable form (an HTML comment, invisible when
+rendered), from which ``protofl reproduce index`` writes the index of the published pages
+(benchmarks/RESULTS.md) without anyone retyping a verdict."""
 from __future__ import annotations
 
 import csv
 import datetime
 import html
 import io
+import json
 import math
 import os
 import platform
+import re
 from pathlib import Path
 from typing import Optional
 
 import torch
 
+from ..errors import ConfigError, InputError
 from ..report import plots
 from ..report.html import _img, _table, CSS
 from ..report.tables import markdown, parse_select
 from . import stats
 from .run import Cell, command_line, Results
-from .spec import TableSpec
+from .spec import Claim, TableSpec
 
-VERDICT_MARK = {stats.SHOWN: "**shown**", stats.NOT_SHOWN: "not shown", stats.NOT_COMPARABLE: "not comparable"}
+LABEL = {stats.SHOWN: "shown", stats.NOT_SHOWN: "not shown", stats.CONTRADICTED: "contradicted",
+         stats.NOT_COMPARABLE: "not comparable"}
+EQUAL_LABEL = {stats.SHOWN: "shown equal", stats.CONTRADICTED: "shown different"}
+SUMMARY = "protofl-reproduce"  # the marker of the page's machine-readable verdicts
 
 
 def machine() -> str:
@@ -48,12 +58,44 @@ def fmt(x: Optional[float], digits: int = 2) -> str:
     return "–" if x is None or (isinstance(x, float) and math.isnan(x)) else f"{x:.{digits}f}"
 
 
+def seeds_text(seeds: list[int]) -> str:
+    return ", ".join(map(str, seeds)) if seeds else "none"
+
+
 def cell_text(c: Cell) -> str:
     v = c.present
     ours = "–" if not v else (fmt(c.mean) if len(v) == 1 else f"{fmt(c.mean)} ± {fmt(c.std)}")
     return f"{ours} ({fmt(c.paper)})"
 
 
+def verdict_label(claim: Claim, v: stats.Verdict, bold: bool = True) -> str:
+    """"**shown**", "not shown", "**contradicted**" ("**shown equal**" / "**shown
+    different**" for an equal claim), with the verdict's own qualification."""
+    text = (EQUAL_LABEL.get(v.verdict) if claim.kind == "equal" else None) or LABEL[v.verdict]
+    if bold and v.verdict in (stats.SHOWN, stats.CONTRADICTED):
+        text = f"**{text}**"
+    return text + (f", {v.note}" if v.note else "")
+
+
+def tested_text(c: Claim) -> str:
+    """What the verdict tests, in symbols: "FedNH > each of FedAvg, FedROD"."""
+    lower = c.better == "lower"
+    op = "<" if lower else ">"
+    rivals = c.b if c.b else f"each of {', '.join(c.among)}"
+    if c.kind == "equal":
+        return f"{c.a} ≈ {c.b} (±{c.margin:g} pts)"
+    if c.kind == "not_worse":
+        return f"{c.a} {'≤' if lower else '≥'} {rivals} {'+' if lower else '−'} {c.margin:g} pts"
+    if c.kind == "smaller_std":
+        return f"std over seeds: {c.a} < {rivals}"
+    if c.kind == "steadier":
+        return f"{c.a} steadier than {rivals}"
+    return f"{c.a} {op} {rivals}"
+
+
+# ---------------------------------------------------------------------------------------
+# the table
+# ---------------------------------------------------------------------------------------
 def _columns(res: Results, settings: Optional[list] = None) -> list[tuple]:
     spec = res.plan.spec
     settings = res.plan.settings if settings is None else settings
@@ -96,10 +138,6 @@ def table_rows(res: Results, settings: Optional[list] = None) -> tuple[list[str]
     return header, rows
 
 
-def _md_table(header: list[str], rows: list[list[str]]) -> str:
-    return markdown(header, rows)
-
-
 def ranking_lines(res: Results) -> list[str]:
     spec = res.plan.spec
     if spec.rank is None:
@@ -122,19 +160,24 @@ def ranking_lines(res: Results) -> list[str]:
     return out
 
 
-def verdict_rows(res: Results, role: str) -> list[list[str]]:
+# ---------------------------------------------------------------------------------------
+# the claims
+# ---------------------------------------------------------------------------------------
+VERDICT_HEADER = ["claim", "setting", "metric", "tested", "verdict", "what it rests on"]
+
+
+def verdict_rows(res: Results, role: str, bold: bool = True) -> list[list[str]]:
     spec = res.plan.spec
-    rows = []
-    for cr in res.claims:
-        c = cr.claim
-        if c.role != role:
-            continue
-        op = "<" if c.better == "lower" else ">"  # lower is better: the claim is "a below b"
-        what = {"greater": f"{c.a} {op} {c.b}", "equal": f"{c.a} ≈ {c.b} (±{c.margin:g} pts)",
-                "best": f"{c.a} {op} each of {', '.join(c.among)}"}[c.kind]
-        rows.append([c.id, cr.setting.label, spec.metric(c.metric).label, what,
-                     VERDICT_MARK[cr.verdict.verdict], cr.verdict.detail])
-    return rows
+    return [[cr.claim.id, cr.setting.label, spec.metric(cr.claim.metric).label, tested_text(cr.claim),
+             verdict_label(cr.claim, cr.verdict, bold), cr.verdict.detail]
+            for cr in res.claims if cr.claim.role == role]
+
+
+def claim_line(c: Claim) -> str:
+    """The claim as the paper states it (its words in quotation marks; a reading of a table
+    or our own question without), its source, and its scope."""
+    text = f"\"{c.text.strip()}\"" if c.role == "paper" and c.quoted else c.text.strip()
+    return f"`{c.id}`: {text} ({c.source})" + (f" Scope: {c.scope}" if c.scope else "")
 
 
 def claim_texts(res: Results, role: str) -> list[str]:
@@ -143,8 +186,82 @@ def claim_texts(res: Results, role: str) -> list[str]:
         c = cr.claim
         if c.role == role and c.id not in seen:
             seen.add(c.id)
-            out.append(f"* `{c.id}`: \"{c.text}\" ({c.source})")
+            out.append(f"* {claim_line(c)}")
     return out
+
+
+VERDICT_RULES = (
+    "Verdicts: paired over the seeds above (same seed = same partition, initial weights and sampled "
+    "clients), at level 0.05, three ways. *shown*: the one-sided paired t-test gives p < 0.05, i.e. the 90 % "
+    "interval printed beside it lies on the claim's side (for \"each of\": against every listed method; for ≈: "
+    "the 90 % interval lies inside the margin, *shown equal*; for \"steadier\": a smaller spread of the metric over "
+    "the last evaluations; for \"std over seeds\": the Pitman-Morgan test); *contradicted*: the opposite is shown at "
+    "the same level (for \"each of\": against one of the k methods at 0.05 / k; for ≈: the interval lies wholly "
+    "beyond the margin, *shown different*); *not shown*: neither; *not comparable*: fewer than three paired "
+    "seeds, the planned seeds not all finished, or a method without the metric. A difference that is the same on "
+    "every seed counts only when at least one test sample in size. The Wilcoxon signed-rank p beside it cannot "
+    "fall below 0.125 with three seeds (docs/reproduce.md).")
+
+
+# ---------------------------------------------------------------------------------------
+# the exploratory runs
+# ---------------------------------------------------------------------------------------
+def _per_seed(values: dict[int, Optional[float]]) -> str:
+    return ", ".join(f"{fmt(v)} (s{s})" for s, v in values.items()) or "·"
+
+
+def exploratory_lines(res: Results) -> list[str]:
+    """Every finished run outside the cells' seeds, listed per seed; for each claim, the
+    per-seed differences those runs give. Never a mean across methods, never a verdict."""
+    spec, p = res.plan.spec, res.plan
+    if not res.explore and not res.explore_missing:
+        return []
+    extra = f" (here {seeds_text(p.extra)})" if p.extra else ""
+    lines = ["## Exploratory: runs on other seeds", "",
+             f"No number above and no verdict uses these runs: runs on seeds beyond the ones fixed in the table "
+             f"file{extra}, and runs on a planned seed that not every method of their setting finished. One value "
+             f"per seed; the differences a − b are per seed too, without a test."]
+    for sp in p.settings:
+        per = res.explore.get(sp.setting.id)
+        if not per:
+            continue
+        header = ["method", *(m.label for m in spec.metrics)]
+        rows = [[label, *(_per_seed(vals[m.id]) for m in spec.metrics)] for label, vals in per.items()]
+        lines += ["", f"**{sp.setting.label}**", "", markdown(header, rows).rstrip()]
+        diffs = []
+        for c in spec.claims:
+            if c.settings is not None and sp.setting.id not in c.settings:
+                continue
+            a = per.get(c.a, {}).get(c.metric, {})
+            for r in c.rivals:
+                b = per.get(r, {}).get(c.metric, {})
+                both = [s for s in a if a[s] is not None and b.get(s) is not None]
+                if both:
+                    diffs.append(f"* `{c.id}`, {c.a} − {r} ({spec.metric(c.metric).label}): "
+                                 + ", ".join(f"{a[s] - b[s]:+.2f} (s{s})" for s in both))
+        if diffs:
+            lines += ["", *diffs]
+    if res.explore_missing:
+        lines += ["", f"Not finished on the exploratory seeds: {', '.join(res.explore_missing[:12])}"
+                  + (" ..." if len(res.explore_missing) > 12 else "") + "."]
+    return lines
+
+
+# ---------------------------------------------------------------------------------------
+# the page
+# ---------------------------------------------------------------------------------------
+def seeds_line(res: Results) -> str:
+    p = res.plan
+    line = (f"Seeds: {seeds_text(p.planned)}, fixed for scale `{p.scale}` in the table file before any run; "
+            f"every number and every verdict below comes from exactly these.")
+    short = [f"{sp.setting.label}: {seeds_text(res.seeds[sp.setting.id])}" for sp in p.settings
+             if not res.complete(sp.setting.id)]
+    if short:
+        line += (f" Not every method finished them all, so the cells use the seeds every method of the setting "
+                 f"finished ({'; '.join(short)}) and the claims there get no verdict.")
+    if p.extra:
+        line += f" Exploratory seeds {seeds_text(p.extra)}: listed apart at the end, in no number and no verdict."
+    return line
 
 
 def header_lines(res: Results, date: str, mach: str) -> list[str]:
@@ -159,7 +276,9 @@ def header_lines(res: Results, date: str, mach: str) -> list[str]:
         f"Paper: {paper['authors']}, \"{paper['title']}\", {paper['venue']}: {paper['table']}{page}{where}. "
         f"Paper's setting: {paper['setting']}",
         "",
-        f"Ours: {spec.dataset}, scale `{p.scale}`, seeds {', '.join(map(str, p.seeds))}.{sub}",
+        f"Ours: {spec.dataset}, scale `{p.scale}`.{sub}",
+        "",
+        seeds_line(res),
         "",
         "```",
         command_line(p),
@@ -177,12 +296,14 @@ def markdown_page(res: Results, date: Optional[str] = None, mach: Optional[str] 
     sc = spec.scales[p.scale]
     if sc.notes:
         lines += ["", f"**Scale `{p.scale}`.** {sc.notes.strip()}"]
+    if spec.changes:
+        lines += ["", f"**Changes since the last page.** {spec.changes.strip()}"]
     sel = "; ".join(f"{m.label}: {_select_text(m.select)}" for m in spec.metrics)
     lines += ["", "## Table"]
     for title, header, rows in split_tables(res):
-        lines += ["", *([f"**{title}**", ""] if title else []), _md_table(header, rows).rstrip()]
+        lines += ["", *([f"**{title}**", ""] if title else []), markdown(header, rows).rstrip()]
     lines += ["",
-              f"Each cell: ours, mean ± sample std over seeds (percent), and the paper's value in "
+              f"Each cell: ours, mean ± sample std over the seeds above (percent), and the paper's value in "
               f"parentheses ({_paper_col_text(res)}); – = no value, · = not run in that setting. "
               f"Which value of a run counts: {sel}."
               + (" † = our ablation, not a row of the paper's table." if any(m.role == "ablation"
@@ -200,20 +321,19 @@ def markdown_page(res: Results, date: Optional[str] = None, mach: Optional[str] 
         vr = verdict_rows(res, role)
         if not vr:
             continue
-        lines += ["", f"## {title}", "", *claim_texts(res, role), "",
-                  _md_table(["claim", "setting", "metric", "tested", "verdict", "what it rests on"], vr).rstrip()]
-    if any(c.claim.role for c in res.claims):
-        lines += ["", "Verdicts: paired over seeds (same seed = same partition, initial weights and sampled "
-                  "clients). *shown*: the one-sided paired t-test gives p < 0.05 (for \"each of\": against every "
-                  "listed method; for ≈: both one-sided tests of a TOST within the margin); *not shown*: it does not; "
-                  "*not comparable*: fewer than two seeds with a value for both, or a method without the metric. "
-                  "The Wilcoxon signed-rank p beside it cannot fall below 0.125 with three seeds "
-                  "(docs/reproduce.md)."]
+        lines += ["", f"## {title}", "", *claim_texts(res, role), "", markdown(VERDICT_HEADER, vr).rstrip()]
+    if res.claims:
+        lines += ["", VERDICT_RULES]
     if spec.notes:
         lines += ["", "## Notes", "", spec.notes.strip()]
     if res.missing:
-        lines += ["", f"**Incomplete:** {len(res.missing)} run(s) not finished: {', '.join(res.missing[:12])}"
-                  + (" ..." if len(res.missing) > 12 else "") + ". Their cells use the finished seeds only."]
+        lines += ["", f"**Incomplete:** {len(res.missing)} run(s) of the planned seeds not finished: "
+                  f"{', '.join(res.missing[:12])}" + (" ..." if len(res.missing) > 12 else "")
+                  + ". Their settings' cells use the planned seeds every method finished, and give no verdict."]
+    ex = exploratory_lines(res)
+    if ex:
+        lines += ["", *ex]
+    lines += ["", summary_comment(res)]
     return "\n".join(lines) + "\n"
 
 
@@ -230,6 +350,9 @@ def extras_lines(res: Results) -> list[str]:
 
 
 def _select_text(select: str) -> str:
+    m = re.fullmatch(r"spread:(\d+)", select)
+    if m:
+        return f"the sample std of the last {m.group(1)} evaluations (its swings; lower is steadier)"
     how, k = parse_select(select)
     return {"final": "the last evaluation", "best": "the best evaluation",
             "last": f"the mean of the last {k} evaluations"}[how]
@@ -240,21 +363,102 @@ def _paper_col_text(res: Results) -> str:
     return "paper column " + "; ".join(cols) if cols else "the paper gives no numbers for this table"
 
 
+# ---------------------------------------------------------------------------------------
+# the page's verdicts, machine-readable, and the index of the published pages
+# ---------------------------------------------------------------------------------------
+def summary(res: Results) -> dict:
+    spec, p = res.plan.spec, res.plan
+    return {"table": spec.name, "title": spec.title,
+            "paper": f"{spec.paper.get('short') or spec.paper['title']}, {spec.paper['table']}",
+            "scale": p.scale, "seeds": p.planned, "exploratory": p.extra,
+            "complete": all(res.complete(sp.setting.id) for sp in p.settings),
+            "claims": [{"id": cr.claim.id, "role": cr.claim.role, "setting": cr.setting.label,
+                        "verdict": cr.verdict.verdict, "label": verdict_label(cr.claim, cr.verdict, bold=False)}
+                       for cr in res.claims]}
+
+
+def summary_comment(res: Results) -> str:
+    # "--" may not appear inside an HTML comment; JSON escapes make sure it cannot
+    text = json.dumps(summary(res), ensure_ascii=False).replace("--", "-\\u002d")
+    return f"<!-- {SUMMARY} {text} -->"
+
+
+def read_summary(page: Path) -> Optional[dict]:
+    """The verdicts a page carries (None: a page made before pages carried them)."""
+    m = re.search(rf"<!-- {SUMMARY} (\{{.*\}}) -->", page.read_text(encoding="utf-8"))
+    if m is None:
+        return None
+    try:
+        return json.loads(m.group(1))
+    except json.JSONDecodeError as e:
+        raise InputError(f"{page}: its {SUMMARY} summary is not valid JSON ({e.msg}); regenerate the page") from None
+
+
+INDEX_START, INDEX_END = "<!-- reproduce-index: start -->", "<!-- reproduce-index: end -->"
+
+
+def index_text(pages: Path, specs: dict[str, TableSpec], relative_to: Path) -> str:
+    """The index of the pages in ``pages`` (one ``<table>.md`` each, as written by
+    ``protofl reproduce``): one row per page with its seeds and every verdict, then the
+    shipped tables that have no page yet."""
+    rows, have = [], set()
+    for page in sorted(Path(pages).glob("*.md")):
+        s = read_summary(page)
+        link = f"[{page.stem}]({Path(os.path.relpath(page, relative_to)).as_posix()})"
+        have.add(page.stem)
+        if s is None:
+            rows.append([link, "–", "–", "made before pages carried their verdicts: regenerate it", "–"])
+            continue
+        seeds = f"`{s['scale']}`: {seeds_text(s['seeds'])}"
+        if s.get("exploratory"):
+            seeds += f" (exploratory: {seeds_text(s['exploratory'])})"
+        if not s.get("complete", True):
+            seeds += ", incomplete"
+        verdicts = {role: "; ".join(f"`{c['id']}` ({c['setting']}): {c['label']}" for c in s["claims"]
+                                    if c["role"] == role) or "–" for role in ("paper", "ablation")}
+        rows.append([link, s["title"], seeds, verdicts["paper"], verdicts["ablation"]])
+    out = markdown(["page", "what it rebuilds", "seeds", "the paper's claims", "our ablations"], rows)
+    missing = [name for name in specs if name not in have]
+    if missing:
+        out += f"\nNo page yet: {', '.join(f'`{n}`' for n in missing)}.\n"
+    return out
+
+
+def write_index(pages: Path, target: Path, specs: dict[str, TableSpec]) -> str:
+    """Replace the block between INDEX_START and INDEX_END in ``target`` by the index."""
+    try:
+        text = target.read_text(encoding="utf-8")
+    except OSError as e:
+        raise ConfigError("--write", str(target), f"cannot read it ({e.strerror})") from None
+    if INDEX_START not in text or INDEX_END not in text:
+        raise ConfigError("--write", str(target), f"has no {INDEX_START} ... {INDEX_END} block to replace")
+    head, rest = text.split(INDEX_START, 1)
+    _, tail = rest.split(INDEX_END, 1)
+    block = index_text(pages, specs, target.parent)
+    target.write_text(f"{head}{INDEX_START}\n{block}{INDEX_END}{tail}", encoding="utf-8")
+    return block
+
+
+# ---------------------------------------------------------------------------------------
+# table.csv
+# ---------------------------------------------------------------------------------------
 def write_csv(res: Results, path: Path) -> Path:
     spec = res.plan.spec
     buf = io.StringIO()
     w = csv.writer(buf)
     w.writerow(["setting", "method", "role", "metric", "select", "seeds", "ours_mean", "ours_std", "paper_mean",
-                "paper_std", "paper_column", "values"])
+                "paper_std", "paper_column", "values", "exploratory_values"])
     for sp in res.plan.settings:
         for m in spec.methods_of(sp.setting):
             for met in spec.metrics:
                 c = res.cells[sp.setting.id][m.label][met.id]
                 n = len(c.present)
+                other = res.explore.get(sp.setting.id, {}).get(m.label, {}).get(met.id, {})
                 w.writerow([sp.setting.id, m.label, m.role, met.id, met.select, n,
                             _num(c.mean if n else None), _num(c.std if n > 1 else None), _num(c.paper),
                             _num(c.paper_std), sp.setting.paper or "",
-                            ";".join(f"{s}:{_num(v)}" for s, v in c.values.items())])
+                            ";".join(f"{s}:{_num(v)}" for s, v in c.values.items()),
+                            ";".join(f"{s}:{_num(v)}" for s, v in other.items())])
     path.write_text(buf.getvalue())
     return path
 
@@ -276,19 +480,20 @@ def build_html(res: Results, date: Optional[str] = None, mach: Optional[str] = N
              f"<style>{CSS}</style></head><body>", f"<h1>{esc(spec.title)}</h1>",
              f"<p class='sub'>{esc(paper['authors'])}, “{esc(paper['title'])}”, {esc(paper['venue'])}: "
              f"{esc(paper['table'])}. Paper's setting: {esc(paper['setting'])}</p>",
-             f"<p>Ours: {esc(spec.dataset)}, scale <code>{p.scale}</code>, seeds "
-             f"{', '.join(map(str, p.seeds))}." + (f" Substitute: {esc(spec.substitute)}." if spec.substitute else "")
-             + "</p>", f"<pre>{esc(command_line(p))}</pre>",
+             f"<p>Ours: {esc(spec.dataset)}, scale <code>{p.scale}</code>."
+             + (f" Substitute: {esc(spec.substitute)}." if spec.substitute else "") + "</p>",
+             f"<p>{esc(seeds_line(res))}</p>", f"<pre>{esc(command_line(p))}</pre>",
              f"<p class='note'>Made by <code>protofl reproduce</code> on {date}; machine: {esc(mach)}.</p>"]
     notes = spec.scales[p.scale].notes
     if notes:
         parts.append(f"<p class='note'><b>Scale {p.scale}.</b> {esc(notes.strip())}</p>")
+    if spec.changes:
+        parts.append(f"<p class='note'><b>Changes since the last page.</b> {esc(spec.changes.strip())}</p>")
     parts.append("<h2>Table</h2>")
     for title, header, rows in split_tables(res):
         parts += ([f"<h3>{esc(title)}</h3>"] if title else []) + [_table(header, rows)]
-    parts += [
-              f"<p class='note'>Each cell: ours, mean ± sample std over seeds (%), and the paper's value in "
-              f"parentheses ({esc(_paper_col_text(res))}).</p>"]
+    parts += [f"<p class='note'>Each cell: ours, mean ± sample std over the seeds above (%), and the paper's value "
+              f"in parentheses ({esc(_paper_col_text(res))}).</p>"]
     for line in extras_lines(res):
         parts.append(f"<p class='note'>{esc(line)}</p>")
     rl = ranking_lines(res)
@@ -296,20 +501,22 @@ def build_html(res: Results, date: Optional[str] = None, mach: Optional[str] = N
         parts += ["<h2>Ranking, the paper's beside ours</h2>",
                   "<pre>" + esc("\n".join(rl)) + "</pre>"]
     for role, title in (("paper", "Claims of the paper"), ("ablation", "Our ablations")):
-        vr = verdict_rows(res, role)
+        vr = verdict_rows(res, role, bold=False)
         if vr:
             parts += [f"<h2>{title}</h2>", "<ul>" + "".join(f"<li>{esc(t[2:])}</li>" for t in claim_texts(res, role))
-                      + "</ul>", _table(["claim", "setting", "metric", "tested", "verdict", "what it rests on"],
-                                        [[*r[:4], r[4].strip("*"), r[5]] for r in vr])]
+                      + "</ul>", _table(VERDICT_HEADER, vr)]
+    if res.claims:
+        parts.append(f"<p class='note'>{esc(VERDICT_RULES)}</p>")
     keys = []
-    for met in spec.metrics:
+    for met in p.metrics:
         k = met.key.split("[")[0]
         if k not in keys:
             keys.append(k)
     for sp in p.settings:
+        used = set(res.seeds.get(sp.setting.id, []))
         groups = {}
         for r in sp.runs:
-            if (r.dir / "summary.json").exists():
+            if r.seed in used and (r.dir / "summary.json").exists():
                 groups.setdefault(r.label, []).append(r.dir)
         if not groups:
             continue
@@ -319,12 +526,15 @@ def build_html(res: Results, date: Optional[str] = None, mach: Optional[str] = N
             continue
         parts += [f"<h2>Learning curves: {esc(sp.setting.label)}</h2>",
                   _img(plots.curves_figure(groups, ms, ncols=min(3, len(ms))), f"curves {sp.setting.label}"),
-                  f"<p class='note'>Mean over seeds, ± 1 sample std shaded. Every run of this setting: "
+                  f"<p class='note'>Mean over the seeds above, ± 1 sample std shaded. Every run of this setting: "
                   f"<a href='{esc(sp.setting.id)}/report.html'>{esc(sp.setting.id)}/report.html</a>.</p>"]
     if spec.notes:
         parts += ["<h2>Notes</h2>", f"<p>{esc(spec.notes.strip())}</p>"]
     if res.missing:
-        parts.append(f"<p><b>Incomplete:</b> {len(res.missing)} run(s) not finished.</p>")
+        parts.append(f"<p><b>Incomplete:</b> {len(res.missing)} run(s) of the planned seeds not finished.</p>")
+    ex = exploratory_lines(res)
+    if ex:
+        parts += ["<h2>Exploratory: runs on other seeds</h2>", "<pre>" + esc("\n".join(ex[2:])) + "</pre>"]
     parts.append("</body></html>")
     return "\n".join(parts)
 

@@ -10,6 +10,12 @@ the whole config) and runs several at once (``jobs``). Its folder::
 
 Every config of the plan is built and validated before the first run starts, so a typo
 in an override costs seconds.
+
+Seeds. A scale's seeds are fixed in the table file before any run; every number of the
+page (cells, ranking, verdicts) comes from them, and a verdict only when every method of
+its setting finished every one of them. Seeds beyond them (``--seeds``) run too, but
+their runs, like any run on a seed not every method finished, are only listed apart, as
+exploratory: they never enter a cell or a verdict.
 """
 from __future__ import annotations
 
@@ -19,14 +25,17 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Optional, Sequence
 
+import numpy as np
+
 from ..api import is_complete
 from ..config import check_here, Config, load_config, parse_override
-from ..errors import ConfigError
+from ..data.build import build_federated
+from ..errors import ConfigError, InputError
 from ..report.plots import read_metrics
 from ..report.tables import mean_std, select_value
 from ..sweeps import plan as sweep_plan, sweep
 from . import stats
-from .spec import _METRIC_KEY, Metric, SCALES, Setting, TableSpec
+from .spec import _METRIC_KEY, Claim, Metric, SCALES, Setting, TableSpec
 
 
 @dataclass
@@ -42,7 +51,7 @@ class SettingPlan:
 class Plan:
     spec: TableSpec
     scale: str
-    seeds: list[int]
+    seeds: list[int]  # every seed run: the scale's, then the exploratory ones
     overrides: list[str]
     out: Path
     settings: list[SettingPlan]
@@ -50,6 +59,24 @@ class Plan:
     @property
     def num_runs(self) -> int:
         return sum(len(s.runs) for s in self.settings)
+
+    @property
+    def metrics(self) -> list[Metric]:
+        """The table's metrics, read from the keys of this scale."""
+        return self.spec.metrics_at(self.scale)
+
+    def metric(self, mid: str) -> Metric:
+        return next(m for m in self.metrics if m.id == mid)
+
+    @property
+    def planned(self) -> list[int]:
+        """The scale's seeds from the table file: what every verdict uses."""
+        return list(self.spec.scales[self.scale].seeds)
+
+    @property
+    def extra(self) -> list[int]:
+        """Seeds beyond the planned ones (``--seeds``): exploratory, never in a verdict."""
+        return [s for s in self.seeds if s not in self.planned]
 
 
 def method_specs(spec: TableSpec, setting: Setting, scale: str) -> dict[str, dict]:
@@ -64,13 +91,12 @@ def method_specs(spec: TableSpec, setting: Setting, scale: str) -> dict[str, dic
 def plan(spec: TableSpec, scale: str = "cpu", seeds: Optional[list[int]] = None,
          overrides: Optional[list[str]] = None, out: Optional[Path] = None) -> Plan:
     """Every run of ``spec`` at ``scale``, validated (``overrides``: ``key=value`` strings
-    applied last, to every setting)."""
+    applied last, to every setting). ``seeds``: exploratory seeds to run besides the
+    scale's own (those always run; naming them again changes nothing)."""
     if scale not in SCALES:
         raise ConfigError("--scale", scale, f"expected one of {', '.join(SCALES)}")
     sc = spec.scales[scale]
-    seeds = list(sc.seeds if seeds is None else seeds)
-    if not seeds:
-        raise ConfigError("--seeds", seeds, "at least one seed")
+    seeds = list(dict.fromkeys([*sc.seeds, *(seeds or [])]))
     overrides = list(overrides or [])
     user = dict(parse_override(o) for o in overrides)
     base = load_config(spec.base)
@@ -130,20 +156,82 @@ def execute(p: Plan, jobs: Optional[int] = None, log: Callable[[str], None] = pr
 # collecting the values
 # ---------------------------------------------------------------------------------------
 def run_value(rows: list[dict], metric: Metric) -> Optional[float]:
-    """The metric's selected value of one run, in percent (None: the run never logged it)."""
+    """The metric's selected value of one run, in percent (None: the run never logged it).
+    ``spread:K``: the sample std of its last K evaluations (None with fewer than two)."""
     m = _METRIC_KEY.match(metric.key)
     key, idx = m.group(1), m.group(2)
     if idx is not None:
         i = int(idx)
         rows = [{key: r[key][i]} for r in rows if isinstance(r.get(key), list) and len(r[key]) > i
                 and isinstance(r[key][i], (int, float))]
+    k = metric.spread
+    if k is not None:
+        v = [float(r[key]) for r in rows if isinstance(r.get(key), (int, float)) and not math.isnan(r[key])][-k:]
+        return 100.0 * float(np.std(v, ddof=1)) if len(v) >= 2 else None
     v = select_value(rows, key, metric.select)
     return None if v is None else 100.0 * v
 
 
+def sample_count(key: str, fed) -> Optional[int]:
+    """How many test samples a metric's value averages over (so one of them is worth
+    100 / N points): the global test set (its block for ``gm:group``, class i's samples
+    for ``key[i]``) for the global model and for the personalized models scored on it
+    (``acc``, ``pm_v``, ``pm_l``, ``ga``); the clients' local test sets together (their
+    group's for ``pa:group``) for ``pa``. ``all_`` / ``_std`` / ``@name`` forms count as
+    their metric."""
+    m = _METRIC_KEY.match(key)
+    name, idx = m.group(1), m.group(2)
+    name = name[4:] if name.startswith("all_") else name
+    name = name[:-4] if name.endswith("_std") else name
+    name, _, group = name.split("@")[0].partition(":")
+    if name == "pa":
+        clients = range(fed.num_clients)
+        if group:
+            names = fed.feature_group_names or []
+            clients = [c for c in clients if fed.feature_groups is not None and names[fed.feature_groups[c]] == group]
+        return sum(len(fed.test_idx[c]) for c in clients) or None
+    if group:
+        block = (fed.test_groups or {}).get(group)
+        return None if block is None else len(block)
+    y = np.asarray(fed.dataset.y_test)
+    return int((y == int(idx)).sum()) if idx is not None else len(y)
+
+
+class OneSample:
+    """The accuracy one test sample is worth (points) for a metric of a setting, from its
+    data rebuilt from the runs' configs (the data the runs used: their folders carry the
+    fingerprint of the config). Built only when a constant difference asks, once per
+    seed; the largest over the seeds (local test sets differ with the partition)."""
+
+    def __init__(self, sp: SettingPlan, seeds: list[int]):
+        self.sp, self.seeds, self._fed = sp, seeds, {}
+
+    def of(self, metric: Metric):
+        return lambda: self.points(metric)
+
+    def points(self, metric: Metric) -> Optional[float]:
+        out = []
+        for seed in self.seeds:
+            fed = self._data(seed)
+            n = None if fed is None else sample_count(metric.key, fed)
+            if not n:
+                return None
+            out.append(100.0 / n)
+        return max(out) if out else None
+
+    def _data(self, seed: int):
+        if seed not in self._fed:
+            run = next(r for r in self.sp.runs if r.seed == seed)
+            try:
+                self._fed[seed] = build_federated(run.cfg)
+            except (InputError, OSError):  # data gone: a constant difference then counts for nothing
+                self._fed[seed] = None
+        return self._fed[seed]
+
+
 @dataclass
 class Cell:
-    values: dict[int, Optional[float]]  # seed -> value (%)
+    values: dict[int, Optional[float]]  # seed -> value (%), over the seeds every method of the setting shares
     paper: Optional[float]
     paper_std: Optional[float] = None
 
@@ -173,51 +261,73 @@ class Results:
     cells: dict[str, dict[str, dict[str, Cell]]]  # setting id -> method label -> metric id -> Cell
     claims: list[ClaimResult]
     ranks: dict[str, stats.RankCorrelation]  # setting id -> rank correlation on spec.rank
-    missing: list[str]  # runs not complete (failed or not run)
+    missing: list[str]  # runs of the planned seeds not complete (failed or not run)
     extras: dict[str, dict[str, dict[str, float]]] = field(default_factory=dict)  # e.g. cluster purity
+    seeds: dict[str, list[int]] = field(default_factory=dict)  # setting id -> the seeds of its cells
+    # setting id -> method label -> metric id -> {seed: value}: finished runs on any other seed
+    explore: dict[str, dict[str, dict[str, dict[int, Optional[float]]]]] = field(default_factory=dict)
+    explore_missing: list[str] = field(default_factory=list)  # exploratory runs not complete
+
+    def complete(self, sid: str) -> bool:
+        """Every method of the setting finished every planned seed."""
+        return self.seeds.get(sid) == self.plan.planned
 
 
 def collect(p: Plan) -> Results:
-    """Read every finished run of the plan; runs not finished count as missing."""
+    """Read every finished run of the plan. The cells, ranking and verdicts of a setting use
+    the planned seeds that every one of its methods finished; a verdict needs them all.
+    Finished runs on other seeds go to ``explore``."""
     spec = p.spec
-    cells: dict[str, dict[str, dict[str, Cell]]] = {}
-    missing = []
-    extras: dict[str, dict[str, dict[str, float]]] = {}
+    res = Results(p, {}, [], {}, [])
+    verdicts: dict[tuple[str, str], stats.Verdict] = {}
     for sp in p.settings:
         s = sp.setting
-        per: dict[str, dict[str, Cell]] = {}
         rows_of = {}
         for r in sp.runs:
             if is_complete(r.dir, r.cfg.rounds):
                 rows_of[(r.label, r.seed)] = read_metrics(r.dir)
             else:
-                missing.append(f"{s.id} / {r.label} / seed {r.seed}")
+                (res.missing if r.seed in p.planned else res.explore_missing).append(
+                    f"{s.id} / {r.label} / seed {r.seed}")
+        labels = [m.label for m in spec.methods_of(s)]
+        shared = [seed for seed in p.planned if all((lab, seed) in rows_of for lab in labels)]
+        res.seeds[s.id] = shared
+        per: dict[str, dict[str, Cell]] = {}
         for m in spec.methods_of(s):
-            per[m.label] = {}
-            for met in spec.metrics:
-                vals = {seed: (run_value(rows_of[(m.label, seed)], met) if (m.label, seed) in rows_of else None)
-                        for seed in p.seeds}
-                pv = spec.paper_value(s, m, met)
-                ps = _paper_std(spec, s, m, met)
-                per[m.label][met.id] = Cell(vals, pv, ps)
+            per[m.label] = {met.id: Cell({seed: run_value(rows_of[(m.label, seed)], met) for seed in shared},
+                                         spec.paper_value(s, m, met), _paper_std(spec, s, m, met))
+                            for met in p.metrics}
+            other = [seed for seed in p.seeds if seed not in shared and (m.label, seed) in rows_of]
+            if other:
+                res.explore.setdefault(s.id, {})[m.label] = {
+                    met.id: {seed: run_value(rows_of[(m.label, seed)], met) for seed in other} for met in p.metrics}
             # clustering methods: the final purity against the scenario's known groups
-            pur = [rows_of[(m.label, seed)][-1].get("cluster_purity") for seed in p.seeds
-                   if (m.label, seed) in rows_of and rows_of[(m.label, seed)]]
+            pur = [rows_of[(m.label, seed)][-1].get("cluster_purity") for seed in shared if rows_of[(m.label, seed)]]
             pur = [x for x in pur if isinstance(x, (int, float))]
             if pur:
-                extras.setdefault(s.id, {}).setdefault(m.label, {})["cluster_purity"] = pur
-        cells[s.id] = per
-    claims = [ClaimResult(c, sp.setting, judge(c, cells[sp.setting.id]))
-              for c in spec.claims for sp in p.settings
-              if c.settings is None or sp.setting.id in c.settings]
-    ranks = {}
+                res.extras.setdefault(s.id, {}).setdefault(m.label, {})["cluster_purity"] = pur
+        res.cells[s.id] = per
+        one = OneSample(sp, shared)
+        for c in spec.claims:
+            if c.settings is None or s.id in c.settings:
+                verdicts[(c.id, s.id)] = (judge(c, per, one.of(p.metric(c.metric)), p.metric(c.metric).label)
+                                          if res.complete(s.id) else _incomplete(p, labels, rows_of))
+    res.claims = [ClaimResult(c, sp.setting, verdicts[(c.id, sp.setting.id)])
+                  for c in spec.claims for sp in p.settings if (c.id, sp.setting.id) in verdicts]
     if spec.rank is not None:
         for sp in p.settings:
-            paper = {lab: cs[spec.rank].paper for lab, cs in cells[sp.setting.id].items()
-                     if cs[spec.rank].paper is not None}
-            ours = {lab: cs[spec.rank].mean for lab, cs in cells[sp.setting.id].items() if cs[spec.rank].present}
-            ranks[sp.setting.id] = stats.rank_correlation(paper, ours)
-    return Results(p, cells, claims, ranks, missing, extras)
+            cells = res.cells[sp.setting.id]
+            paper = {lab: cs[spec.rank].paper for lab, cs in cells.items() if cs[spec.rank].paper is not None}
+            ours = {lab: cs[spec.rank].mean for lab, cs in cells.items() if cs[spec.rank].present}
+            res.ranks[sp.setting.id] = stats.rank_correlation(paper, ours)
+    return res
+
+
+def _incomplete(p: Plan, labels: list[str], rows_of: dict) -> stats.Verdict:
+    lacking = [f"{lab} seed {seed}" for seed in p.planned for lab in labels if (lab, seed) not in rows_of]
+    return stats.Verdict(stats.NOT_COMPARABLE, f"the setting lacks runs of the planned seeds "
+                         f"({', '.join(lacking[:6])}{' ...' if len(lacking) > 6 else ''}); a verdict uses "
+                         f"exactly the seeds {', '.join(map(str, p.planned))}, every method finished")
 
 
 def _paper_std(spec: TableSpec, s: Setting, m, met: Metric) -> Optional[float]:
@@ -227,38 +337,50 @@ def _paper_std(spec: TableSpec, s: Setting, m, met: Metric) -> Optional[float]:
     return float(v[1]) if isinstance(v, (list, tuple)) and len(v) > 1 and v[1] is not None else None
 
 
-def judge(claim, cells: dict[str, dict[str, Cell]]) -> stats.Verdict:
-    """The verdict of one claim on one setting's cells (reproduce/stats.py)."""
-    sign = -1.0 if claim.better == "lower" else 1.0  # "a below b" is "-a above -b"
+WHAT = {"greater": "above", "best": "above", "steadier": "steadier than", "not_worse": "not worse than",
+        "smaller_std": "less spread over seeds than"}
 
-    def values(label: str) -> Optional[dict[int, Optional[float]]]:
-        if label not in cells:
+
+def judge(claim: Claim, cells: dict[str, dict[str, Cell]], step: stats.Step = None,
+          metric_label: Optional[str] = None) -> stats.Verdict:
+    """The verdict of one claim on one setting's cells (reproduce/stats.py). ``step``: the
+    accuracy one test sample is worth (or a function giving it), for constant differences."""
+    lower = claim.better == "lower" or claim.kind == "steadier"  # a steadier run has the smaller spread
+    sign = -1.0 if lower else 1.0  # "a below b" is "-a above -b"
+    label = metric_label or claim.metric
+
+    def values(lab: str) -> Optional[dict[int, Optional[float]]]:
+        if lab not in cells:
             return None
-        c = cells[label][claim.metric]
+        c = cells[lab][claim.metric]
         if not c.present:
             return None
         return {s: (None if v is None else sign * v) for s, v in c.values.items()}
 
     a = values(claim.a)
     if a is None:
-        return stats.Verdict(stats.NOT_COMPARABLE, f"{claim.a} has no value of this metric in this setting")
-    if claim.kind == "best":
-        others = {lab: values(lab) for lab in claim.among}
-        lacking = [lab for lab, v in others.items() if v is None]
-        others = {lab: v for lab, v in others.items() if v is not None}
-        v = stats.best(a, others)
+        return stats.Verdict(stats.NOT_COMPARABLE, f"{claim.a} has no {label} in this setting")
+    if claim.kind == "equal":
+        b = values(claim.b)
+        if b is None:
+            return stats.Verdict(stats.NOT_COMPARABLE, f"{claim.b} has no {label} in this setting")
+        return stats.equal(a, b, claim.margin, step)
+    test = {"not_worse": lambda x, y: stats.not_worse(x, y, claim.margin, step),
+            "smaller_std": stats.smaller_std}.get(claim.kind, lambda x, y: stats.greater(x, y, step))
+    others = {lab: values(lab) for lab in claim.rivals}
+    lacking = [lab for lab, v in others.items() if v is None]
+    others = {lab: v for lab, v in others.items() if v is not None}
+    if claim.b:
         if lacking:
-            v.detail += f" (left out, no value: {', '.join(lacking)})"
-        return _lower_note(v, sign)
-    b = values(claim.b)
-    if b is None:
-        return stats.Verdict(stats.NOT_COMPARABLE, f"{claim.b} has no value of this metric in this setting")
-    v = stats.greater(a, b) if claim.kind == "greater" else stats.equal(a, b, claim.margin)
-    return _lower_note(v, sign)
-
-
-def _lower_note(v: stats.Verdict, sign: float) -> stats.Verdict:
-    if sign < 0 and v.verdict != stats.NOT_COMPARABLE:
+            return stats.Verdict(stats.NOT_COMPARABLE, f"{claim.b} has no {label} in this setting")
+        v = test(a, others[claim.b])
+    else:
+        if not others:
+            return stats.Verdict(stats.NOT_COMPARABLE, f"none of {', '.join(lacking)} has {label} in this setting")
+        v = stats.each_of(a, others, test, WHAT[claim.kind])
+        if lacking:  # the verdict itself says so: it holds against fewer methods than claimed
+            v.note = f"against {len(others)} of {len(claim.rivals)}: no {label} for {', '.join(lacking)}"
+    if lower and claim.kind != "smaller_std" and v.verdict != stats.NOT_COMPARABLE:
         v.detail += ' (lower is better: "above" means lower here, and the differences are b - a)'
     return v
 
@@ -266,8 +388,8 @@ def _lower_note(v: stats.Verdict, sign: float) -> stats.Verdict:
 def command_line(p: Plan) -> str:
     """The command that rebuilds this table (a data folder shows as DATA, never a path)."""
     parts = ["protofl", "reproduce", p.spec.name, "--scale", p.scale]
-    if p.seeds != p.spec.scales[p.scale].seeds:
-        parts += ["--seeds", ",".join(map(str, p.seeds))]
+    if p.extra:
+        parts += ["--seeds", ",".join(map(str, p.extra))]
     has_root = False
     for o in p.overrides:
         key = o.partition("=")[0].strip()

@@ -25,15 +25,24 @@ Schema (every key is checked when the file is loaded; unknown keys are errors)::
     methods: [{label, name, params: {...}, config: {...}, paper: row | null, role}]
       role: paper (a row of the paper's table) | ablation (ours, not the paper's) | extra
     metrics: [{id, key, label, select}]   # key: a metrics.jsonl key, or key[i] for a list entry
+      select: final | best | last:K | spread:K (the std of the last K evaluations: round-to-round swings)
     rank: metric id               # the paper's ordering vs ours, per setting
-    claims: [{id, text, source, kind, metric, a, b | among, margin, settings, role, better}]
-      kind: greater | best | equal   (reproduce/stats.py says what each verdict means)
-    scales: {smoke|cpu|paper: {seeds, settings, config, methods: {label: {dotted: value}}, notes}}
+    claims: [{id, text, source, quoted, scope, kind, metric, a, b | among, margin, settings, role, better}]
+      kind: greater | best | equal | not_worse | smaller_std | steadier  (reproduce/stats.py
+            says what each verdict means)
+      text: the paper's own words (quoted: true, the default; "..." marks a cut), or, with
+            quoted: false, a statement read off a table, its source then "from Table N ..."
+      scope: where the paper makes the claim and where we test it (required for the paper's claims)
+    scales: {smoke|cpu|paper: {seeds, settings, config, methods: {label: {dotted: value}}, metrics, notes}}
+      metrics: {metric id: key} a metric read from another key at this scale (pm_v -> all_pm_v)
+      seeds: fixed before any run; every verdict uses exactly these (at least 3 at cpu and
+             paper); `--seeds` adds exploratory ones, shown apart and never in a verdict
+    changes: what changed since the last published page (optional)
 """
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Optional
 
@@ -43,12 +52,14 @@ from ..config import yaml_problem
 from ..config.coerce import check_path_component, load_yaml
 from ..errors import ConfigError
 from ..report.tables import parse_select
+from .stats import MIN_SEEDS
 
 TABLES_DIR = Path(__file__).resolve().parent / "tables"
 SCALES = ("smoke", "cpu", "paper")
-KINDS = ("greater", "best", "equal")
+KINDS = ("greater", "best", "equal", "not_worse", "smaller_std", "steadier")
 ROLES = ("paper", "ablation", "extra")
 _METRIC_KEY = re.compile(r"^([\w@:.\-]+)(?:\[(\d+)\])?$")
+_SPREAD = re.compile(r"^spread:(\d+)$")
 
 
 @dataclass
@@ -78,23 +89,35 @@ class Metric:
     id: str
     key: str  # metrics.jsonl key, optionally with [i] (an entry of a per-class list)
     label: str
-    select: str = "final"  # report/tables.py: final, best, last:K
+    select: str = "final"  # report/tables.py: final, best, last:K; here also spread:K
+
+    @property
+    def spread(self) -> Optional[int]:
+        """K of ``spread:K`` (the std of the last K evaluations), else None."""
+        m = _SPREAD.match(self.select)
+        return int(m.group(1)) if m else None
 
 
 @dataclass
 class Claim:
     id: str
-    text: str  # the paper's statement, as close to its words as we can
-    source: str  # where in the paper
-    kind: str  # greater | best | equal
+    text: str  # the paper's words (quoted) or what a table shows (quoted: false)
+    source: str  # where in the paper; "from Table N ..." for a claim read off a table
+    kind: str  # greater | best | equal | not_worse | smaller_std | steadier
     metric: str
     a: str
     b: Optional[str] = None
     among: list[str] = field(default_factory=list)
-    margin: float = 1.0  # equal: the equivalence margin in points
+    margin: float = 1.0  # equal, not_worse: the margin in points
     settings: Optional[list[str]] = None  # None: every setting
     role: str = "paper"  # paper: the paper claims it; ablation: our own question
     better: str = "higher"  # lower: the smaller value wins (e.g. the spread over clients)
+    quoted: bool = True  # text is the paper's own words
+    scope: str = ""  # where the paper makes the claim, and where (how narrower) we test it
+
+    @property
+    def rivals(self) -> list[str]:
+        return [self.b] if self.b else list(self.among)
 
 
 @dataclass
@@ -104,6 +127,7 @@ class Scale:
     config: dict = field(default_factory=dict)
     methods: dict = field(default_factory=dict)  # label -> {dotted key: value}
     notes: str = ""
+    metrics: dict = field(default_factory=dict)  # metric id -> the key it is read from at this scale
 
 
 @dataclass
@@ -123,6 +147,7 @@ class TableSpec:
     scales: dict[str, Scale]
     path: Path
     notes: str = ""
+    changes: str = ""  # what changed since the last published page
 
     # -- look-ups -------------------------------------------------------------------------
     def method(self, label: str) -> Method:
@@ -130,6 +155,11 @@ class TableSpec:
 
     def metric(self, mid: str) -> Metric:
         return next(m for m in self.metrics if m.id == mid)
+
+    def metrics_at(self, scale: str) -> list[Metric]:
+        """The metrics with the keys they are read from at ``scale``."""
+        keys = self.scales[scale].metrics
+        return [replace(m, key=keys.get(m.id, m.key)) for m in self.metrics]
 
     def methods_of(self, setting: Setting) -> list[Method]:
         return [m for m in self.methods if setting.methods is None or m.label in setting.methods]
@@ -184,7 +214,7 @@ def _dotted(d: Any, where: str) -> dict:
 def parse_spec(raw: dict, path: Path) -> TableSpec:
     w = path.name
     t = _take(raw, w, ("name", "title", "paper", "dataset", "base", "settings", "methods", "metrics", "scales"),
-              {"substitute": None, "config": {}, "rank": None, "claims": [], "notes": ""})
+              {"substitute": None, "config": {}, "rank": None, "claims": [], "notes": "", "changes": ""})
     paper = _take(t["paper"], f"{w}: paper", ("title", "authors", "venue", "table", "setting"),
                   {"page": None, "where": "", "numbers": {}, "url": None, "short": None})
     methods = []
@@ -221,8 +251,15 @@ def parse_spec(raw: dict, path: Path) -> TableSpec:
         key = m["key"] or m["id"]
         if not _METRIC_KEY.match(key):
             raise ConfigError(f"{w}: metrics[{i}].key", key, "expected a metrics key, optionally with [index]")
-
-        parse_select(m["select"])
+        spread = _SPREAD.match(str(m["select"]))
+        if spread is None:
+            try:
+                parse_select(m["select"])
+            except ConfigError:
+                raise ConfigError(f"{w}: metrics[{i}].select", m["select"],
+                                  "expected final, best, last:K or spread:K") from None
+        elif int(spread.group(1)) < 2:
+            raise ConfigError(f"{w}: metrics[{i}].select", m["select"], "a spread needs K >= 2 evaluations")
         metrics.append(Metric(m["id"], key, m["label"], m["select"]))
     _unique([m.id for m in metrics], f"{w}: metrics")
     mids = [m.id for m in metrics]
@@ -231,51 +268,86 @@ def parse_spec(raw: dict, path: Path) -> TableSpec:
     claims = []
     for i, c in enumerate(t["claims"]):
         c = _take(c, f"{w}: claims[{i}]", ("id", "text", "source", "kind", "metric", "a"),
-                  {"b": None, "among": [], "margin": 1.0, "settings": None, "role": "paper", "better": "higher"})
+                  {"b": None, "among": [], "margin": 1.0, "settings": None, "role": "paper", "better": "higher",
+                   "quoted": True, "scope": ""})
         where = f"{w}: claims[{i}]"
-        if c["kind"] not in KINDS:
-            raise ConfigError(f"{where}.kind", c["kind"], f"expected one of {', '.join(KINDS)}")
-        if c["metric"] not in mids:
-            raise ConfigError(f"{where}.metric", c["metric"], f"not a metric id ({', '.join(mids)})")
-        for lab in [c["a"], *([c["b"]] if c["b"] else []), *c["among"]]:
-            if lab not in labels:
-                raise ConfigError(f"{where}", lab, f"not a method label; labels: {', '.join(labels)}")
-        if c["kind"] in ("greater", "equal") and not c["b"]:
-            raise ConfigError(f"{where}.b", None, f"a {c['kind']} claim compares a with b")
-        if c["kind"] == "best" and not c["among"]:
-            raise ConfigError(f"{where}.among", None, "a best claim lists the methods it beats")
+        _check_claim(c, where, mids, labels, metrics)
         for sid in c["settings"] or []:
             if sid not in [s.id for s in settings]:
                 raise ConfigError(f"{where}.settings", sid, "not a setting id")
-        if c["role"] not in ("paper", "ablation"):
-            raise ConfigError(f"{where}.role", c["role"], "expected paper or ablation")
-        if c["better"] not in ("higher", "lower"):
-            raise ConfigError(f"{where}.better", c["better"], "expected higher or lower")
         claims.append(Claim(c["id"], c["text"], c["source"], c["kind"], c["metric"], c["a"], c["b"],
-                            list(c["among"]), float(c["margin"]), c["settings"], c["role"], c["better"]))
+                            list(c["among"]), float(c["margin"]), c["settings"], c["role"], c["better"],
+                            bool(c["quoted"]), str(c["scope"] or "").strip()))
     _unique([c.id for c in claims], f"{w}: claims")
     scales = {}
     for name in SCALES:
         if name not in t["scales"]:
             raise ConfigError(f"{w}: scales.{name}", None, "every table has the scales smoke, cpu and paper")
         s = _take(t["scales"][name], f"{w}: scales.{name}", ("seeds",),
-                  {"settings": None, "config": {}, "methods": {}, "notes": ""})
+                  {"settings": None, "config": {}, "methods": {}, "notes": "", "metrics": {}})
+        for mid, key in (s["metrics"] or {}).items():
+            if mid not in mids:
+                raise ConfigError(f"{w}: scales.{name}.metrics", mid, f"not a metric id ({', '.join(mids)})")
+            if not isinstance(key, str) or not _METRIC_KEY.match(key):
+                raise ConfigError(f"{w}: scales.{name}.metrics.{mid}", key, "expected a metrics key")
         for lab in s["methods"] or {}:
             if lab not in labels:
                 raise ConfigError(f"{w}: scales.{name}.methods", lab, "not a method label")
         for sid in s["settings"] or []:
             if sid not in [x.id for x in settings]:
                 raise ConfigError(f"{w}: scales.{name}.settings", sid, "not a setting id")
+        _check_seeds(s["seeds"], f"{w}: scales.{name}.seeds", name)
         scales[name] = Scale([int(x) for x in s["seeds"]], s["settings"],
                              _dotted(s["config"], f"{w}: scales.{name}.config"),
                              {k: _dotted(v, f"{w}: scales.{name}.methods.{k}") for k, v in (s["methods"] or {}).items()},
-                             s["notes"])
+                             s["notes"], dict(s["metrics"] or {}))
     extra = set(t["scales"]) - set(SCALES)
     if extra:
         raise ConfigError(f"{w}: scales", sorted(extra)[0], f"unknown scale; scales: {', '.join(SCALES)}")
     return TableSpec(t["name"], t["title"], paper, t["dataset"], t["substitute"], t["base"],
                      _dotted(t["config"], f"{w}: config"), settings, methods, metrics, t["rank"], claims, scales,
-                     path, t["notes"])
+                     path, t["notes"], t["changes"] or "")
+
+
+def _check_claim(c: dict, where: str, mids: list[str], labels: list[str], metrics: list[Metric]) -> None:
+    kind = c["kind"]
+    if kind not in KINDS:
+        raise ConfigError(f"{where}.kind", kind, f"expected one of {', '.join(KINDS)}")
+    if c["metric"] not in mids:
+        raise ConfigError(f"{where}.metric", c["metric"], f"not a metric id ({', '.join(mids)})")
+    for lab in [c["a"], *([c["b"]] if c["b"] else []), *c["among"]]:
+        if lab not in labels:
+            raise ConfigError(f"{where}", lab, f"not a method label; labels: {', '.join(labels)}")
+    if kind in ("greater", "equal") and (not c["b"] or c["among"]):
+        raise ConfigError(f"{where}.b", c["b"], f"a {kind} claim compares a with one method b (no among)")
+    if kind == "best" and (not c["among"] or c["b"]):
+        raise ConfigError(f"{where}.among", None, "a best claim lists the methods it beats in among (no b)")
+    if kind in ("not_worse", "smaller_std", "steadier") and bool(c["b"]) == bool(c["among"]):
+        raise ConfigError(f"{where}.b", c["b"], f"a {kind} claim compares a with b or with each of among")
+    metric = next(m for m in metrics if m.id == c["metric"])
+    if kind == "steadier" and metric.spread is None:
+        raise ConfigError(f"{where}.metric", c["metric"], "a steadier claim needs a metric with select spread:K")
+    if c["role"] not in ("paper", "ablation"):
+        raise ConfigError(f"{where}.role", c["role"], "expected paper or ablation")
+    if c["better"] not in ("higher", "lower"):
+        raise ConfigError(f"{where}.better", c["better"], "expected higher or lower")
+    if not isinstance(c["quoted"], bool):
+        raise ConfigError(f"{where}.quoted", c["quoted"], "expected true or false")
+    if not c["quoted"] and not str(c["source"]).startswith("from "):
+        raise ConfigError(f"{where}.source", c["source"], 'a claim read off a table says where: "from Table N ..."')
+    if c["role"] == "paper" and not str(c["scope"] or "").strip():
+        raise ConfigError(f"{where}.scope", None, "a claim of the paper says where the paper makes it and where "
+                          "we test it")
+    if float(c["margin"]) <= 0:
+        raise ConfigError(f"{where}.margin", c["margin"], "expected a positive number of points")
+
+
+def _check_seeds(seeds: Any, where: str, scale: str) -> None:
+    if not isinstance(seeds, list) or not all(isinstance(x, int) and not isinstance(x, bool) for x in seeds):
+        raise ConfigError(where, seeds, "expected a list of integer seeds")
+    _unique([str(x) for x in seeds], where)
+    if scale != "smoke" and len(seeds) < MIN_SEEDS:
+        raise ConfigError(where, seeds, f"a verdict needs {MIN_SEEDS} paired seeds: fix at least {MIN_SEEDS}")
 
 
 def _unique(items: list[str], where: str) -> None:

@@ -15,6 +15,20 @@ from protofl.messages import Record
 from conftest import record_run, strip_timing, worker_path_executor
 
 
+def test_every_method_has_a_family_and_the_readme_table_lists_it_there():
+    from conftest import REPO
+    from protofl.algorithms.base import FAMILIES, by_family
+
+    table = {}
+    for line in (REPO / "README.md").read_text().splitlines():
+        if line.startswith("| ") and "`" in line:
+            family, names = line.split("|")[1:3]
+            table[family.strip()] = {n for n in names.split("`")[1::2]}
+    for family, names in by_family(ALGORITHMS.names()).items():
+        assert family in FAMILIES and family != "other", (family, names)
+        assert set(names) <= table.get(family, set()), (family, set(names) - table.get(family, set()))
+
+
 @pytest.mark.parametrize("name", ALGORITHMS.names())
 def test_every_method_two_rounds_on_digits(name, digits_cfg, tmp_path):
     cfg = digits_cfg(f"algorithm.name={name}", "rounds=2")

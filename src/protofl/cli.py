@@ -183,8 +183,13 @@ def cmd_list(args) -> int:
     from .data.partition import PARTITIONERS
     from .models import MODELS
 
-    for title, reg in (("methods", ALGORITHMS), ("datasets", DATASETS), ("models", MODELS),
-                       ("partitioners", PARTITIONERS), ("feature scenarios", FEATURES)):
+    from .algorithms.base import by_family
+
+    print("methods:")
+    for family, names in by_family(ALGORITHMS.names()).items():
+        print(f"  {family}: {', '.join(names)}")
+    for title, reg in (("datasets", DATASETS), ("models", MODELS), ("partitioners", PARTITIONERS),
+                       ("feature scenarios", FEATURES)):
         print(f"{title}: {', '.join(reg.names() + reg.usages())}")
     return 0
 

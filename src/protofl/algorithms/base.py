@@ -71,6 +71,19 @@ def register(cls: type) -> type:
     return cls
 
 
+# the families of methods (``Algorithm.family``), in the order `protofl list` and the README show them
+FAMILIES = ("fixed and calibrated heads", "prototype exchange", "calibrated softmax", "classifier calibration",
+            "baselines", "global-model baselines", "server optimizers", "personalization", "other")
+
+
+def by_family(names: Iterable[str]) -> dict[str, list[str]]:
+    """The registered methods ``names`` grouped by family, in :data:`FAMILIES` order."""
+    groups: dict[str, list[str]] = {f: [] for f in FAMILIES}
+    for n in names:
+        groups.setdefault(ALGORITHMS.get(n).family, []).append(n)
+    return {f: ns for f, ns in groups.items() if ns}
+
+
 Predictor = Callable[[torch.Tensor], torch.Tensor]  # inputs (B, ...) -> class scores (B, C)
 # one predictor, or several named ones (the first is the primary, e.g. FedProto's
 # nearest-prototype rule next to its local classifier)
@@ -269,6 +282,7 @@ class ClientResult:
 # ---------------------------------------------------------------------------------------
 class Algorithm(ABC):
     name: ClassVar[str] = "?"
+    family: ClassVar[str] = "other"  # one of FAMILIES
     Hyper: ClassVar[type] = NoHyper
     # False for methods with no global model (Local, FedProto): GA is then the mean of
     # the personalized models' accuracy on the global test set

@@ -29,6 +29,7 @@ from .fedavg import FedAvg
 @register
 class BSMFedAvg(FedAvg):
     name = "bsmfedavg"
+    family = "calibrated softmax"
 
     def logit_adjustment(self, ctx):
         return relaxed_prior(ctx.class_counts, 0.0).to(ctx.data[1].device)  # (C,) pi_kc = n_kc / n_k

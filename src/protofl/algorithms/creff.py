@@ -160,6 +160,7 @@ def retrain_linear(W: torch.Tensor, b: Optional[torch.Tensor], feats: torch.Tens
 @register
 class CReFF(FedAvg):
     name = "creff"
+    family = "classifier calibration"
     reply_arrays = ("grad", "grad_mask")  # besides w_k: per-class classifier gradients
     Hyper = CReFFHyper
 

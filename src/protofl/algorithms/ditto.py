@@ -54,6 +54,7 @@ class DittoHyper(FedAvgHyper):
 @register
 class Ditto(FedAvg):
     name = "ditto"
+    family = "personalization"
     Hyper = DittoHyper
 
     def client_init(self, ctx) -> Record:

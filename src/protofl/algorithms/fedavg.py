@@ -49,6 +49,7 @@ class AdjustedLogits(nn.Module):
 @register
 class FedAvg(GlobalModel):
     name = "fedavg"
+    family = "baselines"
     Hyper = FedAvgHyper
     reply_arrays = ()  # the trained weights only
 

@@ -46,6 +46,7 @@ class FedAvgFTHyper(FedAvgHyper):
 @register
 class FedAvgFT(FedAvg):
     name = "fedavg_ft"
+    family = "personalization"
     Hyper = FedAvgFTHyper
 
     async def client_update(self, msg: Record, state: Optional[Record], ctx) -> ClientResult:

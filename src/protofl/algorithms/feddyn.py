@@ -77,6 +77,7 @@ def server_update(theta_prev: dict[str, torch.Tensor], h: dict[str, torch.Tensor
 @register
 class FedDyn(GlobalModel):
     name = "feddyn"
+    family = "global-model baselines"
     reply_arrays = ()  # theta_k only
     Hyper = FedDynHyper
 

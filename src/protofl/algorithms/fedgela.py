@@ -142,6 +142,7 @@ class AdaptedETF(nn.Module):
 @register
 class FedGELA(GlobalModel):
     name = "fedgela"
+    family = "fixed and calibrated heads"
     reply_arrays = ()  # the backbone theta only
     Hyper = FedGELAHyper
     adapt_locally = True  # False: FedGE

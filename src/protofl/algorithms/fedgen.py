@@ -127,6 +127,7 @@ def generator_objective(head: nn.Module, heads: list[dict[str, torch.Tensor]], z
 @register
 class FedGen(FedAvg):
     name = "fedgen"
+    family = "global-model baselines"
     reply_arrays = ("counts",)  # besides theta_k
     Hyper = FedGenHyper
 

@@ -41,6 +41,7 @@ class FedLCHyper(FedAvgHyper):
 @register
 class FedLC(FedAvg):
     name = "fedlc"
+    family = "calibrated softmax"
     Hyper = FedLCHyper
 
     def logit_adjustment(self, ctx):

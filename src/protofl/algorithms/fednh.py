@@ -131,6 +131,7 @@ def prototype_update(W: torch.Tensor, mu: torch.Tensor, counts: torch.Tensor, rh
 @register
 class FedNH(GlobalModel):
     name = "fednh"
+    family = "fixed and calibrated heads"
     reply_arrays = ("proto", "counts")  # besides theta and s
     Hyper = FedNHHyper
 

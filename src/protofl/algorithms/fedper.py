@@ -40,6 +40,7 @@ from .fedavg import FedAvg
 @register
 class FedPer(FedAvg):
     name = "fedper"
+    family = "personalization"
     has_global_model = False
     # state-dict entries that stay on the client (never in a message)
     personal_prefixes: ClassVar[tuple[str, ...]] = ("head.",)

@@ -119,6 +119,7 @@ def dense(rec: Record, num_classes: int, dim: int) -> tuple[torch.Tensor, torch.
 @register
 class FedProto(Algorithm, Diagnostics):
     name = "fedproto"
+    family = "prototype exchange"
     Hyper = FedProtoHyper
     has_global_model = False
     heterogeneous_models = True

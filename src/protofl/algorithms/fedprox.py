@@ -29,6 +29,7 @@ class FedProxHyper(FedAvgHyper):
 @register
 class FedProx(FedAvg):
     name = "fedprox"
+    family = "baselines"
     Hyper = FedProxHyper
 
     def objective(self, msg, ctx):

@@ -41,6 +41,7 @@ class FedRSHyper(FedAvgHyper):
 @register
 class FedRS(FedAvg):
     name = "fedrs"
+    family = "calibrated softmax"
     Hyper = FedRSHyper
 
     def logit_adjustment(self, ctx):

@@ -122,6 +122,7 @@ def distance_keys(param_names: list[str], layers: Optional[list[str]]) -> list[s
 @register
 class FeSEM(Algorithm, Diagnostics):
     name = "fesem"
+    family = "baselines"
     reply_arrays = ()  # the trained weights only
     Hyper = FeSEMHyper
 

@@ -16,6 +16,7 @@ from .base import Algorithm, ClientResult, register, weights_of
 @register
 class Local(Algorithm):
     name = "local"
+    family = "baselines"
     has_global_model = False
     heterogeneous_models = True
     reply_arrays = ()  # nothing but the sample count travels

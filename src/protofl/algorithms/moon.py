@@ -83,6 +83,7 @@ def representation(model: nn.Module, weights: dict[str, torch.Tensor], x: torch.
 @register
 class MOON(FedAvg):
     name = "moon"
+    family = "global-model baselines"
     Hyper = MOONHyper
 
     def adapt_model(self, model: nn.Module) -> nn.Module:

@@ -164,6 +164,7 @@ def build_pool(groups: dict[int, list[torch.Tensor]], size: Optional[int],
 @register
 class MPFedCL(FedAvg):
     name = "mpfedcl"
+    family = "prototype exchange"
     reply_arrays = ("protos", "labels")  # besides w_i
     Hyper = MPFedCLHyper
 

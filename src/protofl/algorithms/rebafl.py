@@ -129,6 +129,7 @@ def client_prototypes(local: torch.Tensor, n: torch.Tensor, glob: torch.Tensor,
 @register
 class ReBaFL(FedAvg):
     name = "rebafl"
+    family = "calibrated softmax"
     reply_arrays = ("proto", "counts")  # besides w_k
     Hyper = ReBaFLHyper
 

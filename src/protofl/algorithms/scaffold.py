@@ -82,6 +82,7 @@ def option_ii(c_i: dict[str, torch.Tensor], c: dict[str, torch.Tensor], x: dict[
 @register
 class Scaffold(GlobalModel):
     name = "scaffold"
+    family = "global-model baselines"
     reply_arrays = ("dy", "dc")  # Delta y_i, Delta c_i (groups by parameter name)
     Hyper = ScaffoldHyper
 

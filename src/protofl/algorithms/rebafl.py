@@ -67,6 +67,7 @@ import torch.nn.functional as F
 from ..errors import require
 from ..messages import Record, expect_shapes
 from ..nn.losses import balanced_logits, label_counts, relaxed_prior
+from ..nn.privacy import release_class_means
 from ..nn.prototypes import aggregate_prototypes, class_means
 from .base import ClientResult, register, reply_weight, WeightsState
 from .fedavg import FedAvg, FedAvgHyper
@@ -167,6 +168,9 @@ class ReBaFL(FedAvg):
     def class_vectors(self, state: ReBaFLState):
         return state.prototypes if self.hp.faug else None  # the global prototypes p_c of eq. 23
 
+    def prototype_releases(self, privacy) -> int:
+        return 1 if self.hp.faug else 0  # the reply's prototypes (eq. 18's stay on the client)
+
     # -- client ------------------------------------------------------------------------------
     async def client_update(self, msg: Record, state: Optional[Record], ctx) -> ClientResult:
         w_t, y, C = msg.weights, ctx.data[1], self.info.num_classes
@@ -175,8 +179,8 @@ class ReBaFL(FedAvg):
         loss, extras = self.local_objective(msg, ctx, local)
         fitted = await ctx.fit(w_t, loss, extras=extras)
         arrays = {}
-        if self.hp.faug:  # local prototypes of the trained body, for eq. 23
-            arrays["proto"], arrays["counts"] = class_means(await ctx.features(fitted.weights), y, C)
+        if self.hp.faug:  # local prototypes of the trained body, for eq. 23 (they leave the client)
+            arrays["proto"], arrays["counts"] = release_class_means(ctx, await ctx.features(fitted.weights), y, C)
         return ClientResult(Record(weights=fitted.weights, arrays=arrays), personal=ctx.shared_model(fitted.weights))
 
     def augments(self, msg: Record) -> bool:

@@ -52,6 +52,10 @@ Deviations from the authors' released code (github.com/Yutong-Dai/FedNH):
   same class counts but averages the un-normalized means and skips the intermediate
   renormalization.
 * their optional "adversarial" prototype aggregation (confidence-weighted) is not implemented.
+
+Under ``privacy.mode: prototype`` eq. (3)'s means and counts are released privately
+(:func:`protofl.nn.privacy.release_class_means`; the normalized features already have norm
+1; one release a round); theta and s travel unprotected (docs/privacy.md).
 """
 from __future__ import annotations
 

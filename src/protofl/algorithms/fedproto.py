@@ -50,6 +50,11 @@ Messages (sparse: only the classes that have a prototype travel):
     server -> client: protos (m, d), classes (m,) int64, counts (m,) int64
     client -> server: protos (m_i, d), classes (m_i,), counts (m_i,)
 Client state: its model's weights. Server state: :class:`ProtoState`.
+
+Under ``privacy.mode: prototype`` the local prototypes and counts are released privately
+(:func:`protofl.nn.privacy.release_class_means`: clipped features, noisy sums and counts
+of every class; one release a round): FedProto's whole message is then private at the
+record level (docs/privacy.md).
 """
 from __future__ import annotations
 

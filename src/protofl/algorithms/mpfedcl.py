@@ -80,6 +80,12 @@ ambiguously:
 Messages:
     server -> client: weights w_t; the pool: group ``pool`` of ``protos`` (P, d), ``labels`` (P,) int64
     client -> server: weights w_i; ``protos`` (m_i, d), ``labels`` (m_i,) int64
+
+Under ``privacy.mode: prototype`` the prototypes of every class are private at the record
+level: MP-FedCL's k centers by the private k-means (DP-Lloyd,
+:func:`protofl.nn.privacy.release_class_kmeans`: 1 + ``privacy.kmeans_steps`` releases a
+round), SP-FedCL's class means by one release; DP-FedCL (DBSCAN) is refused. The weights
+w_i travel unprotected (docs/privacy.md).
 """
 from __future__ import annotations
 

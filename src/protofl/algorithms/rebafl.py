@@ -55,6 +55,11 @@ Deviations from the paper or the authors' released code (github.com/JianXu95/ReB
   a target. ``prototype_memory: false`` matches the code.
 * Missing classes with eps = 0 get log pi = -inf (exactly out of the softmax) instead of
   the code's pi + 1e-8.
+
+Under ``privacy.mode: prototype`` the reply's prototypes and counts (eq. 23's inputs) are
+released privately (:func:`protofl.nn.privacy.release_class_means`, one release a round);
+eq. 18's means never leave the client; the model weights travel unprotected
+(docs/privacy.md).
 """
 from __future__ import annotations
 

@@ -62,6 +62,7 @@ UNCLIPPED_KEY = "privacy.unclipped"  # Record.metrics of a reply: b_k (adaptive 
 # the server clips a reply again when its update exceeds C_t by more than float rounding
 SERVER_SLACK = 1e-5
 INSTALL = "pip install 'protofl[privacy]'"
+_WARNED: set[str] = set()  # methods whose unprotected weights were pointed out
 
 
 def _library():
@@ -310,7 +311,8 @@ class ServerPrivacy:
         self.last: dict[int, dict] = {}  # per client: its last round's spend
         self.eps: dict[int, float] = {}  # per client: its epsilon
         self.keys: Optional[list[str]] = None  # client: the weights a reply carries
-        if self.mode == "prototype" and algorithm.has_global_model:
+        if self.mode == "prototype" and algorithm.has_global_model and cfg.algorithm.name not in _WARNED:
+            _WARNED.add(cfg.algorithm.name)  # once per process
             log.warning("privacy.mode: prototype protects %s's prototypes only; its model weights travel without "
                         "protection (docs/privacy.md)", cfg.algorithm.name)
         if p.target_epsilon is not None:
@@ -337,13 +339,16 @@ class ServerPrivacy:
         last = self.last.get(cid, {})
         return {ev: max(plan.get(ev, 0), last.get(ev, 0)) for ev in {**plan, **last}}
 
-    def predicted(self, rnd: int) -> float:
-        """epsilon after round ``rnd`` if it runs as planned."""
+    def predicted(self, rnd: int, last: Optional[int] = None) -> float:
+        """epsilon after round ``rnd`` (after rounds rnd..``last``) if it runs (they run) as planned."""
+        last = rnd if last is None else last
         if self.mode == "client":
-            return self.accountant.epsilon({self.round_event: self.rounds + 1})
-        who = self.participation.arriving(rnd, self.participation.selected(rnd))
-        return max([self.epsilon()] + [self.accountant.epsilon(add(self.ledgers.get(c, {}), self.planned(c)))
-                                       for c in who])
+            return self.accountant.epsilon({self.round_event: self.rounds + last - rnd + 1})
+        ledgers: dict[int, dict] = {}
+        for r in range(rnd, last + 1):
+            for c in self.participation.arriving(r, self.participation.selected(r)):
+                ledgers[c] = add(ledgers.get(c, self.ledgers.get(c, {})), self.planned(c))
+        return max([self.epsilon()] + [self.accountant.epsilon(l) for l in ledgers.values()])
 
     def stop_reason(self, rnd: int) -> Optional[str]:
         """Why round ``rnd`` must not run (it would pass ``privacy.target_epsilon``), or None."""
@@ -435,3 +440,29 @@ class ServerPrivacy:
         self.ledgers = {int(c): dict(l) for c, l in state["ledgers"].items()}
         self.last = {int(c): dict(l) for c, l in state["last"].items()}
         self.eps = {c: self.accountant.epsilon(l) for c, l in self.ledgers.items()}
+
+
+def noise_for_epsilon(cfg: Config, epsilon: float, algorithm: Any, client_sizes: Sequence[int],
+                      rel: float = 0.005) -> float:
+    """The noise multiplier whose run of ``cfg`` (``cfg.rounds`` rounds as planned, its
+    privacy mode, clip, delta and accountant) ends at ``epsilon`` (to ``rel``): a bisection
+    on sigma, whose epsilon only falls as sigma grows. ``algorithm``: the run's method
+    (its prototype releases); ``client_sizes``: the clients' training-set sizes."""
+    from .participation import Participation
+
+    part = Participation(cfg.participation, len(client_sizes), cfg.seed)
+
+    def spent(sigma: float) -> float:
+        c = cfg.replace(**{"privacy.noise_multiplier": sigma, "privacy.target_epsilon": None,
+                           "privacy.adaptive_clip": False})
+        return ServerPrivacy(c, algorithm, part, client_sizes).predicted(1, cfg.rounds)
+
+    lo, hi = 0.05, 1.0
+    while spent(hi) > epsilon:
+        lo, hi = hi, hi * 2
+        if hi > 1e4:
+            raise ConfigError("privacy.target_epsilon", epsilon, "no noise multiplier up to 1e4 reaches it")
+    while hi / lo > 1 + rel:
+        mid = math.sqrt(lo * hi)
+        lo, hi = (mid, hi) if spent(mid) > epsilon else (lo, mid)
+    return hi

@@ -249,7 +249,7 @@ class Simulation:
                 stop = self.privacy.stop_reason(rnd) if self.privacy is not None else None
                 if stop is not None:  # privacy.target_epsilon: the rounds so far are the run
                     status, error = "stopped", stop
-                    log.warning("%s", stop)
+                    log.info("%s", stop)
                     if pending is not None:
                         emit(pending)
                         pending = None

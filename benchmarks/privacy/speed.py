@@ -6,7 +6,8 @@ FedAvg with DP-SGD (per-sample gradients), FedProto without and with private
 prototypes -- a short run of the Fashion-MNIST setting (configs/fednh_fmnist.yaml:
 cnn_fmnist, batch 64) is timed: training samples per second of the clients' local
 training (``train_samples / train_s`` of the rounds after the first, which pays the
-start-up).
+start-up). Each setting runs ``--repeats`` times, the settings interleaved (a slow spell
+of a shared machine then hits every setting alike); the table gives the median.
 
     python benchmarks/privacy/speed.py --data-dir DATA                      # 3 rounds of 10 clients
     python benchmarks/privacy/speed.py --data-dir DATA --rounds 2 --clients-per-round 4 --epochs 1
@@ -17,8 +18,8 @@ from __future__ import annotations
 
 import argparse
 import platform
+import statistics
 import sys
-import time
 from pathlib import Path
 
 import torch
@@ -49,6 +50,7 @@ def main() -> None:
     p.add_argument("--threads", type=int, default=1, help="intra-op threads (execution.threads)")
     p.add_argument("--device", default="cpu")
     p.add_argument("--executors", default="sequential,batched")
+    p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--runs", default="runs/privacy/speed")
     p.add_argument("--results", default=str(HERE))
     args = p.parse_args()
@@ -58,25 +60,29 @@ def main() -> None:
             "output.checkpoint_every=0", "output.save_model=false"]
     if args.data_dir:
         base.append(f"data.root={args.data_dir}")
-    rows = []
-    for executor in args.executors.split(","):
-        for label, method, over in SETTINGS:
-            cfg = load_config(CONFIG, [*base, f"algorithm.name={method}", f"execution.executor={executor}", *over,
-                                       f"output.dir={args.runs}", f"output.name={executor}-{label}"])
-            t0 = time.perf_counter()
-            res = run(cfg)
-            later = res.rows[1:] or res.rows
-            rate = sum(r["train_samples"] for r in later) / sum(r["train_s"] for r in later)
-            rows.append([executor, label, f"{rate:,.0f}", f"{time.perf_counter() - t0:.0f}",
-                         f"{res.rows[-1]['epsilon']:.2f}" if "epsilon" in res.rows[-1] else "–"])
-            print(" | ".join(rows[-1]), flush=True)
+    rates: dict[tuple, list[float]] = {}
+    eps: dict[tuple, str] = {}
+    for rep in range(args.repeats):
+        for executor in args.executors.split(","):
+            for label, method, over in SETTINGS:
+                cfg = load_config(CONFIG, [*base, f"algorithm.name={method}", f"execution.executor={executor}", *over,
+                                           f"output.dir={args.runs}", f"output.name={executor}-{label}-{rep}"])
+                res = run(cfg)
+                later = res.rows[1:] or res.rows
+                rates.setdefault((executor, label), []).append(
+                    sum(r["train_samples"] for r in later) / sum(r["train_s"] for r in later))
+                eps[(executor, label)] = f"{res.rows[-1]['epsilon']:.2f}" if "epsilon" in res.rows[-1] else "–"
+                print(f"{executor} | {label} | {rates[(executor, label)][-1]:,.0f}", flush=True)
+    rows = [[ex, label, f"{statistics.median(r):,.0f}", " / ".join(f"{x:,.0f}" for x in r), eps[(ex, label)]]
+            for (ex, label), r in rates.items()]
     ran = res.summary["execution"]
     text = (f"## Local training speed with and without differential privacy\n\n"
             f"Fashion-MNIST, cnn_fmnist, batch 64, {args.clients_per_round} clients per round, {args.epochs} local "
-            f"epoch(s), {args.rounds} rounds (rate over rounds 2..{args.rounds}); device {args.device}, "
+            f"epoch(s), {args.rounds} rounds (rate over rounds 2..{args.rounds}), median of {args.repeats} "
+            f"interleaved repeats; device {args.device}, "
             f"{args.threads} intra-op thread(s), torch {torch.__version__}, {platform.processor() or platform.machine()}."
             f" Last executor's description: {ran}.\n\n"
-            + markdown(["executor", "setting", "training samples/s", "wall s", "epsilon"], rows))
+            + markdown(["executor", "setting", "training samples/s", "each repeat", "epsilon"], rows))
     out = Path(args.results) / "speed.md"
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(text)

@@ -118,11 +118,11 @@ def cores_per_run(cfg: Config) -> int:
     intra-op threads (``execution.threads``; 0 is torch's default, every core). A run on a
     GPU counts as the whole machine (one process should own the device)."""
     ex, cores = cfg.execution, os.cpu_count() or 1
-    if ex.device != "cpu" or ex.backend != "local":
+    if ex.torch_device != "cpu" or ex.backend != "local":
         return cores
     p = cfg.participation
     m = p.clients_per_round or ceil_fraction(p.fraction, cfg.partition.num_clients)
-    workers = resolve_workers(ex.workers, m, ex.device)
+    workers = resolve_workers(ex.workers, m, ex.torch_device)
     if workers > 0:
         return workers
     return cores if ex.threads == 0 else ex.threads

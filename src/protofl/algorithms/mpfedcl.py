@@ -70,10 +70,8 @@ ambiguously:
   the L2-normalized embeddings of each class (``eps`` is then scale-free); a prototype is
   the mean of a cluster's raw embeddings; noise points are dropped; a class whose points
   are all noise gets its mean as its only prototype; at most ``max_clusters`` (the
-  largest) clusters per class. The DBSCAN defaults are our choice, not taken from the
-  paper: on mlp_mnist features of the MNIST setting, a larger eps (0.5) put every class
-  of every client into one cluster (DP-FedCL = SP-FedCL), while eps = 0.3 keeps a dense
-  core and sometimes splits a class in two (benchmarks/history.md, section 5).
+  largest) clusters per class. The DBSCAN defaults are our choice, not the paper's (it
+  gives none); why eps = 0.3: benchmarks/history.md, section 5.
 * Training settings (SGD lr 0.01, momentum 0.5, decay 0.95 per round, batch 32, one local
   epoch) are engine config (``training.*``, see configs/mpfedcl_mnist.yaml).
 

@@ -74,6 +74,24 @@ def run_dir_for(cfg: Config) -> Path:
     return Path(cfg.output.dir) / name
 
 
+def where(execution: dict) -> str:
+    """Where a run's clients train, in words, from its executor's ``describe()``: ``cpu
+    (sequential executor)``, ``cuda (NVIDIA H100 80GB HBM3, batched executor)``, ``cpu, 2 worker
+    processes``, ``a Ray cluster (4 actors)``, ``Flower SuperNodes``."""
+    backend = execution.get("backend", "local")
+    if backend == "ray":
+        return f"a Ray cluster ({execution.get('actors')} actors)"
+    if backend != "local":
+        return f"{backend} nodes"
+    if execution.get("workers"):
+        return f"cpu, {execution['workers']} worker processes"
+    device = execution.get("device", "cpu")
+    name = ""
+    if device.startswith("cuda") and torch.cuda.is_available():
+        name = torch.cuda.get_device_name(torch.device(device)) + ", "
+    return f"{device} ({name}{execution.get('executor', 'sequential')} executor)"
+
+
 def read_rows(path: Path) -> list[dict]:
     rows = []
     if path.exists():
@@ -131,15 +149,15 @@ class Simulation:
         """``task``: what :func:`protofl.api.check_task` built for ``cfg`` (built here when not
         given, from ``fed`` if that is)."""
         tune_malloc()
-        check_precision(cfg.execution.precision, cfg.execution.device)  # a warning if bf16 will be slow
+        check_precision(cfg.execution.precision, cfg.execution.torch_device)  # a warning if bf16 will be slow
         self.cfg = cfg
         self.task = task if task is not None else Task.build(cfg, fed)
         self.fed, self.algorithm, self.info = self.task.fed, self.task.algorithm, self.task.info
         self.runtime = ClientRuntime(self.task)
         self.server = ServerContext(self.task)
-        # the global predictor is evaluated where the test set is (execution.device)
+        # the global predictor is evaluated where the test set is (the training device)
         self.eval_server = (self.server if self.runtime.device.type == "cpu"
-                            else ServerContext(self.task, device=cfg.execution.device))
+                            else ServerContext(self.task, device=self.runtime.device))
         self.model_bytes = sum(t.numel() * t.element_size() for t in self.server.init_weights().values())
         self.participation = Participation(cfg.participation, self.fed.num_clients, cfg.seed, self.fed.groups)
         self.user_callbacks = list(callbacks)
@@ -221,11 +239,11 @@ class Simulation:
             callbacks.append(progress)
         callbacks += make_trackers(cfg)
         callbacks += self.user_callbacks
-        for cb in callbacks:
-            cb.on_start({"name": self.dir.name, "rounds": cfg.rounds, "start_round": start, "dir": str(self.dir)})
-
         self.start_round = start  # the Flower executor tells the nodes (resume)
         executor = self.executor_factory(self)
+        for cb in callbacks:
+            cb.on_start({"name": self.dir.name, "rounds": cfg.rounds, "start_round": start, "dir": str(self.dir),
+                         "where": where(executor.describe())})
         t_run = time.perf_counter()
         status, error = "complete", None
         pending: Optional[RoundMetrics] = None  # the previous round's row, its evaluation in the pool

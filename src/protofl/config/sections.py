@@ -199,6 +199,9 @@ class ExecutionConfig:
     # batched: compile the stack's SGD step with torch.compile (on a GPU with CUDA graphs),
     # for stacks whose step has one fixed shape; results within float rounding of eager
     compile: bool = False
+    # sweep / reproduce: the grid's runs in this process, their clients in shared stacks of the
+    # batched executor (engine/packed.py; on a GPU, many runs fill it as one run cannot)
+    pack_runs: bool = False
     # per-client state (personal models, heads, control variates) kept in memory on the
     # driver; beyond it, the least recently used states go to <run folder>/client_state/ and
     # are read back when their client is sampled. null = no limit (state: driver only)

@@ -115,7 +115,7 @@ def test_the_named_methods_are_fedavg_with_their_optimizer_and_the_papers_defaul
         assert issubclass(algo, FedAvg) and algo.family == "server optimizers"
         assert (hp.server_opt, hp.eta, hp.server_momentum, hp.server_beta2, hp.server_tau) == (opt, eta, 0.9,
                                                                                                 0.999, 1e-3)
-        with pytest.raises(ConfigError, match=f"{name} is FedAvg with server_opt {opt}"):
+        with pytest.raises(ConfigError, match=f"this method is FedAvg with server_opt {opt}"):
             check_dataclass(algo.Hyper, {"server_opt": "none"}, "algorithm")
 
 

@@ -25,7 +25,6 @@ examples) do; ``weighting: uniform`` gives the printed mean.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import ClassVar
 
 from ..errors import require
 from .base import register
@@ -34,38 +33,33 @@ from .serveropt import ServerOpt
 
 
 class FixedServerOpt:
-    """The check of a named method's Hyper: its server optimizer is the one its name says."""
-
-    method: ClassVar[str]
-    opt: ClassVar[str]
+    """The check of a named method's Hyper: its server optimizer stays the one its name
+    says (the default of its ``server_opt``)."""
 
     def validate(self, section: str) -> None:
-        require(self.server_opt == self.opt, f"{section}.server_opt", self.server_opt,
-                f"{self.method} is FedAvg with server_opt {self.opt}; for another optimizer use "
+        own = type(self).__dataclass_fields__["server_opt"].default
+        require(self.server_opt == own, f"{section}.server_opt", self.server_opt,
+                f"this method is FedAvg with server_opt {own}; for another optimizer use "
                 f"algorithm.name=fedavg algorithm.server_opt={self.server_opt}")
 
 
 @dataclass(kw_only=True)
 class FedAvgMHyper(FixedServerOpt, FedAvgHyper):
-    method, opt = "fedavgm", "avgm"
     server_opt: ServerOpt = "avgm"
 
 
 @dataclass(kw_only=True)
 class FedAdamHyper(FixedServerOpt, FedAvgHyper):
-    method, opt = "fedadam", "adam"
     server_opt: ServerOpt = "adam"
 
 
 @dataclass(kw_only=True)
 class FedYogiHyper(FixedServerOpt, FedAvgHyper):
-    method, opt = "fedyogi", "yogi"
     server_opt: ServerOpt = "yogi"
 
 
 @dataclass(kw_only=True)
 class FedAdagradHyper(FixedServerOpt, FedAvgHyper):
-    method, opt = "fedadagrad", "adagrad"
     server_opt: ServerOpt = "adagrad"
 
 

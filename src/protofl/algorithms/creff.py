@@ -60,8 +60,8 @@ from torch.func import functional_call
 from ..errors import ConfigError, require
 from ..messages import Record
 from .base import ClientResult, register, WeightsState
-from .serveropt import ServerOptHyper
 from .fedavg import FedAvg
+from .serveropt import ServerOptHyper
 
 
 @dataclass

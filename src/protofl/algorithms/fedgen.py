@@ -55,8 +55,8 @@ from torch.func import functional_call
 from ..errors import require
 from ..messages import Record, expect_shapes
 from .base import ClientResult, register, WeightsState
-from .serveropt import ServerOptHyper
 from .fedavg import FedAvg
+from .serveropt import ServerOptHyper
 
 
 @dataclass

@@ -44,8 +44,8 @@ from ..errors import require
 from ..messages import Record
 from ..models.base import FLModel
 from .base import ClientResult, register
-from .serveropt import ServerOptHyper
 from .fedavg import FedAvg
+from .serveropt import ServerOptHyper
 
 
 @dataclass

@@ -97,8 +97,8 @@ from ..nn.clustering import dbscan_centroids, kmeans, pad_groups
 from ..nn.contrastive import prototype_supcon_loss
 from ..nn.prototypes import NearestPrototype
 from .base import ClientResult, cross_entropy, register, WeightsState
-from .serveropt import ServerOptHyper
 from .fedavg import FedAvg
+from .serveropt import ServerOptHyper
 
 
 @dataclass

@@ -75,6 +75,7 @@ from ..errors import ConfigError, require
 from ..messages import Record
 from ..nn.heads import FixedHead, add_projection, simplex_etf
 from .base import ClientResult, GlobalModel, register, WeightsState
+from .serveropt import ServerOptHyper
 
 
 E_W_DEFAULT = 1000.0  # the low end of the paper's sweep (Fig. 4: 10^3 .. 10^6); see the docstring
@@ -83,7 +84,7 @@ CLIP_DEFAULT: Optional[float] = 20.0  # the authors' clip_grad_norm_(max_norm=20
 
 
 @dataclass
-class FedGEHyper:
+class FedGEHyper(ServerOptHyper):
     E_W: float = E_W_DEFAULT  # squared column norm of the ETF: logits lie in [-sqrt(E_W), sqrt(E_W)]
     weighting: Literal["samples", "uniform"] = "samples"
     projection: bool = PROJECTION_DEFAULT  # linear projection before the (normalizing) ETF head

@@ -81,6 +81,7 @@ Messages:
 """
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 from typing import Literal, Optional
 
@@ -95,10 +96,11 @@ from ..nn.contrastive import prototype_supcon_loss
 from ..nn.prototypes import NearestPrototype
 from .base import ClientResult, cross_entropy, register, WeightsState
 from .fedavg import FedAvg
+from .serveropt import ServerOptHyper
 
 
 @dataclass
-class FedCLHyper:
+class FedCLHyper(ServerOptHyper):
     tau: float = 0.07  # temperature of eq. (11)
     lam: float = 1.0  # weight of L_R
     positives: Literal["mean_log", "log_sum"] = "mean_log"
@@ -190,7 +192,7 @@ class MPFedCL(FedAvg):
     def aggregate(self, state: PoolState, rnd, replies, ctx) -> PoolState:
         if not replies:
             return state
-        weights = super().aggregate(state, rnd, replies, ctx).weights  # FedAvg, Algorithm 1 line 9
+        new = super().aggregate(state, rnd, replies, ctx)  # FedAvg, Algorithm 1 line 9
         groups: dict[int, list[torch.Tensor]] = {}
         for _, r in replies:  # client-id order
             protos, labels = r.arrays["protos"].detach().cpu().float(), r.arrays["labels"].cpu()
@@ -200,7 +202,7 @@ class MPFedCL(FedAvg):
         # classes nobody held this round keep their previous pool prototypes
         keep = ~torch.isin(state.labels, labels)
         pool, labels = torch.cat([pool, state.pool[keep]]), torch.cat([labels, state.labels[keep]])
-        return PoolState(weights, pool, labels)
+        return dataclasses.replace(new, pool=pool, labels=labels)
 
     def class_vectors(self, state: PoolState):
         """One vector per class for the geometry logs: the mean of the class's unit-length

@@ -1,5 +1,6 @@
 """CCVR: the clients' class statistics, the server's pooled Gaussians and the virtual
-features by hand; the calibration on a toy; training that is FedAvg's bit for bit."""
+features by hand; the calibration on a toy; training that is FedAvg's bit for bit; resume
+of the calibrated state (CCVR's and SphereFed's)."""
 import numpy as np
 import pytest
 import torch
@@ -115,3 +116,26 @@ def test_bad_hyper_parameters_are_one_line_errors(digits_cfg):
         digits_cfg("algorithm.name=ccvr", "algorithm.num_virtual=0")
     with pytest.raises(ConfigError, match="calibration_lr"):
         digits_cfg("algorithm.name=ccvr", "algorithm.calibration_lr=0")
+
+
+@pytest.mark.parametrize("name", ["ccvr", "spherefed"])
+def test_resume_after_kill_is_bit_identical(name, digits_cfg, tmp_path):
+    """The calibrated model and w_t's own head are server state: a resumed run evaluates
+    the same numbers (``gm``, ``gm@uncalibrated``) as an uninterrupted one."""
+    import json
+
+    from protofl import run
+    from protofl.engine.simulation import Simulation
+
+    from conftest import StopAfter, strip_timing
+
+    cfg = digits_cfg(f"algorithm.name={name}", "rounds=3", "output.checkpoint_every=1", "training.epochs=1",
+                     "eval.personal=false")
+    full = run(cfg, run_dir=tmp_path / "full")
+    d = tmp_path / "killed"
+    with pytest.raises(KeyboardInterrupt):
+        Simulation(cfg, callbacks=[StopAfter(2)], run_dir=d).run()
+    assert json.loads((d / "summary.json").read_text())["status"] == "interrupted"
+    resumed = Simulation(cfg, run_dir=d).run(resume=True)
+    assert strip_timing(resumed.rows) == strip_timing(full.rows)
+    assert "gm@uncalibrated" in full.rows[-1]

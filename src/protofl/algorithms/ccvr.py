@@ -98,19 +98,19 @@ def class_statistics(z: torch.Tensor, y: torch.Tensor, num_classes: int
     return mu, cov, n
 
 
-def global_gaussians(mu: torch.Tensor, cov: torch.Tensor, n: torch.Tensor
-                     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+def global_gaussians(mu, cov, n) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """The pooled per-class mean (C, d), covariance (C, d, d) and count (C,) of K clients'
-    statistics mu (K, C, d), cov (K, C, d, d) (unbiased) and n (K, C), in float64.
+    statistics: mu (K, C, d), cov (K, C, d, d) (unbiased) and n (K, C), stacked tensors or
+    sequences of the clients' own; in float64, one client at a time (memory C d^2).
 
     The covariance of the union of the clients' samples of a class, exactly; zero for a
     class with fewer than 2 samples in all, and mean 0 for one with none."""
-    mu, cov, n = mu.double(), cov.double(), n.double()
-    N = n.sum(0)  # (C,)
-    mean = (n.unsqueeze(2) * mu).sum(0) / N.clamp(min=1).unsqueeze(1)  # (C, d)
-    outer = mu.unsqueeze(3) * mu.unsqueeze(2)  # (K, C, d, d) mu_{c,k} mu_{c,k}^T
-    scatter = ((n - 1).clamp(min=0)[..., None, None] * cov + n[..., None, None] * outer).sum(0)
-    scatter -= N[:, None, None] * mean.unsqueeze(2) * mean.unsqueeze(1)  # sum_i (z_i - mu_c)(z_i - mu_c)^T
+    N = sum(n_k.double() for n_k in n)  # (C,)
+    mean = sum(n_k.double().unsqueeze(1) * mu_k.double() for mu_k, n_k in zip(mu, n)) / N.clamp(min=1).unsqueeze(1)
+    scatter = -N[:, None, None] * mean.unsqueeze(2) * mean.unsqueeze(1)  # sum_i (z_i - mu_c)(z_i - mu_c)^T:
+    for mu_k, cov_k, n_k in zip(mu, cov, n):  # + sum_k (N_k - 1) Sigma_k + N_k mu_k mu_k^T
+        m, n_k = mu_k.double(), n_k.double()[:, None, None]
+        scatter += (n_k - 1).clamp(min=0) * cov_k.double() + n_k * m.unsqueeze(2) * m.unsqueeze(1)
     Sigma = scatter / (N - 1).clamp(min=1)[:, None, None]
     Sigma = torch.where((N > 1)[:, None, None], Sigma, torch.zeros_like(Sigma))
     return mean, Sigma, N.round().to(torch.int64)
@@ -174,9 +174,10 @@ class CCVR(CalibratedEachRound):
     Hyper = CCVRHyper
 
     def server_init(self, ctx) -> CalibratedState:
-        if not isinstance(ctx.shared_model().head, nn.Linear):
-            raise ConfigError("algorithm.name", self.name, f"needs a linear classifier head; the model's head is "
-                                                           f"{type(ctx.shared_model().head).__name__}")
+        head = ctx.shared_model().head
+        if not isinstance(head, nn.Linear):
+            raise ConfigError("algorithm.name", self.name,
+                              f"needs a linear classifier head; the model's head is {type(head).__name__}")
         return super().server_init(ctx)
 
     def check_reply(self, reply: Record, sent: Record) -> Optional[str]:
@@ -190,12 +191,15 @@ class CCVR(CalibratedEachRound):
     def calibrate(self, w: dict, replies: list[Record], rnd: int, ctx) -> dict[str, torch.Tensor]:
         """The classifier g^: g re-trained on M_c virtual features of each class present."""
         hp = self.hp
-        mean, Sigma, N = global_gaussians(*(torch.stack([r.arrays[k] for r in replies]).to(ctx.device)
+        mean, Sigma, N = global_gaussians(*([r.arrays[k].to(ctx.device) for r in replies]
                                             for k in ("mean", "cov", "counts")))
         present = torch.nonzero(N > 0).flatten()  # (P,) the classes some arriving client holds
         rng = ctx.rng(rnd, "ccvr")
-        eps = torch.from_numpy(rng.standard_normal((len(present), hp.num_virtual, mean.shape[1]))).to(ctx.device)
-        feats = virtual_features(mean[present], Sigma[present], eps).flatten(0, 1)  # (P M, d)
+        d = mean.shape[1]
+        feats = [virtual_features(mean[[c]], Sigma[[c]],  # one class at a time: memory M d
+                                  torch.from_numpy(rng.standard_normal((1, hp.num_virtual, d))).to(ctx.device))[0]
+                 for c in present.tolist()]
+        feats = torch.cat(feats) if feats else mean.new_zeros(0, d)  # (P M, d)
         W, b = w["head.weight"], w.get("head.bias")
         labels = torch.arange(len(present), device=W.device).repeat_interleave(hp.num_virtual)  # row of present
         W_p, b_p = retrain_linear(W[present], None if b is None else b[present], feats.to(W.dtype), labels,

@@ -1,6 +1,7 @@
 """FedPAC: the simplex QP, the feature statistics (V_i, h_i), the combination weights,
 the aligned loss and the server's classifier collaboration."""
 import math
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
@@ -64,25 +65,13 @@ def test_aligned_loss_by_hand():
     assert float(got.detach()) == pytest.approx(math.log(2) + 2.0 * 5 / 4)
 
 
-class Ctx:
-    device = torch.device("cpu")
-
-    def __init__(self):
-        self.logged = {}
-
-    def log(self, key, value):
-        self.logged[key] = value
-
-
 def test_server_combines_the_round_classifiers_and_sends_each_client_its_own():
     algo = FedPAC(FedPACHyper(), info())
     init = {"body.w": torch.zeros(1), "head.weight": torch.zeros(2, 2), "head.bias": torch.zeros(2)}
 
-    class Server(Ctx):
-        def init_weights(self):
-            return {k: v.clone() for k, v in init.items()}
-
-    ctx = Server()
+    logged = {}
+    ctx = SimpleNamespace(device=torch.device("cpu"), log=logged.__setitem__,
+                          init_weights=lambda: {k: v.clone() for k, v in init.items()})
     state = algo.server_init(ctx)
     assert algo.configure_client(state, 1, 0, ctx) is None  # nothing combined yet: the client's own head
 
@@ -105,7 +94,7 @@ def test_server_combines_the_round_classifiers_and_sends_each_client_its_own():
         msg = algo.configure_client(new, 2, cid, ctx)
         torch.testing.assert_close(msg.weights["head.weight"], torch.full((2, 2), 2.0))
     assert algo.configure_client(new, 2, 1, ctx) is None  # client 1 was not in the round
-    assert ctx.logged["pac_self_weight"] == pytest.approx(0.5)  # (3/4 + 1/4) / 2
+    assert logged["pac_self_weight"] == pytest.approx(0.5)  # (3/4 + 1/4) / 2
     assert "body.w" in algo.configure(new, 2, ctx).weights and "head.weight" not in algo.configure(new, 2, ctx).weights
     bad = reply(10, 1.0, 1.0, [[1.0, 0.0], [0.0, 0.0]])
     bad.arrays["head"] = {"body.w": torch.zeros(1)}

@@ -1,5 +1,6 @@
 """FedTGP: the adaptive margin, the ACL loss, the trainable prototypes on the server."""
 import math
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
@@ -8,6 +9,7 @@ import torch
 from protofl.algorithms.base import TaskInfo
 from protofl.algorithms.fedtgp import (FedTGP, FedTGPHyper, TrainablePrototypes, acl_loss, adaptive_margin)
 from protofl.messages import Record
+from protofl.nn.prototypes import prototype_rows
 
 
 def test_adaptive_margin_by_hand():
@@ -32,17 +34,11 @@ def test_acl_loss_by_hand():
     assert torch.isfinite(g.grad).all()  # coincident points: no nan from the square root
 
 
-class Ctx:
-    device = torch.device("cpu")
-
-    def __init__(self):
-        self.logged = {}
-
-    def rng(self, rnd, *keys):
-        return np.random.default_rng(rnd)
-
-    def log(self, key, value):
-        self.logged[key] = value
+def test_prototype_rows_lists_the_held_classes_table_by_table():
+    a, b = torch.tensor([[1.0, 1.0], [0.0, 0.0], [3.0, 3.0]]), torch.tensor([[0.0, 0.0], [2.0, 2.0], [0.0, 0.0]])
+    P, y = prototype_rows([a, b], [torch.tensor([4, 0, 1]), torch.tensor([0, 2, 0])])
+    torch.testing.assert_close(P, torch.tensor([[1.0, 1.0], [3.0, 3.0], [2.0, 2.0]]))
+    assert y.tolist() == [0, 2, 1]
 
 
 def reply(protos, classes):
@@ -58,7 +54,9 @@ def info():
 
 def test_server_learns_separated_prototypes_only_for_uploaded_classes():
     algo = FedTGP(FedTGPHyper(server_epochs=100, server_lr=0.1, server_batch=4), info())
-    ctx = Ctx()
+    logged = {}
+    ctx = SimpleNamespace(device=torch.device("cpu"), log=logged.__setitem__,
+                          rng=lambda rnd, *keys: np.random.default_rng(rnd))
     state = algo.server_init(ctx)
     assert state.counts.tolist() == [0, 0, 0] and TrainablePrototypes(3, 2, 4)().shape == (3, 2)
     replies = [(0, reply([[1.0, 0.0], [0.0, 1.0]], [0, 1])), (1, reply([[1.2, 0.1], [0.1, 1.1]], [0, 1]))]
@@ -66,7 +64,7 @@ def test_server_learns_separated_prototypes_only_for_uploaded_classes():
     assert new.counts.tolist() == [10, 10, 0]
     assert new.protos[2].abs().sum() == 0  # no client uploaded class 2: no global prototype
     # margin: the two class centres (1.1, 0.05) and (0.05, 1.05)
-    assert ctx.logged["tgp_margin"] == pytest.approx(math.hypot(1.05, 1.0), rel=1e-5)
+    assert logged["tgp_margin"] == pytest.approx(math.hypot(1.05, 1.0), rel=1e-5)
     # every client prototype is nearer its own class's learned prototype than the other's
     P = torch.tensor([[1.0, 0.0], [0.0, 1.0], [1.2, 0.1], [0.1, 1.1]])
     assert torch.cdist(P, new.protos[:2]).argmin(1).tolist() == [0, 1, 0, 1]

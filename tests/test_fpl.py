@@ -1,5 +1,6 @@
 """FPL: FINCH's partitions, the cluster and unbiased prototypes, CPCL + UPCR, the server's pool."""
 import math
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
@@ -80,16 +81,6 @@ def test_cpcl_and_upcr_by_hand():
     assert algo.local_objective(torch.zeros(0, 2), torch.zeros(0, dtype=torch.int64))[1] == {}  # round 1: CE
 
 
-class Ctx:
-    device = torch.device("cpu")
-
-    def __init__(self):
-        self.logged = {}
-
-    def log(self, key, value):
-        self.logged[key] = value
-
-
 def reply(protos, classes, n=10):
     r = Record(weights={"w": torch.full((1,), float(n))},
                arrays={"protos": torch.tensor(protos), "classes": torch.tensor(classes),
@@ -103,7 +94,7 @@ def test_server_clusters_each_class_and_keeps_absent_classes():
     state = PoolState({"w": torch.zeros(1)}, torch.tensor([[7.0, 7.0]]), torch.tensor([2]))
     replies = [(0, reply([[1.0, 0.0], [0.0, 3.0]], [0, 1], n=10)), (1, reply([[0.9, 0.1]], [0], n=30)),
                (2, reply([[0.0, 1.0], [0.1, 0.9]], [0, 0], n=10))]
-    new = algo.aggregate(state, 1, replies, Ctx())
+    new = algo.aggregate(state, 1, replies, SimpleNamespace(device=torch.device("cpu"), log=lambda k, v: None))
     torch.testing.assert_close(new.weights["w"], torch.tensor([(10 * 10 + 30 * 30 + 10 * 10) / 50.0]))  # FedAvg
     assert new.labels.tolist() == [0, 0, 1, 2]  # two clusters of class 0, one prototype of 1, class 2 kept
     torch.testing.assert_close(new.pool, torch.tensor([[0.95, 0.05], [0.05, 0.95], [0.0, 3.0], [7.0, 7.0]]))

@@ -48,7 +48,7 @@ import torch.nn.functional as F
 
 from ..errors import require
 from ..messages import Record
-from ..nn.prototypes import class_means
+from ..nn.prototypes import class_means, prototype_rows
 from .base import ClientResult, register
 from .fedproto import dense, FedProto, sparse
 
@@ -106,10 +106,8 @@ class FedGH(FedProto):
         if not replies:
             return state
         C, d, dev = self.info.num_classes, self.info.feature_dim, ctx.device
-        local = [dense(r, C, d) for _, r in replies]
-        held = [c > 0 for _, c in local]
-        reps = torch.cat([p[h] for (p, _), h in zip(local, held)]).to(dev)  # (n, d) the round's R_i^s
-        labels = torch.cat([torch.nonzero(h).flatten() for h in held]).to(dev)  # (n,) their classes s
+        reps, labels = prototype_rows(*zip(*(dense(r, C, d) for _, r in replies)))
+        reps, labels = reps.to(dev), labels.to(dev)  # the round's class representations R_i^s and classes s
         head = copy.deepcopy(ctx.shared_model().head).to(dev)  # a private copy: the shared model stays as it is
         head.load_state_dict({k[len(HEAD):]: v for k, v in state.header.items()})
         g = torch.Generator()

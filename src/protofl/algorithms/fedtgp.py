@@ -54,7 +54,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from ..errors import require
-from ..nn.prototypes import aggregate_prototypes
+from ..nn.prototypes import aggregate_prototypes, prototype_rows
 from .base import register
 from .fedproto import dense, FedProto, ProtoState
 
@@ -135,11 +135,10 @@ class FedTGP(FedProto):
         if not replies:
             return state
         C, d, dev = self.info.num_classes, self.info.feature_dim, ctx.device
-        local = [dense(r, C, d) for _, r in replies]
-        held = [c > 0 for _, c in local]
-        P = torch.cat([p[h] for (p, _), h in zip(local, held)]).to(dev)  # (n, d) the round's client prototypes
-        y = torch.cat([torch.nonzero(h).flatten() for h in held]).to(dev)  # (n,) their classes
-        centres, n = aggregate_prototypes([p for p, _ in local], [c for _, c in local], "uniform")  # Q^c
+        tables, counts = zip(*(dense(r, C, d) for _, r in replies))
+        P, y = prototype_rows(tables, counts)  # the round's client prototypes P_i^c and their classes c
+        P, y = P.to(dev), y.to(dev)
+        centres, n = aggregate_prototypes(list(tables), list(counts), "uniform")  # Q^c
         delta = adaptive_margin(centres, n > 0, self.hp.tau)
 
         gen = self.tgp().to(dev)

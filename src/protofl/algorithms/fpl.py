@@ -48,13 +48,13 @@ import torch
 import torch.nn.functional as F
 
 from ..errors import require
-from ..messages import Record, expect_indices, expect_shapes
+from ..messages import Record
 from ..nn.clustering import finch
 from ..nn.contrastive import prototype_supcon_loss
 from ..nn.prototypes import class_means
 from .base import ClientResult, cross_entropy, register
 from .fedavg import FedAvg
-from .fedproto import sparse
+from .fedproto import FedProto, sparse
 from .mpfedcl import PoolState
 
 
@@ -96,10 +96,7 @@ class FPL(FedAvg):
     def configure(self, state: PoolState, rnd, ctx) -> Record:
         return Record(weights=state.weights, arrays={"pool": {"protos": state.pool, "labels": state.labels}})
 
-    def check_reply(self, reply: Record, sent: Record) -> Optional[str]:
-        n = len(reply.arrays.get("classes", ()))
-        return (expect_shapes(reply, protos=(n, self.info.feature_dim), classes=(n,), counts=(n,))
-                or expect_indices(reply, "classes", self.info.num_classes))
+    check_reply = FedProto.check_reply  # the replies' class means are FedProto's sparse arrays
 
     def aggregate(self, state: PoolState, rnd, replies, ctx) -> PoolState:
         if not replies:

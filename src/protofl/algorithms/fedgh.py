@@ -31,6 +31,8 @@ Choices:
   of the round.
 * Representations are the class means over the whole training set after local training,
   in eval mode (both libraries do the same).
+* Family: prototype exchange (only class representations go up; the header is learned
+  from them), like FedProto, whose client state and messages it shares.
 * Messages are FedProto's sparse prototype arrays (``protos``, ``classes``, ``counts``);
   the header travels down as the ``head.*`` entries of ``weights``. No global model: the
   header alone has no feature extractor (GA = the mean of the personalized models).

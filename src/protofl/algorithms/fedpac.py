@@ -21,6 +21,9 @@ whose weights the server chooses by a small quadratic program:
                     = alpha^T (diag(V) + D) alpha,  D_jl = sum_k <h_ik - h_jk, h_ik - h_lk>
             phi_i <- sum_j alpha_ij phi_j                             (classifier collaboration)
 
+Family: personalization (its output is a personalized model per client; the prototypes
+only regularize the shared extractor).
+
 What it rests on: the paper's text was not at hand (only its abstract); the steps above
 are those of the authors' release (github.com/JianXu95/FedPAC, methods/fedpac.py,
 tools.py, running.py, read for this module), so no equation numbers are cited.

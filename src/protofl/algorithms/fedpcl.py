@@ -39,6 +39,9 @@ Deviations from the authors' code:
   global term); here the sample-to-prototype softmax above (PFLlib's). No augmentation.
 * Their projection network also has a decision layer whose loss is never used; here the
   model's head stays unused.
+* A frozen backbone's parameters never move, but BatchNorm running statistics in it (for
+  bodies that have BatchNorm) follow the client's batches, as the engine trains in train
+  mode.
 * Round 1 (no prototypes yet): the loss is 0, as in the code (``0 * loss``: only
   ``training.weight_decay`` moves the weights); PFLlib skips training then.
 * Prototypes are computed over the whole training set after training in eval mode, as

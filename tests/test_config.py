@@ -1,6 +1,7 @@
 """Config validation: every failure names the key, the value and what is allowed."""
 import pytest
 
+from protofl.algorithms.serveropt import SERVER_OPT_DEFAULTS
 from protofl.config import ConfigError, from_dict, load_config, parse_override
 
 from conftest import DIGITS
@@ -22,7 +23,8 @@ def test_defaults_and_yaml_round_trip():
 def test_dotted_overrides_parse_yaml_values():
     cfg = load_config(DIGITS, ["training.lr=1e-3", "algorithm.name=fedprox", "algorithm.mu=0.1",
                                "eval.personal=false", "model.hidden=[32, 16]"])
-    assert cfg.training.lr == 1e-3 and cfg.algorithm.params == {"mu": 0.1, "weighting": "samples"}
+    assert cfg.training.lr == 1e-3 and cfg.algorithm.params == {"mu": 0.1, "weighting": "samples",
+                                                                **dict(SERVER_OPT_DEFAULTS)}
     assert cfg.eval.personal is False and cfg.model.params["hidden"] == [32, 16]
     assert parse_override("a.b=False") == ("a.b", False)  # a real bool, not the string
 
@@ -33,7 +35,7 @@ def test_dotted_overrides_parse_yaml_values():
     ({"training": {"lrr": 0.1}}, "training.lrr", "allowed: batch_size"),
     ({"eval": {"personal": "yes"}}, "eval.personal", "true or false"),
     ({"algorithm": {"name": "fedfoo"}}, "algorithm.name", "known: "),
-    ({"algorithm": {"name": "fedavg", "mu": 0.1}}, "algorithm.mu", "allowed: weighting"),
+    ({"algorithm": {"name": "fedavg", "mu": 0.1}}, "algorithm.mu", "server_opt, server_tau, weighting"),
     ({"algorithm": {"name": "fedprox", "mu": -0.1}}, "algorithm.mu", "must be >= 0"),
     ({"algorithm": {"name": "fedavg", "weighting": "bytes"}}, "algorithm.weighting", "'samples'"),
     ({"data": {"name": "imagenet"}}, "data.name", "known: "),
@@ -60,7 +62,9 @@ def test_natural_partition_users_come_from_the_dataset():
 def test_resolved_config_holds_defaults_and_fingerprint_ignores_where_and_how():
     cfg = load_config(DIGITS)
     assert cfg.data.params == {"test_fraction": 0.25}
-    assert cfg.algorithm.params == {"weighting": "samples"}  # a default changes the fingerprint
+    # a default changes the fingerprint (the server optimizer's, added later, do not at theirs)
+    assert cfg.algorithm.params == {"weighting": "samples", "server_opt": "none", "server_lr": None,
+                                    "server_momentum": 0.9, "server_beta2": 0.999, "server_tau": 1e-3}
     assert cfg.model.params["hidden"] == [128]
     same = cfg.replace(**{"data.root": "/elsewhere", "execution.workers": 2, "output.dir": "x", "rounds": 3})
     assert same.fingerprint() == cfg.fingerprint()

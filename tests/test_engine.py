@@ -160,3 +160,22 @@ def test_workers_auto_resolution(monkeypatch):
     assert executor.resolve_workers("auto", 3) == 3  # at most one per client of a round
     assert executor.resolve_workers("auto", 1) == 0  # a single client: no pool
     assert executor.resolve_workers(2, 10) == 2 and executor.resolve_workers(0, 10) == 0
+
+
+@pytest.mark.parametrize("executor", ["sequential", "batched"])
+def test_the_broadcast_goes_to_the_device_once_per_round(digits_cfg, tmp_path, executor):
+    """What the engine hands to the training device (counted on the CPU too): a round's
+    broadcast once, whatever the number of clients; each client's own part and state."""
+    cfg = digits_cfg("rounds=3", "participation.fraction=0.5", "eval.final_all_clients=false",
+                     f"execution.executor={executor}")
+    sim = Simulation(cfg, run_dir=tmp_path / "fedavg")
+    res = sim.run()
+    model_bytes = sum(v.numel() * v.element_size() for v in sim.server.init_weights().values())
+    t = sim.runtime.transfers
+    assert res.rows[0]["selected"] == 5 and t.records == 3  # FedAvg: one broadcast per round, no state
+    assert t.bytes == 3 * model_bytes and t.copied == 0  # on the CPU nothing is copied
+    ditto = Simulation(cfg.replace(**{"algorithm.name": "ditto"}), run_dir=tmp_path / "ditto")
+    rows = ditto.run().rows
+    t = ditto.runtime.transfers  # plus, per client, its personal model v_k (its state)
+    assert t.records == 3 + sum(r["selected"] for r in rows) == 18
+    assert t.bytes == 18 * model_bytes

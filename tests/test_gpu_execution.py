@@ -324,3 +324,32 @@ def test_batch_clients_sets_the_slot_count(tmp_path):
     cfg = cfg_for(tmp_path, "rounds=1").replace(**{"execution.executor": "batched", "execution.batch_clients": 2})
     res = run(cfg, run_dir=tmp_path / "two")
     assert res.summary["execution"]["slots"] == 2 and 0 < res.summary["execution"]["occupancy"] <= 1
+
+
+# ---------------------------------------------------------------------------------------
+# execution.device: auto (the default) takes a GPU when torch sees one
+# ---------------------------------------------------------------------------------------
+def test_device_auto_is_the_default_and_resolves_on_this_machine(monkeypatch):
+    from protofl.engine.backends import use_batched
+
+    cfg = load_config(DIGITS)
+    assert cfg.execution.device == "auto" and cfg.execution.executor == "auto"
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    assert cfg.execution.torch_device == "cpu" and not use_batched(cfg)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    assert cfg.execution.torch_device == "cuda" and use_batched(cfg)  # a GPU: the batched executor
+    assert not use_batched(cfg.replace(**{"execution.workers": 2}))  # never with worker processes
+    # where the run trains does not change its results: not in the fingerprint
+    assert len({cfg.replace(**{"execution.device": d}).fingerprint() for d in ("auto", "cpu", "cuda")}) == 1
+
+
+def test_without_cuda_auto_runs_on_the_cpu_and_the_first_line_says_so(tmp_path, caplog, monkeypatch):
+    from protofl.cli import main
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    with caplog.at_level("INFO", logger="protofl"):  # the run's lines (on stderr without pytest)
+        assert main(["run", str(DIGITS), "rounds=1", f"output.dir={tmp_path}"]) == 0
+    first = caplog.records[0].getMessage()
+    assert first.endswith(": 1 rounds on cpu (sequential executor)"), first
+    summary = json.loads(next(tmp_path.glob("*/summary.json")).read_text())
+    assert summary["execution"] == {"backend": "local", "workers": 0, "threads": 1}

@@ -5,7 +5,7 @@ the groups ``protofl.algorithms``, ``protofl.models``, ``protofl.datasets`` and
 ``protofl.partitioners`` (the entry point's name is the registry name)::
 
     [project.entry-points."protofl.algorithms"]
-    fedavgm = "my_package.fedavgm:FedAvgM"
+    my_method = "my_package.my_method:MyMethod"
 
 They are loaded the first time a name is not found or the names are listed, in every
 process (worker processes and Flower clients included). A plugin that fails to import

@@ -118,11 +118,11 @@ def cores_per_run(cfg: Config) -> int:
     intra-op threads (``execution.threads``; 0 is torch's default, every core). A run on a
     GPU counts as the whole machine (one process should own the device)."""
     ex, cores = cfg.execution, os.cpu_count() or 1
-    if ex.device != "cpu" or ex.backend != "local":
+    if ex.torch_device != "cpu" or ex.backend != "local":
         return cores
     p = cfg.participation
     m = p.clients_per_round or ceil_fraction(p.fraction, cfg.partition.num_clients)
-    workers = resolve_workers(ex.workers, m, ex.device)
+    workers = resolve_workers(ex.workers, m, ex.torch_device)
     if workers > 0:
         return workers
     return cores if ex.threads == 0 else ex.threads
@@ -209,7 +209,9 @@ def sweep(cfg: Config, grid: dict[str, list[Any]], seeds: list[int], out: Path,
             log(f"[done {progress.done}/{N}] run {number[id(r)]}/{N} {r.label} seed {r.seed}: "
                 f"{_outcome(summary)}{progress.eta(queue.active)}")
 
-    if jobs <= 1:
+    if todo and todo[0].cfg.execution.pack_runs:
+        _packed(todo, started, finished, log)
+    elif jobs <= 1:
         for r in todo:
             log(started(r))
             t0 = time.perf_counter()
@@ -232,6 +234,23 @@ def sweep(cfg: Config, grid: dict[str, list[Any]], seeds: list[int], out: Path,
         if r.dir not in bad:
             groups.setdefault(r.label, []).append(r.dir)
     return api.finish_grid(groups, out, SWEEP), out, failed
+
+
+def _packed(todo: list[SweepRun], started, finished, log) -> None:
+    """The runs packed in this process (``execution.pack_runs``, engine/packed.py); each
+    dataset loaded once for all of them."""
+    from .config import check_here
+    from .engine.packed import run_packed
+    from .engine.simulation import Simulation
+
+    datasets: dict = {}
+
+    def build(r: SweepRun, member):
+        cfg = from_dict(_quiet(r.cfg))
+        check_here(cfg)
+        return Simulation(cfg, run_dir=r.dir, task=api.check_task(cfg, datasets), executor_factory=lambda sim: member)
+
+    run_packed(todo, build, lambda r: log(started(r)), finished, log)
 
 
 def _quiet(cfg: Config) -> dict:

@@ -57,6 +57,7 @@ from torch.nn import functional as F
 
 from ..messages import Record
 from ..registry import Registry
+from .serveropt import server_step
 
 
 # every method by its name; a method module registers its classes with @register (the
@@ -113,6 +114,10 @@ class WeightsState:
     it with their own fields."""
 
     weights: dict[str, torch.Tensor]
+    # the server optimizer's moments (serveropt.py; None: none yet, or ``server_opt: none``).
+    # Keyword-only with a default, so every method's own fields keep their positions; a
+    # class attribute, so a state saved before it existed reads None
+    server_opt_state: Optional[dict] = field(default=None, kw_only=True)
 
 
 @dataclass
@@ -401,8 +406,13 @@ class GlobalModel(Algorithm, Diagnostics):
                      head) keep their value; nobody arrived: w_t
         predictor:   the global model w
 
-    Its hyper-parameters have a ``weighting``. Methods extend the server state with their
-    own fields (``dataclasses.replace`` keeps them) and call ``super().aggregate``.
+    Then the server optimizer (``algorithm.server_opt``, serveropt.py: FedAvgM, FedAdam,
+    FedYogi, FedAdagrad) takes w_{t+1} from w_t and that average (``server_update``; with
+    ``server_opt: none``, the default, w_{t+1} is the average itself). Its hyper-parameters
+    have a ``weighting`` and derive from :class:`~protofl.algorithms.serveropt.ServerOptHyper`.
+    Methods extend the server state with their own fields (``dataclasses.replace`` keeps
+    them, the optimizer's moments included) and call ``super().aggregate``; a method with its
+    own aggregation passes its new model through ``server_update``.
     """
 
     def server_init(self, ctx: ServerContext) -> WeightsState:
@@ -416,7 +426,18 @@ class GlobalModel(Algorithm, Diagnostics):
         avg = average((r for _, r in replies), self.hp.weighting)
         if not avg:
             return state  # nobody arrived: keep w_t
-        return dataclasses.replace(state, weights={**state.weights, **avg})
+        return self.server_update(state, avg, ctx)
+
+    def server_update(self, state: WeightsState, x_bar: Mapping[str, torch.Tensor], ctx: ServerContext) -> Any:
+        """``state`` with w_{t+1} from w_t and the round's aggregate ``x_bar`` (the entries the
+        replies carried; the others keep w_t's): ``x_bar`` itself with ``server_opt: none``,
+        else one step of the server optimizer on Delta_t = x_bar - w_t (serveropt.py)."""
+        if getattr(self.hp, "server_opt", "none") == "none":
+            return dataclasses.replace(state, weights={**state.weights, **x_bar})
+        if getattr(self, "_param_names", None) is None:  # the architecture is fixed for the run
+            self._param_names = frozenset(k for k, _ in ctx.shared_model().named_parameters())
+        weights, moments = server_step(self.hp, state.weights, x_bar, state.server_opt_state, self._param_names)
+        return dataclasses.replace(state, weights=weights, server_opt_state=moments)
 
     def global_predictor(self, state: WeightsState, ctx: ServerContext):
         return ctx.shared_model(state.weights)

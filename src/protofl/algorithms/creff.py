@@ -47,6 +47,7 @@ and ResNet-8; here d is the model's feature dimension.
 """
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 from typing import Literal, Optional
 
@@ -60,10 +61,11 @@ from ..errors import ConfigError, require
 from ..messages import Record
 from .base import ClientResult, register, WeightsState
 from .fedavg import FedAvg
+from .serveropt import ServerOptHyper
 
 
 @dataclass
-class CReFFHyper:
+class CReFFHyper(ServerOptHyper):
     num_features: int = 100  # M, federated features per class
     match_steps: int = 100  # S, gradient-matching steps per round
     feature_lr: float = 0.1
@@ -222,7 +224,7 @@ class CReFF(FedAvg):
         W_re, b_re = retrain_linear(fresh.weight.detach(), None if b is None else fresh.bias.detach(), features,
                                     labels, self.hp.retrain_epochs, self.hp.retrain_lr, self.hp.retrain_batch, rng)
         head = {"weight": W_re} if b_re is None else {"weight": W_re, "bias": b_re}
-        return CReFFState(avg.weights, head, features)
+        return dataclasses.replace(avg, head=head, features=features)
 
     def global_predictor(self, state: CReFFState, ctx):
         weights = dict(state.weights)

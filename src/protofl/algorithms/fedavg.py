@@ -28,10 +28,11 @@ from torch.nn import functional as F
 
 from ..messages import Record
 from .base import ClientResult, cross_entropy, Fitted, GlobalModel, LossFn, register
+from .serveropt import ServerOptHyper
 
 
 @dataclass
-class FedAvgHyper:
+class FedAvgHyper(ServerOptHyper):
     weighting: Literal["samples", "uniform"] = "samples"
 
 

@@ -21,6 +21,7 @@ Choices where the paper is silent, and details:
   h-update stays the paper's 1/m sum).
 * A client whose reply is lost keeps its grad_k; a round with no arrival keeps theta and h.
 * The global model evaluated (GM) is theta^t, the model sent to the clients.
+* ``server_opt`` (serveropt.py, none by default) takes theta^t as its x_bar; h is FedDyn's as above.
 
 Deviations from the authors' code (github.com/alpemreacar/FedDyn): the code divides alpha
 by each client's relative data size (alpha_k = alpha / (n_k / mean n)) and adds the
@@ -30,6 +31,7 @@ correction as the mean over all clients of their accumulated updates, which equa
 """
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 from typing import Literal, Optional
 
@@ -38,10 +40,11 @@ import torch
 from ..errors import require
 from ..messages import Record
 from .base import average, ClientResult, cross_entropy, GlobalModel, register, trainable_names, WeightsState
+from .serveropt import ServerOptHyper
 
 
 @dataclass
-class FedDynHyper:
+class FedDynHyper(ServerOptHyper):
     alpha: float = 0.01  # weight of the dynamic regularizer (the paper's grid: 0.1, 0.01, 0.001)
     weighting: Literal["uniform", "samples"] = "uniform"
 
@@ -92,7 +95,7 @@ class FedDyn(GlobalModel):
         mean = average((r for _, r in replies), self.hp.weighting)
         theta, h = server_update(state.weights, state.h, [r.weights for _, r in replies], mean,
                                  self.hp.alpha, self.info.num_clients)
-        return FedDynState(theta, h)
+        return dataclasses.replace(self.server_update(state, theta, ctx), h=h)  # server_opt: none -> theta
 
     # -- client ------------------------------------------------------------------------------
     async def client_update(self, msg: Record, state: Optional[Record], ctx) -> ClientResult:

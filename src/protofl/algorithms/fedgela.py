@@ -32,14 +32,13 @@ Hyper-parameters:
   a ReLU, so every feature lies in the non-negative orthant: a non-negative unit feature
   reaches cosine at most ||W_c^+|| / ||W_c|| with an ETF direction W_c (W_c^+ its positive
   part; about 0.7 for the randomly rotated ETF in 128 dimensions), so no feature can point
-  at its class's direction; the projection makes the features signed. On our models it
-  trained slower and did not pay off (benchmarks/history.md, section 4), so the default
-  is the ETF directly on the (normalized) ReLU features.
+  at its class's direction; the projection makes the features signed. Off by default:
+  the ETF sits directly on the (normalized) ReLU features.
 * ``gamma`` (null = 1/C), ``weighting`` (backbone aggregation: "samples" as in the paper,
   or "uniform").
 
-The measurements behind these defaults (E_W, the clip, the projection;
-benchmarks/fixed_heads/fedgela_ew.py) are in benchmarks/history.md, section 4.
+Why these defaults (E_W, the clip, the projection), measured: benchmarks/history.md,
+section 4.
 
 Feature dimension: a simplex ETF of C vectors needs d >= C-1. For d >= C we use the paper's
 construction; for d = C-1 (where U^T U = I_C is impossible) the same Gram matrix
@@ -76,15 +75,16 @@ from ..errors import ConfigError, require
 from ..messages import Record
 from ..nn.heads import FixedHead, add_projection, simplex_etf
 from .base import ClientResult, GlobalModel, register, WeightsState
+from .serveropt import ServerOptHyper
 
 
 E_W_DEFAULT = 1000.0  # the low end of the paper's sweep (Fig. 4: 10^3 .. 10^6); see the docstring
-PROJECTION_DEFAULT = False  # measured: the projection trained slower and scored lower (docstring)
+PROJECTION_DEFAULT = False  # off: see the docstring and benchmarks/history.md, section 4
 CLIP_DEFAULT: Optional[float] = 20.0  # the authors' clip_grad_norm_(max_norm=20)
 
 
 @dataclass
-class FedGEHyper:
+class FedGEHyper(ServerOptHyper):
     E_W: float = E_W_DEFAULT  # squared column norm of the ETF: logits lie in [-sqrt(E_W), sqrt(E_W)]
     weighting: Literal["samples", "uniform"] = "samples"
     projection: bool = PROJECTION_DEFAULT  # linear projection before the (normalizing) ETF head

@@ -43,6 +43,7 @@ batches of 128, noise 32, hidden 256) are the defaults here.
 """
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field
 from typing import Literal, Optional
 
@@ -55,10 +56,11 @@ from ..errors import require
 from ..messages import Record, expect_shapes
 from .base import ClientResult, register, WeightsState
 from .fedavg import FedAvg
+from .serveropt import ServerOptHyper
 
 
 @dataclass
-class FedGenHyper:
+class FedGenHyper(ServerOptHyper):
     alpha: float = 1.0  # weight of the generated-feature loss on the clients
     noise_dim: int = 32
     hidden: int = 256
@@ -192,8 +194,9 @@ class FedGen(FedAvg):
             opt.step()
         if self.hp.gen_steps > 0:
             ctx.log("generator_loss", float(loss.detach()))
-        return FedGenState(avg.weights, {k: v.detach().clone() for k, v in gen.state_dict().items()}, counts,
-                           trained=state.trained or self.hp.gen_steps > 0, optimizer=opt.state_dict())
+        return dataclasses.replace(avg, generator={k: v.detach().clone() for k, v in gen.state_dict().items()},
+                                   counts=counts, trained=state.trained or self.hp.gen_steps > 0,
+                                   optimizer=opt.state_dict())
 
     # -- client ------------------------------------------------------------------------------
     async def client_update(self, msg: Record, state: Optional[Record], ctx) -> ClientResult:

@@ -70,12 +70,13 @@ from ..messages import Record, expect_shapes
 from ..nn.heads import FixedHead, add_projection, max_separated_prototypes, min_pairwise_distance
 from ..nn.privacy import release_class_means
 from .base import ClientResult, GlobalModel, register, WeightsState
+from .serveropt import ServerOptHyper
 
 HEAD_W = "head.weight"  # the prototypes W (C, d) inside the model's state dict
 
 
 @dataclass
-class FedUHHyper:
+class FedUHHyper(ServerOptHyper):
     scale: float = 1.0  # s: initial value (learn_scale) or fixed value
     learn_scale: bool = True
     weighting: Literal["samples", "uniform"] = "uniform"  # body aggregation (Algorithm 1, line 9)

@@ -45,10 +45,11 @@ from ..messages import Record
 from ..models.base import FLModel
 from .base import ClientResult, register
 from .fedavg import FedAvg
+from .serveropt import ServerOptHyper
 
 
 @dataclass
-class MOONHyper:
+class MOONHyper(ServerOptHyper):
     mu: float = 1.0  # weight of the model-contrastive loss
     tau: float = 0.5  # temperature
     proj_dim: int = 256  # output width of the projection head

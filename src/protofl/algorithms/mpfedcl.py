@@ -70,10 +70,8 @@ ambiguously:
   the L2-normalized embeddings of each class (``eps`` is then scale-free); a prototype is
   the mean of a cluster's raw embeddings; noise points are dropped; a class whose points
   are all noise gets its mean as its only prototype; at most ``max_clusters`` (the
-  largest) clusters per class. The DBSCAN defaults are our choice, not taken from the
-  paper: on mlp_mnist features of the MNIST setting, a larger eps (0.5) put every class
-  of every client into one cluster (DP-FedCL = SP-FedCL), while eps = 0.3 keeps a dense
-  core and sometimes splits a class in two (benchmarks/history.md, section 5).
+  largest) clusters per class. The DBSCAN defaults are our choice, not the paper's (it
+  gives none); why eps = 0.3: benchmarks/history.md, section 5.
 * Training settings (SGD lr 0.01, momentum 0.5, decay 0.95 per round, batch 32, one local
   epoch) are engine config (``training.*``, see configs/mpfedcl_mnist.yaml).
 
@@ -89,6 +87,7 @@ w_i travel unprotected (docs/privacy.md).
 """
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 from typing import Literal, Optional
 
@@ -104,10 +103,11 @@ from ..nn.privacy import prototype_privacy, release_class_kmeans, release_class_
 from ..nn.prototypes import NearestPrototype
 from .base import ClientResult, cross_entropy, register, WeightsState
 from .fedavg import FedAvg
+from .serveropt import ServerOptHyper
 
 
 @dataclass
-class FedCLHyper:
+class FedCLHyper(ServerOptHyper):
     tau: float = 0.07  # temperature of eq. (11)
     lam: float = 1.0  # weight of L_R
     positives: Literal["mean_log", "log_sum"] = "mean_log"
@@ -217,7 +217,7 @@ class MPFedCL(FedAvg):
     def aggregate(self, state: PoolState, rnd, replies, ctx) -> PoolState:
         if not replies:
             return state
-        weights = super().aggregate(state, rnd, replies, ctx).weights  # FedAvg, Algorithm 1 line 9
+        new = super().aggregate(state, rnd, replies, ctx)  # FedAvg, Algorithm 1 line 9
         groups: dict[int, list[torch.Tensor]] = {}
         for _, r in replies:  # client-id order
             protos, labels = r.arrays["protos"].detach().cpu().float(), r.arrays["labels"].cpu()
@@ -227,7 +227,7 @@ class MPFedCL(FedAvg):
         # classes nobody held this round keep their previous pool prototypes
         keep = ~torch.isin(state.labels, labels)
         pool, labels = torch.cat([pool, state.pool[keep]]), torch.cat([labels, state.labels[keep]])
-        return PoolState(weights, pool, labels)
+        return dataclasses.replace(new, pool=pool, labels=labels)
 
     def class_vectors(self, state: PoolState):
         """One vector per class for the geometry logs: the mean of the class's unit-length

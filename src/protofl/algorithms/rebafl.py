@@ -63,6 +63,7 @@ eq. 18's means never leave the client; the model weights travel unprotected
 """
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 from typing import Optional
 
@@ -157,7 +158,7 @@ class ReBaFL(FedAvg):
         replies = [(cid, r) for cid, r in replies if reply_weight(r, self.hp.weighting) > 0]
         if not replies:  # nobody arrived: keep w_t and P
             return state
-        weights = super().aggregate(state, rnd, replies, ctx).weights
+        new = super().aggregate(state, rnd, replies, ctx)
         protos, counts = state.prototypes, state.counts
         if self.hp.faug:  # eq. 23, class by class, weighted by n_kc
             fresh, n = aggregate_prototypes([r.arrays["proto"] for _, r in replies],
@@ -168,7 +169,7 @@ class ReBaFL(FedAvg):
                 counts = torch.where(seen, n, state.counts)
             else:
                 protos, counts = fresh, n
-        return ReBaFLState(weights, protos, counts)
+        return dataclasses.replace(new, prototypes=protos, counts=counts)
 
     def class_vectors(self, state: ReBaFLState):
         return state.prototypes if self.hp.faug else None  # the global prototypes p_c of eq. 23

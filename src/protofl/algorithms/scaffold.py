@@ -39,6 +39,9 @@ Choices where the paper is silent, and details:
 * Clients that drop out (reply lost) keep their old c_i; the server update uses the
   arrivals only (the 1/N of the c-update stays N, as in the paper).
 * Option I (c_i+ = the gradient of F_i at x, one extra pass over the data) is not offered.
+* ``server_opt`` (serveropt.py, none by default): with a server optimizer, eta_g is that
+  optimizer's learning rate, applied to x_bar = x + mean Delta y (with ``none``, the step
+  above; ``avgm`` with momentum 0 is the same step).
 
 Deviations from the paper: none in the algorithm. There is no official code release by the
 authors; widely used re-implementations (e.g. NIID-Bench) apply the correction after the
@@ -47,6 +50,7 @@ part of the gradient (see above) and the weighting is the paper's by default.
 """
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 from typing import Literal, Optional
 
@@ -55,10 +59,11 @@ import torch
 from ..errors import require
 from ..messages import Record
 from .base import average, ClientResult, cross_entropy, GlobalModel, register, trainable_names, WeightsState
+from .serveropt import ServerOptHyper
 
 
 @dataclass
-class ScaffoldHyper:
+class ScaffoldHyper(ServerOptHyper):
     server_lr: float = 1.0  # eta_g, the global step size
     weighting: Literal["uniform", "samples"] = "uniform"  # mean of Delta y (paper: uniform)
 
@@ -98,14 +103,18 @@ class Scaffold(GlobalModel):
         if not replies:  # nobody arrived: keep x and c
             return state
         dy = average((r for _, r in replies), self.hp.weighting, part=lambda r: r.arrays["dy"])
-        x = {k: (v + self.hp.server_lr * dy[k].to(v.dtype) if v.is_floating_point() else dy[k])
-             for k, v in state.weights.items()}
         N = self.info.num_clients
         c = {k: v.clone() for k, v in state.control.items()}
         for _, r in replies:
             for k, d in r.arrays["dc"].items():
                 c[k].add_(d, alpha=1.0 / N)
-        return ScaffoldState(x, c)
+        if self.hp.server_opt == "none":  # x <- x + eta_g mean Delta y
+            x = {k: (v + self.hp.server_lr * dy[k].to(v.dtype) if v.is_floating_point() else dy[k])
+                 for k, v in state.weights.items()}
+            return dataclasses.replace(state, weights=x, control=c)
+        # a server optimizer takes the step from x_bar = x + mean Delta y, with eta_g as its eta
+        x_bar = {k: (v + dy[k].to(v.dtype) if v.is_floating_point() else dy[k]) for k, v in state.weights.items()}
+        return dataclasses.replace(self.server_update(state, x_bar, ctx), control=c)
 
     # -- client ------------------------------------------------------------------------------
     task_loss = staticmethod(cross_entropy)  # F_i, the client's own objective

@@ -43,9 +43,18 @@ def available_devices() -> list[str]:
     return ["cpu", *(f"cuda:{i}" for i in range(torch.cuda.device_count() if torch.cuda.is_available() else 0))]
 
 
+def resolve_device(dev: str) -> str:
+    """``execution.device`` on this machine: ``auto`` (the default) is ``cuda`` when torch
+    sees a CUDA device, else ``cpu``; any other value is itself."""
+    if dev != "auto":
+        return dev
+    return "cuda" if torch.cuda.is_available() else "cpu"
+
+
 def check_device(dev: str) -> None:
     """``execution.device`` must exist on this machine (checked where a run is configured,
     not when a config is built: a Flower server reads configs whose device is a node's)."""
+    dev = resolve_device(dev)
     avail = available_devices()
     if dev.startswith("cuda") and not torch.cuda.is_available():
         build = torch.__version__ + ("" if torch.version.cuda else ", a CPU-only build")

@@ -16,6 +16,7 @@ from typing import Any
 import yaml
 
 from ..algorithms import ALGORITHMS
+from ..algorithms.serveropt import SERVER_OPT_DEFAULTS
 from ..data.datasets import DATASETS, HF_PREFIX
 from ..data.features import FEATURES, check_scenario
 from ..data.partition import PARTITIONERS
@@ -114,6 +115,10 @@ ADDED_AT_DEFAULT = (
     ("training", "schedule", "exponential"), ("training", "milestones", []), ("training", "min_lr", 0.0),
     ("training", "optimizer", "sgd"), ("training", "betas", [0.9, 0.999]), ("training", "eps", 1e-8),
     ("participation", "sampling", "fixed"),
+    # the server optimizer of every GlobalModel method (server_opt: none = the method's own
+    # step). SCAFFOLD's own server_lr (1.0) is not server_lr's default (null), so it stays in
+    # SCAFFOLD's fingerprints, as before
+    *(("algorithm", key, default) for key, default in SERVER_OPT_DEFAULTS),
 )
 
 
@@ -238,7 +243,9 @@ def validate_components(cfg: Config) -> None:
         require(len(values) <= n, f"model.per_client.{k}", values,
                  f"at most one value per client ({n} clients)")
     algo, hp = method(cfg)
-    cfg.algorithm.params = plain(dataclasses.asdict(hp))  # resolved: defaults included
+    params = dataclasses.asdict(hp)  # resolved: defaults included; the method's own first,
+    last = {k: params.pop(k) for k, _ in SERVER_OPT_DEFAULTS if k in params}  # the server optimizer's after
+    cfg.algorithm.params = plain({**params, **last})
     if cfg.model.per_client and not algo.heterogeneous_models:
         raise ConfigError("model.per_client", cfg.model.per_client,
                           f"algorithm {algo.name!r} aggregates model weights, so all clients must share "

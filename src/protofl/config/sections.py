@@ -12,7 +12,7 @@ from typing import Literal, Optional, Union
 
 from ..errors import require
 from .coerce import check_path_component, coerce
-from .machine import TRACKERS
+from .machine import resolve_device, TRACKERS
 
 
 @dataclass
@@ -227,7 +227,8 @@ class ExecutionConfig:
     # arithmetic of the clients' local training: bf16 = bfloat16 autocast for the forward
     # pass, fp32 weights, messages and aggregation (engine/precision.py); changes the results
     precision: Literal["fp32", "bf16"] = "fp32"
-    device: str = "cpu"
+    # auto: a CUDA GPU when torch sees one, else the CPU (torch_device); cpu, cuda, cuda:N
+    device: str = "auto"
     # with worker processes: evaluate round t's global model as a pool task while round t+1
     # trains (same numbers; its row comes when that is done). Not on checkpoint rounds, the
     # last round, or with a callback that must see each row at once (docs/metrics.md)
@@ -250,17 +251,25 @@ class ExecutionConfig:
     # batched: compile the stack's SGD step with torch.compile (on a GPU with CUDA graphs),
     # for stacks whose step has one fixed shape; results within float rounding of eager
     compile: bool = False
+    # sweep / reproduce: the grid's runs in this process, their clients in shared stacks of the
+    # batched executor (engine/packed.py; on a GPU, many runs fill it as one run cannot)
+    pack_runs: bool = False
     # per-client state (personal models, heads, control variates) kept in memory on the
     # driver; beyond it, the least recently used states go to <run folder>/client_state/ and
     # are read back when their client is sampled. null = no limit (state: driver only)
     state_memory_mb: Optional[float] = 512
 
+    @property
+    def torch_device(self) -> str:
+        """The device the run trains on: ``device`` with ``auto`` resolved on this machine."""
+        return resolve_device(self.device)
+
     def validate(self, section: str) -> None:
         require(self.batch_clients >= 0, f"{section}.batch_clients", self.batch_clients, "must be >= 0")
         require(self.workers == "auto" or self.workers >= 0, f"{section}.workers", self.workers, "must be >= 0 or auto")
         require(self.threads >= 0, f"{section}.threads", self.threads, "must be >= 0")
-        require(self.device == "cpu" or self.device.startswith("cuda"), f"{section}.device", self.device,
-                 "expected cpu or cuda[:N]")
+        require(self.device in ("auto", "cpu") or self.device.startswith("cuda"), f"{section}.device", self.device,
+                "expected auto, cpu or cuda[:N]")
         require(self.actors == "auto" or self.actors >= 1, f"{section}.actors", self.actors, "must be >= 1 or auto")
         require(self.retries >= 0, f"{section}.retries", self.retries, "must be >= 0")
         if self.state_memory_mb is not None:

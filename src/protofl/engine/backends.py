@@ -19,7 +19,7 @@ def use_batched(cfg) -> bool:
     """``execution.executor``: batched when asked, or (auto) on a GPU; never with worker processes."""
     ex = cfg.execution
     if ex.executor == "auto":
-        return ex.device != "cpu" and ex.workers in ("auto", 0)
+        return ex.torch_device != "cpu" and ex.workers in ("auto", 0)
     return ex.executor == "batched"
 
 

@@ -47,6 +47,7 @@ executor, and the run log says so once.
 """
 from __future__ import annotations
 
+import dataclasses
 import heapq
 import logging
 import math
@@ -64,7 +65,6 @@ from torch.func import functional_call, grad_and_value, vmap
 from ..algorithms.base import Features, Fit, Fitted, Request, TrainStats
 from ..messages import Record
 from .client import ClientContext, ClientOutput, ClientRuntime, not_a_request, trainable_names
-from .task import arch_kwargs
 from .executor import ClientTask, Executor, SequentialExecutor, place_broadcasts
 from .precision import autocast
 from ..nn.privacy import private_gradient
@@ -233,6 +233,7 @@ class _Job:
     task: ClientTask
     ctx: ClientContext
     update: Any  # the client_update coroutine
+    batch: int = 0  # which batch of run_batches (which run, when runs are packed)
     request: Optional[Request] = None  # what it awaits now (None: finished)
     output: Optional[ClientOutput] = None
     rng: Optional[torch.Tensor] = None  # its torch RNG state between turns
@@ -376,13 +377,29 @@ class BatchedExecutor(Executor):
 
     # -- driving the coroutines ------------------------------------------------------------------
     def run(self, tasks: list[ClientTask]) -> list[ClientOutput]:
-        if self.reason is not None:
-            self._note(self.reason)
-            return self.sequential.run(tasks)
+        return self.run_batches([(self.runtime, tasks)])[0]
+
+    def run_batches(self, batches: list[tuple[ClientRuntime, list[ClientTask]]],
+                    isolate: bool = False) -> list[Any]:
+        """The tasks of several runs at once (``execution.pack_runs``): each batch is one run's
+        runtime and tasks; its clients join the same stacks as every other batch's whose
+        model and training request match. Per batch, its outputs in task order; with
+        ``isolate``, a batch whose client raised gives that exception instead (its other
+        clients stop) and the other batches go on; else the exception is raised."""
+        results: list[Any] = [None] * len(batches)
+        jobs: list[_Job] = []
         t0 = time.perf_counter()
-        jobs = [self._start(t, shared) for t, shared in zip(tasks, place_broadcasts(self.runtime, tasks))]
+        for b, (rt, tasks) in enumerate(batches):
+            reason = why_not_batched(rt)
+            if reason is not None:  # e.g. dropout: this batch runs one client after another
+                self._note(reason)
+                results[b] = self._guarded(b, results, isolate, lambda: self._sequential(rt).run(tasks))
+                continue
+            started = self._guarded(b, results, isolate, lambda: [
+                self._start(t, shared, rt, b) for t, shared in zip(tasks, place_broadcasts(rt, tasks))])
+            jobs += started or []
         while True:
-            waiting = [j for j in jobs if j.request is not None]
+            waiting = [j for j in jobs if j.request is not None and not isinstance(results[j.batch], BaseException)]
             if not waiting:
                 break
             todo = [j for j in waiting if isinstance(j.request, Features)]
@@ -395,23 +412,46 @@ class BatchedExecutor(Executor):
                 todo = max(groups.values(), key=len)  # the largest group first (ties: the first)
                 answers = self._fit(todo)
             for j, a in zip(todo, answers):
-                self._advance(j, a)
+                self._guarded(j.batch, results, isolate, lambda: self._advance(j, a))
         seconds = (time.perf_counter() - t0) / max(1, len(jobs))
         for j in jobs:  # each client is charged an equal share of the round
             if j.output is not None and j.output.train:
                 j.output.train["seconds"] = seconds
-        return [j.output for j in jobs]
+        for b in range(len(batches)):
+            if results[b] is None:
+                results[b] = [j.output for j in jobs if j.batch == b]
+            elif isinstance(results[b], BaseException):
+                for j in jobs:
+                    if j.batch == b and j.request is not None:
+                        j.update.close()  # the failed run's other clients stop here
+        return results
 
-    def _start(self, t: ClientTask, shared: Record) -> _Job:
-        ctx, update = self.runtime.start(t, shared)
-        job = _Job(t, ctx, update, rng=torch.get_rng_state())
+    @staticmethod
+    def _guarded(b: int, results: list, isolate: bool, fn):
+        """``fn()``; with ``isolate``, an exception becomes batch ``b``'s result instead of rising."""
+        if isinstance(results[b], BaseException):
+            return None
+        try:
+            return fn()
+        except Exception as e:
+            if not isolate:
+                raise
+            results[b] = e
+            return None
+
+    def _sequential(self, rt: ClientRuntime) -> SequentialExecutor:
+        return self.sequential if rt is self.runtime else SequentialExecutor(rt)
+
+    def _start(self, t: ClientTask, shared: Record, rt: ClientRuntime, batch: int) -> _Job:
+        ctx, update = rt.start(t, shared)
+        job = _Job(t, ctx, update, batch, rng=torch.get_rng_state())
         self._advance(job, None)
         return job
 
     def _advance(self, job: _Job, answer: Any) -> None:
         """Resume ``job`` with ``answer`` (an exception is thrown into it) until its next
         request or its end, then finish it: its reply, state and evaluation."""
-        rt, t = self.runtime, job.task
+        rt, t = job.ctx.runtime, job.task
         torch.set_rng_state(job.rng)  # its own torch stream, whatever other clients drew
         try:
             if isinstance(answer, BaseException):
@@ -434,9 +474,13 @@ class BatchedExecutor(Executor):
             job.rng = torch.get_rng_state()
 
     def _signature(self, job: _Job) -> tuple:
+        """What jobs must share to train in one stack: the model (architecture, the method
+        that adapts it, memory format, precision), the objective and the training settings.
+        Runs of the same method and hyper-parameters share a loss: a bound method counts
+        by its function, since the method class and ``hp`` are part of the model's key."""
         req, ctx = job.request, job.ctx
         extras = tuple((k, tuple(v.shape), v.dtype) for k, v in _leaves(req.extras))
-        return (repr(sorted(arch_kwargs(self.runtime.cfg, ctx.cid).items())), req.loss, req.grad, req.trainable,
+        return (model_key(ctx.runtime, ctx.cid), _function(req.loss), _function(req.grad), req.trainable,
                 ctx.training_settings(req.settings), extras, req.step_extras is not None)
 
     # -- features ----------------------------------------------------------------------------
@@ -447,10 +491,10 @@ class BatchedExecutor(Executor):
         batch index at a time, a short batch repeating its last row to the longest's size."""
         dev = self.runtime.device
         out: list[Optional[torch.Tensor]] = [None] * len(jobs)
-        by_part: dict[str, list[int]] = defaultdict(list)
+        by_part: dict[tuple, list[int]] = defaultdict(list)
         for i, j in enumerate(jobs):
-            by_part[j.request.part].append(i)
-        for part, idx in by_part.items():
+            by_part[(j.request.part, model_key(j.ctx.runtime, j.ctx.cid))].append(i)
+        for (part, _), idx in by_part.items():
             module = getattr(jobs[idx[0]].ctx.architecture, part)
             prefix = part + "."
             xs = [jobs[i].request.x if jobs[i].request.x is not None else jobs[i].ctx.data[0] for i in idx]
@@ -509,7 +553,7 @@ class BatchedExecutor(Executor):
         if not any(totals):
             return answers
 
-        S = self._slots(totals, model, B, data)
+        S = self._slots(totals, model, B, data, per_sample=settings.dp_clip is not None)
         plan = plan_stack(totals, sizes, rows, S)
         self.stats.busy += plan.busy
         self.stats.slot_steps += plan.slot_steps
@@ -539,7 +583,7 @@ class BatchedExecutor(Executor):
                     extras = part.extras if per_step is None else {
                         **part.extras, **{k: v[clients, t, :g.b] for k, v in per_step.items()}}
                     rows_g = batch[g.start:g.start + G * g.b].view(G, g.b)
-                    with autocast(self.runtime.cfg.execution.precision, dev.type):
+                    with autocast(jobs[0].ctx.runtime.cfg.execution.precision, dev.type):
                         fn = step_fn[g.whole and g.b == B]
                         grads, value = fn(stack.views(part.params), part.frozen, part.buffers, extras,
                                           xs[rows_g], ys[rows_g])
@@ -572,17 +616,16 @@ class BatchedExecutor(Executor):
                 answers[i] = e
         return answers
 
-    def _slots(self, totals: list[int], model: nn.Module, B: int, data) -> int:
+    def _slots(self, totals: list[int], model: nn.Module, B: int, data, per_sample: bool = False) -> int:
         """The stack's slot count: ``execution.batch_clients``, else the fewest that finish in
         about the longest client's time, within what fits in memory."""
         if self.slots > 0:
             S = self.slots
         else:
-            key = (repr(sorted(self.runtime.cfg.model.params.items())), B)
+            key = (id(model), B, per_sample)
             if key not in self._cap:
                 sample = next(x for x, _ in data if len(x))
-                self._cap[key] = slot_memory_cap(model, B, self.runtime.device, sample,
-                                                 per_sample=self.runtime.cfg.privacy.mode == "sample")
+                self._cap[key] = slot_memory_cap(model, B, self.runtime.device, sample, per_sample)
             S = choose_slots(totals, self._cap[key])
         return max(1, min(S, sum(t > 0 for t in totals)))
 
@@ -625,6 +668,20 @@ class BatchedExecutor(Executor):
             mode = "reduce-overhead" if self.runtime.device.type == "cuda" else None
             self._compiled[key] = torch.compile(step_fn, dynamic=False, mode=mode)
         return self._compiled[key]
+
+
+def model_key(rt: ClientRuntime, cid: int) -> tuple:
+    """What makes two clients' models one architecture for a stack: the model and its kwargs,
+    the task's shapes, the method that adapts it (class and hyper-parameters), the memory
+    format and the training precision."""
+    info = dataclasses.replace(rt.info, seed=0)
+    return (rt.cfg.model.name, repr(sorted(rt.task.arch(cid).items())), info, type(rt.algorithm),
+            repr(rt.algorithm.hp), rt.channels_last, rt.cfg.execution.precision)
+
+
+def _function(f):
+    """A loss or gradient transform by its function (a bound method by its ``__func__``)."""
+    return getattr(f, "__func__", f)
 
 
 def _leaves(tree, prefix: str = ""):

@@ -125,6 +125,8 @@ class ProgressBar(Callback):
             from tqdm.std import tqdm  # text; tqdm.auto would warn about the missing widgets
 
         name = info["name"]
+        if info.get("where"):  # the run's first line: where its clients train
+            print(f"{name}: {info['rounds']} rounds on {info['where']}", file=self.file or sys.stderr, flush=True)
         if len(name) > self.desc_width:
             name = name[: self.desc_width - 1] + "…"
         self.bar = tqdm(total=info["rounds"], initial=info["start_round"] - 1, desc=name, unit="round",
@@ -164,6 +166,8 @@ class RoundLogger(Callback):
             ensure_log_handler()
         self.name, self.rounds, self.first = info["name"], info["rounds"], info["start_round"]
         self.t0 = time.perf_counter()
+        if info.get("where"):  # the run's first line: where its clients train
+            self.log.info("%s: %d rounds on %s", self.name, self.rounds, info["where"])
         if self.first > 1:
             self.log.info("%s: resuming at round %d/%d", self.name, self.first, self.rounds)
 

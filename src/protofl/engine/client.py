@@ -238,13 +238,13 @@ class ClientContext:
 
 class ClientRuntime:
     """A process's client side of ``task``: the clients' data and models on ``device``
-    (default ``execution.device``). Replies and client states go back to ``reply_device``
+    (default ``execution.device``, ``auto`` resolved). Replies and client states go back to ``reply_device``
     (the CPU, or the device when the server half lives there too)."""
 
     def __init__(self, task: Task, device=None, reply_device="cpu") -> None:
         self.task = task
         self.cfg, self.fed, self.algorithm, self.info = task.cfg, task.fed, task.algorithm, task.info
-        self.device = torch.device(device if device is not None else self.cfg.execution.device)
+        self.device = torch.device(device if device is not None else self.cfg.execution.torch_device)
         self.reply_device = torch.device(reply_device)
         self.models = task.models(self.device)
         self.counts = self.fed.class_counts()

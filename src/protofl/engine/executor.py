@@ -264,7 +264,7 @@ def resolve_workers(workers, clients_per_round: int, device: str = "cpu") -> int
 
 
 def make_executor(runtime: ClientRuntime, workers, threads: int, clients_per_round: int):
-    n = resolve_workers(workers, clients_per_round, runtime.cfg.execution.device)
+    n = resolve_workers(workers, clients_per_round, runtime.cfg.execution.torch_device)
     if n > 0:
         try:
             shipped = ship_to_workers(runtime)

@@ -76,6 +76,40 @@ def run_dir_for(cfg: Config) -> Path:
     return Path(cfg.output.dir) / name
 
 
+def drive_steps(steps, run_tasks):
+    """Drive a run's :meth:`Simulation.steps` to its end: each batch of tasks it yields is
+    answered with ``run_tasks(tasks)``; an error there is thrown into the run (which records
+    it in its summary and raises it). Returns the run's :class:`RunResult`."""
+    answer, error = None, None
+    while True:
+        try:
+            tasks = steps.send(answer) if error is None else steps.throw(error)
+        except StopIteration as done:
+            return done.value
+        try:
+            answer, error = run_tasks(tasks), None
+        except BaseException as e:  # noqa: BLE001 - handed to the run
+            answer, error = None, e
+
+
+def where(execution: dict) -> str:
+    """Where a run's clients train, in words, from its executor's ``describe()``: ``cpu
+    (sequential executor)``, ``cuda (NVIDIA H100 80GB HBM3, batched executor)``, ``cpu, 2 worker
+    processes``, ``a Ray cluster (4 actors)``, ``Flower SuperNodes``."""
+    backend = execution.get("backend", "local")
+    if backend == "ray":
+        return f"a Ray cluster ({execution.get('actors')} actors)"
+    if backend != "local":
+        return f"{backend} nodes"
+    if execution.get("workers"):
+        return f"cpu, {execution['workers']} worker processes"
+    device = execution.get("device", "cpu")
+    name = ""
+    if device.startswith("cuda") and torch.cuda.is_available():
+        name = torch.cuda.get_device_name(torch.device(device)) + ", "
+    return f"{device} ({name}{execution.get('executor', 'sequential')} executor)"
+
+
 def read_rows(path: Path) -> list[dict]:
     rows = []
     if path.exists():
@@ -133,15 +167,15 @@ class Simulation:
         """``task``: what :func:`protofl.api.check_task` built for ``cfg`` (built here when not
         given, from ``fed`` if that is)."""
         tune_malloc()
-        check_precision(cfg.execution.precision, cfg.execution.device)  # a warning if bf16 will be slow
+        check_precision(cfg.execution.precision, cfg.execution.torch_device)  # a warning if bf16 will be slow
         self.cfg = cfg
         self.task = task if task is not None else Task.build(cfg, fed)
         self.fed, self.algorithm, self.info = self.task.fed, self.task.algorithm, self.task.info
         self.runtime = ClientRuntime(self.task)
         self.server = ServerContext(self.task)
-        # the global predictor is evaluated where the test set is (execution.device)
+        # the global predictor is evaluated where the test set is (the training device)
         self.eval_server = (self.server if self.runtime.device.type == "cpu"
-                            else ServerContext(self.task, device=cfg.execution.device))
+                            else ServerContext(self.task, device=self.runtime.device))
         self.model_bytes = sum(t.numel() * t.element_size() for t in self.server.init_weights().values())
         self.participation = Participation(cfg.participation, self.fed.num_clients, cfg.seed, self.fed.groups)
         # differential privacy (privacy.*): the round loop's hook, or None
@@ -211,6 +245,14 @@ class Simulation:
 
     # -- the loop ------------------------------------------------------------------------------
     def run(self, resume: bool = False) -> RunResult:
+        """The whole run: :meth:`steps`, each round's client tasks run by the executor."""
+        return drive_steps(self.steps(resume), lambda tasks: self.executor.run(tasks))
+
+    def steps(self, resume: bool = False):
+        """The run as a generator: it yields each batch of client tasks (a round's, and the
+        chunks of the final evaluation of every client) and takes their outputs back; its
+        value is the :class:`RunResult`. :meth:`run` answers with the executor; the packed
+        driver (``engine/packed.py``) answers many runs' batches in one stack."""
         cfg, algo = self.cfg, self.algorithm
         prepare_run_dir(self.dir)
         ck = load_checkpoint(self.dir / CHECKPOINT, warn=_warn) if resume else None
@@ -229,11 +271,11 @@ class Simulation:
             callbacks.append(progress)
         callbacks += make_trackers(cfg)
         callbacks += self.user_callbacks
-        for cb in callbacks:
-            cb.on_start({"name": self.dir.name, "rounds": cfg.rounds, "start_round": start, "dir": str(self.dir)})
-
         self.start_round = start  # the Flower executor tells the nodes (resume)
-        executor = self.executor_factory(self)
+        executor = self.executor = self.executor_factory(self)
+        for cb in callbacks:
+            cb.on_start({"name": self.dir.name, "rounds": cfg.rounds, "start_round": start, "dir": str(self.dir),
+                         "where": where(executor.describe())})
         t_run = time.perf_counter()
         status, error = "complete", None
         pending: Optional[RoundMetrics] = None  # the previous round's row, its evaluation in the pool
@@ -257,7 +299,7 @@ class Simulation:
                         self._checkpoint(rnd - 1, state, len(rows))
                     break
                 overlap = self.overlaps(rnd, executor, callbacks)
-                state, metrics = self.run_round(rnd, state, executor, overlap)
+                state, metrics = yield from self.run_round(rnd, state, executor, overlap)
                 if pending is not None:
                     emit(pending)
                 pending = metrics
@@ -330,9 +372,11 @@ class Simulation:
         except Exception as e:  # the pool may be gone too; the error being raised matters more
             log.warning("the row of round %s was not written: %s", pending.rnd, e)
 
-    def run_round(self, rnd: int, state: Any, executor, overlap: bool = False) -> tuple[Any, RoundMetrics]:
-        """One round; its row is :meth:`RoundMetrics.row` (with ``overlap``, the global
-        model's evaluation then waits in ``executor``'s pool)."""
+    def run_round(self, rnd: int, state: Any, executor, overlap: bool = False):
+        """One round, as a generator: it yields the round's client tasks and takes their
+        outputs (:meth:`steps`); its value is (new state, the round's :class:`RoundMetrics`),
+        whose row is complete once :meth:`RoundMetrics.row` returns (with ``overlap``, the
+        global model's evaluation then waits in ``executor``'s pool)."""
         cfg, algo, server = self.cfg, self.algorithm, self.server
         t0 = time.perf_counter()
         evaluating = self._is_eval(rnd, cfg.eval.every)
@@ -351,7 +395,7 @@ class Simulation:
         tasks = [ClientTask(cid, rnd, shared, own[cid], self.store.get(cid), personal, full_test)
                  for cid in selected if cid in arriving]
         # 3. run (outputs in task order; None = the reply was lost in transit)
-        outputs = executor.run(tasks)
+        outputs = yield tasks
         # 4. validate: a reply that fails the server's checks is treated like a lost one: it
         # never reaches the aggregate and the client's persistent state does not advance
         lost = sum(out is None for out in outputs)
@@ -384,7 +428,7 @@ class Simulation:
                                  diag.class_vectors(state), last=rnd == cfg.rounds)
         metrics.personal([(t.cid, o.eval) for t, o in kept], full_test)
         if rnd == cfg.rounds and cfg.eval.personal and cfg.eval.final_all_clients:
-            metrics.final(self.evaluate_all_clients(state, executor))
+            metrics.final((yield from self.evaluate_all_clients(state)))
         metrics.eval_s, metrics.wall_s = time.perf_counter() - t1, time.perf_counter() - t0
         return state, metrics
 
@@ -412,7 +456,7 @@ class Simulation:
                              model_bytes=self.model_bytes, patterns=self.algorithm.reply_arrays)
         return reason or self.algorithm.check_reply(out.reply, sent)
 
-    def evaluate_all_clients(self, state: Any, executor) -> dict[str, Any]:
+    def evaluate_all_clients(self, state: Any):
         """Every client's personalized model after the last round (``all_*`` metrics).
 
         Each client runs the local update of a round R + 1 from the final server state (its
@@ -429,7 +473,7 @@ class Simulation:
         for i in range(0, len(cids), chunk):
             tasks = [ClientTask(cid, rnd, shared, algo.configure_client(state, rnd, cid, self.server),
                                 self.store.get(cid), True, True) for cid in cids[i:i + chunk]]
-            personal += [o.eval for o in executor.run(tasks) if o is not None and o.eval]
+            personal += [o.eval for o in (yield tasks) if o is not None and o.eval]
         if not personal:
             return {}
         out = {"all_" + k: v for k, v in M.summarize_clients(personal).items()}

@@ -1,4 +1,5 @@
-"""Clustering of class embeddings into several prototypes (MP-FedCL and its variants).
+"""Clustering of class embeddings into several prototypes (MP-FedCL and its variants,
+FPL's cluster prototypes).
 
 * :func:`kmeans` -- scikit-learn's ``KMeans`` (Lloyd's algorithm, greedy k-means++
   seeding, ``n_init`` restarts, the lowest inertia wins) on one thread. Its seed is drawn
@@ -10,6 +11,10 @@
   the data), returning the mean of each cluster.
 * :func:`pad_groups` -- MP-FedCL eq. (10): every client's group of prototypes of a class
   is padded to the same size with the class's pool average.
+* :func:`finch` -- FINCH (Sarfraz et al., CVPR 2019), the parameter-free hierarchy of
+  first-neighbour partitions that FPL clusters the clients' prototypes of a class with
+  (written here from the paper's clustering equation: the authors' reference code is
+  licensed for academic use only).
 
 Shapes: points (N, d), centroids (k', d), labels (N,).
 """
@@ -142,3 +147,68 @@ def pad_groups(groups: Sequence[torch.Tensor], size: int) -> torch.Tensor:
     pool = torch.cat(list(groups))  # (sum n_i, d)
     u_bar = pool.mean(0, keepdim=True)  # (1, d)
     return torch.stack([torch.cat([g, u_bar.expand(size - len(g), -1)]) for g in groups])
+
+
+# ---------------------------------------------------------------------------------------
+# FINCH (Sarfraz, Sharma & Stiefelhagen, CVPR 2019, "Efficient Parameter-free Clustering
+# Using First Neighbor Relations"), used by FPL for its cluster prototypes
+# ---------------------------------------------------------------------------------------
+def first_neighbor_partition(x: np.ndarray, distance: str = "cosine") -> np.ndarray:
+    """One FINCH step: (N,) cluster labels of the rows of ``x`` (N, d).
+
+    The clustering equation links i and j when j is i's first (nearest) neighbour, i is j's,
+    or both share the same first neighbour; the clusters are the connected components of
+    these links. The third case adds nothing to the components (i -> k <- j already joins
+    i and j), so the components of the graph i -- kappa_i are the same. Ties in the
+    nearest neighbour go to the lower index. Labels follow scipy's component numbering
+    (in order of each component's lowest row). One row: one cluster.
+    """
+    from scipy.sparse import coo_matrix
+    from scipy.sparse.csgraph import connected_components
+    from scipy.spatial.distance import cdist
+
+    n = len(x)
+    if n == 1:
+        return np.zeros(1, dtype=np.int64)
+    if distance not in ("cosine", "euclidean"):
+        raise ValueError(f"FINCH distance must be 'cosine' or 'euclidean', got {distance!r}")
+    if distance == "cosine":  # 1 - cos; a zero row is at distance 1 from everything
+        norms = np.linalg.norm(x, axis=1, keepdims=True)
+        u = x / np.where(norms > 0, norms, 1.0)
+        D = 1.0 - u @ u.T
+    else:
+        D = cdist(x, x)
+    np.fill_diagonal(D, np.inf)
+    kappa = np.argmin(D, axis=1)  # first neighbours
+    graph = coo_matrix((np.ones(n), (np.arange(n), kappa)), shape=(n, n))
+    _, labels = connected_components(graph, directed=True, connection="weak")
+    return labels.astype(np.int64)
+
+
+def finch(x: torch.Tensor, distance: str = "cosine") -> list[np.ndarray]:
+    """FINCH's hierarchy of partitions of the rows of ``x`` (N, d), finest first.
+
+    Partition 0 is :func:`first_neighbor_partition` of the points; each next partition
+    applies the same step to the means of the previous clusters (means of the original
+    rows) and merges the clusters it links. The recursion stops when a step leaves one
+    cluster or merges nothing; as in the authors' algorithm, that last step is not a
+    partition of the result (so every partition after the first has at least 2
+    clusters; the first may have 1). No parameter; computed in float64 on the CPU.
+    Returns a list of (N,) int64 label arrays, labels 0..k-1 in each.
+    """
+    if x.dim() != 2 or len(x) == 0:
+        raise ValueError(f"finch: expected a non-empty (N, d) tensor, got shape {tuple(x.shape)}")
+    pts = x.detach().to("cpu", torch.float64).numpy()
+    labels = first_neighbor_partition(pts, distance)
+    partitions = [labels]
+    while True:
+        k = int(labels.max()) + 1
+        if k == 1:
+            break
+        means = np.stack([pts[labels == c].mean(0) for c in range(k)])  # (k, d)
+        merged = first_neighbor_partition(means, distance)  # (k,) cluster of each cluster
+        if int(merged.max()) + 1 in (1, k):  # one cluster left, or nothing merged: stop
+            break
+        labels = merged[labels]
+        partitions.append(labels)
+    return partitions

@@ -1,5 +1,5 @@
-"""Fixed classifier heads: maximally separated unit prototypes (FedNH) and the simplex ETF
-(FedGELA), plus the head module that holds them.
+"""Fixed classifier heads: maximally separated unit prototypes (FedNH), the simplex ETF
+(FedGELA, FedETF) and orthonormal class vectors (SphereFed), plus the head module that holds them.
 
 Shapes: C classes, d feature dimensions. Prototypes are returned as (C, d) rows (one per
 class, as in ``nn.Linear.weight``); the ETF as the paper's (d, C) matrix M (one column
@@ -15,6 +15,7 @@ per class).
   distance sqrt(2C/(C-1)). For C > d+1 there is in general no closed form (Tammes' problem); we
   solve it numerically with projected gradient descent on a smooth surrogate of the
   largest pairwise cosine, with many random restarts, and keep the best restart.
+* :func:`orthonormal_prototypes` -- SphereFed's C mutually orthogonal unit rows (d >= C).
 * :class:`FixedHead` -- logits = s * W f / ||f|| with W a *buffer* (never trained by SGD,
   but part of the state dict so it travels with the weights) and s a learnable parameter
   or a fixed buffer.
@@ -38,6 +39,7 @@ SOLVER_WORK = 200_000  # restarts * C^2 * d budget per step
 SOLVER_STEPS = 1500
 _SEED_TAG_ETF = 0xE7F
 _SEED_TAG_SOLVER = 0x7A3E5
+_SEED_TAG_ORTHO = 0x0A7
 
 
 def _generator(seed: int, tag: int) -> torch.Generator:
@@ -81,6 +83,16 @@ def simplex_etf(C: int, d: int, seed: int = 0) -> torch.Tensor:
         V = _orthonormal_columns(d, C - 1, gen)  # (d, C-1) square orthogonal here
         M = V @ B.T
     return math.sqrt(C / (C - 1)) * M  # (d, C)
+
+
+def orthonormal_prototypes(C: int, d: int, seed: int = 0) -> torch.Tensor:
+    """(C, d) float32 orthonormal rows: C mutually orthogonal unit class vectors in R^d
+    (SphereFed's fixed classifier), a uniformly random frame seeded like the ETF (the same
+    in every process). Needs d >= C; raises ValueError otherwise."""
+    C, d = int(C), int(d)
+    if C < 1 or d < C:
+        raise ValueError(f"{C} orthonormal class vectors need feature dimension d >= C = {C}; got d={d}")
+    return _orthonormal_columns(d, C, _generator(seed, _SEED_TAG_ORTHO)).T.to(torch.float32).contiguous()
 
 
 def min_pairwise_distance(W: torch.Tensor) -> float:

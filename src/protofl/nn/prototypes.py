@@ -67,3 +67,12 @@ class NearestPrototype(nn.Module):
                            compute_mode="donot_use_mm_for_euclid_dist")  # (B, P)
         idx = self.labels.to(z.device).unsqueeze(0).expand_as(dist)
         return scores.scatter_reduce(1, idx, -dist.to(scores.dtype), reduce="amax", include_self=True)
+
+
+def prototype_rows(protos: list[torch.Tensor], counts: list[torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
+    """Several clients' (C, d) prototype tables as one set of labelled rows: (n, d) the rows
+    whose count is > 0, table after table in class order, and (n,) their classes (the
+    training data of FedTGP's and FedGH's server steps)."""
+    rows = [p[c > 0] for p, c in zip(protos, counts)]
+    classes = [torch.nonzero(c > 0).flatten() for c in counts]
+    return torch.cat(rows), torch.cat(classes)

@@ -1,0 +1,154 @@
+"""FPL (Huang, Ye, Du & Ye, CVPR 2023, "Rethinking Federated Learning with Domain Shift: A
+Prototype View"): FedAvg whose clients are pulled towards *cluster* prototypes (several
+per class, robust to a dominant domain) and an *unbiased* prototype per class.
+
+    client i, given the cluster prototypes C^k of every class k and the unbiased ones u^k:
+        z = f(x);  s(a, b) = cosine similarity
+        L_CPCL = -log [ sum_{c in C^y} exp(s(z, c)/tau)
+                        / sum_{c in C^y or N^y} exp(s(z, c)/tau) ]     N^y: the other classes' C^k
+        L_UPCR = 1/d ||z - u^y||_2^2
+        minimize CE(h(z), y) + L_CPCL + L_UPCR; reply w_i and its class means of f(x)
+    server:
+        w = sum_i n_i / n * w_i                                                       (FedAvg)
+        for every class k: FINCH (cosine distance) of the clients' class-k means; a cluster
+            prototype is the mean of the prototypes of one cluster               -> C^k
+        u^k = 1/|C^k| sum_{c in C^k} c                                    (unbiased prototype)
+    predictor: the global model
+
+What it rests on: the paper's text was not at hand (only its abstract, which names the
+cluster prototypes, the unbiased prototypes, CPCL and UPCR); the equations
+above are those of the authors' release (github.com/WenkeHuang/RethinkFL, models/fpl.py,
+read for this module), so no equation numbers are cited. Defaults: tau = 0.02 (the
+code's ``infoNCET``), sample-weighted FedAvg (its ``averaging: weight``), both terms
+weighted 1 as in the code.
+
+Choices and deviations:
+* FINCH (:func:`protofl.nn.clustering.finch`, written from its paper): the code keeps the
+  last partition of the hierarchy (the coarsest one that has more than one cluster;
+  one cluster when the first partition already has one); so does this module. A class
+  with one client prototype is its own cluster.
+* The loss is averaged over the minibatch; a sample whose class has no prototype yet adds
+  0 to both terms (the code's sum over such samples divided by the batch size). Round 1
+  (no prototypes): cross-entropy alone, as in the code.
+* Local prototypes: the class means of f(x) over the whole training set after training,
+  in eval mode; the code averages the last local epoch's training-mode features.
+* A class that no arriving client holds keeps its previous cluster prototypes (with the
+  code's full participation this never happens; the code would drop them).
+* ``cpcl`` / ``upcr`` switch a term off (the paper's ablations).
+
+Messages: down ``w.*`` and the group ``pool`` (``protos`` (P, d), ``labels`` (P,)); up
+``w.*`` and FedProto's sparse class means (``protos``, ``classes``, ``counts``).
+"""
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from typing import Optional
+
+import torch
+import torch.nn.functional as F
+
+from ..errors import require
+from ..messages import Record
+from ..nn.clustering import finch
+from ..nn.contrastive import prototype_supcon_loss
+from ..nn.prototypes import class_means
+from .base import ClientResult, cross_entropy, register
+from .fedavg import FedAvg, FedAvgHyper
+from .fedproto import FedProto, sparse
+from .mpfedcl import PoolState
+
+
+@dataclass
+class FPLHyper(FedAvgHyper):  # weighting: FedAvg's weights of the models; server_opt
+    tau: float = 0.02  # temperature of L_CPCL (the code's infoNCET)
+    cpcl: bool = True  # cluster prototypes contrastive learning
+    upcr: bool = True  # unbiased prototypes consistent regularization
+
+    def validate(self, section: str) -> None:
+        require(self.tau > 0, f"{section}.tau", self.tau, "must be > 0")
+
+
+def cluster_prototypes(protos: torch.Tensor) -> torch.Tensor:
+    """(m, d) client prototypes of one class -> (k, d) cluster prototypes: the means of the
+    clusters of FINCH's last partition (cosine distance), in cluster-label order."""
+    labels = torch.from_numpy(finch(protos, "cosine")[-1])
+    return torch.stack([protos[labels == c].mean(0) for c in range(int(labels.max()) + 1)])
+
+
+def unbiased_prototypes(pool: torch.Tensor, labels: torch.Tensor, num_classes: int):
+    """u^k = the mean of class k's cluster prototypes: (C, d), and (C,) whether k has any."""
+    u, n = class_means(pool, labels, num_classes)
+    return u, n > 0
+
+
+@register
+class FPL(FedAvg):
+    name = "fpl"
+    family = "prototype exchange"
+    reply_arrays = ("protos", "classes", "counts")  # besides w_i
+    Hyper = FPLHyper
+
+    # -- server ------------------------------------------------------------------------------
+    def server_init(self, ctx) -> PoolState:
+        return PoolState(ctx.init_weights(), torch.zeros(0, self.info.feature_dim), torch.zeros(0, dtype=torch.int64))
+
+    def configure(self, state: PoolState, rnd, ctx) -> Record:
+        return Record(weights=state.weights, arrays={"pool": {"protos": state.pool, "labels": state.labels}})
+
+    check_reply = FedProto.check_reply  # the replies' class means are FedProto's sparse arrays
+
+    def aggregate(self, state: PoolState, rnd, replies, ctx) -> PoolState:
+        if not replies:
+            return state
+        new = super().aggregate(state, rnd, replies, ctx)  # FedAvg (and the server optimizer's moments)
+        groups: dict[int, list[torch.Tensor]] = {}
+        for _, r in replies:  # client-id order
+            protos, classes = r.arrays["protos"].detach().cpu().float(), r.arrays["classes"].cpu()
+            for row, k in zip(protos, classes.tolist()):
+                groups.setdefault(int(k), []).append(row)
+        pool, labels = [torch.zeros(0, self.info.feature_dim)], [torch.zeros(0, dtype=torch.int64)]
+        for k in sorted(groups):
+            c = cluster_prototypes(torch.stack(groups[k]))
+            pool.append(c)
+            labels.append(torch.full((len(c),), k, dtype=torch.int64))
+        pool, labels = torch.cat(pool), torch.cat(labels)
+        keep = ~torch.isin(state.labels, labels)  # classes nobody held this round keep theirs
+        pool, labels = torch.cat([pool, state.pool[keep]]), torch.cat([labels, state.labels[keep]])
+        ctx.log("cluster_prototypes", float(len(pool)))
+        return dataclasses.replace(new, pool=pool, labels=labels)
+
+    def class_vectors(self, state: PoolState):
+        return unbiased_prototypes(state.pool, state.labels, self.info.num_classes)[0]  # u^k; zero rows: none
+
+    # -- client ------------------------------------------------------------------------------
+    def local_objective(self, pool: torch.Tensor, labels: torch.Tensor):
+        """(loss, extras): CE + L_CPCL + L_UPCR against the received prototypes; CE alone
+        before any prototype exists (round 1) or with both terms switched off."""
+        if len(pool) == 0 or not (self.hp.cpcl or self.hp.upcr):
+            return cross_entropy, {}
+        u, has = unbiased_prototypes(pool, labels, self.info.num_classes)
+        return self.prototype_loss, {"pool": pool, "labels": labels, "u": u, "has": has}
+
+    def prototype_loss(self, model, x, y, extras):
+        z = model.body(x)  # (B, d)
+        value = F.cross_entropy(model.head(z), y)
+        has = extras["has"][y]  # (B,) samples whose class has prototypes
+        frac = has.sum() / len(y)  # the per-sample terms summed over those samples, / B
+        if self.hp.cpcl:  # -log(sum_pos exp / sum_all exp) of cosines / tau, mean over samples with a positive
+            value = value + frac * prototype_supcon_loss(z, y, extras["pool"], extras["labels"], self.hp.tau,
+                                                         "log_sum")
+        if self.hp.upcr:
+            mse = ((z - extras["u"][y]) ** 2).mean(1)  # (B,) 1/d ||z - u^y||^2
+            value = value + torch.where(has, mse, torch.zeros_like(mse)).sum() / len(y)
+        return value
+
+    async def client_update(self, msg: Record, state: Optional[Record], ctx) -> ClientResult:
+        _, y = ctx.data
+        loss, extras = self.local_objective(msg.arrays["pool"]["protos"].to(y.device),
+                                            msg.arrays["pool"]["labels"].to(y.device))
+        fitted = await ctx.fit(msg.weights, loss, extras=extras)
+        z = await ctx.features(fitted.weights) if len(y) else torch.zeros(0, self.info.feature_dim, device=y.device)
+        protos, counts = class_means(z, y, self.info.num_classes)
+        reply = Record(weights=fitted.weights, arrays=sparse(protos.detach().cpu(), counts.cpu()))
+        return ClientResult(reply, personal=ctx.shared_model(fitted.weights))

@@ -1,0 +1,87 @@
+"""execution.pack_runs: a sweep's runs in one process, their clients in shared stacks.
+
+Every run must compute what it computes alone (with the batched executor), bit for bit;
+a run that fails stops alone; resume is per run."""
+import json
+
+import pytest
+import torch
+
+from protofl.api import parse_methods
+from protofl.config import load_config
+from protofl.engine.simulation import Simulation
+from protofl.sweeps import sweep
+
+from conftest import DIGITS, TIMING_KEYS
+
+
+def small(tmp_path, *overrides):
+    return load_config(DIGITS, ["rounds=3", "execution.executor=batched", "output.progress=false", "execution.threads=1",
+                                "partition.num_clients=6", "participation.fraction=0.5", "training.clip_grad=5",
+                                "output.checkpoint_every=1", f"output.dir={tmp_path}", *overrides])
+
+
+def rows(d):
+    return [{k: v for k, v in json.loads(line).items() if k not in TIMING_KEYS}
+            for line in (d / "metrics.jsonl").read_text().splitlines()]
+
+
+def same_runs(a_dir, b_dir, names):
+    for name in names:
+        assert rows(a_dir / name) == rows(b_dir / name), name
+        wa, wb = torch.load(a_dir / name / "model.pt"), torch.load(b_dir / name / "model.pt")
+        assert wa.keys() == wb.keys() and all(torch.equal(wa[k], wb[k]) for k in wa), name
+
+
+def done(out):
+    return sorted(p.name for p in out.iterdir() if (p / "summary.json").exists())
+
+
+def test_packed_runs_equal_the_same_runs_one_by_one_bit_for_bit(tmp_path):
+    cfg, methods = small(tmp_path), parse_methods("fedavg,fedprox(mu=0.1)")
+    _, packed, failed = sweep(cfg.replace(**{"execution.pack_runs": True}), {}, [0, 1], tmp_path / "packed",
+                              methods=methods, log=lambda m: None)
+    _, alone, _ = sweep(cfg, {}, [0, 1], tmp_path / "alone", methods=methods, jobs=1, log=lambda m: None)
+    names = done(alone)
+    assert not failed and len(names) == 4 and done(packed) == names
+    same_runs(alone, packed, names)
+    execution = json.loads((packed / names[0] / "summary.json").read_text())["execution"]
+    assert execution["executor"] == "batched" and execution["packed_runs"] == 4
+
+
+def test_a_run_that_diverges_stops_alone(tmp_path):
+    lines = []
+    cfg = small(tmp_path, "training.clip_grad=null").replace(**{"execution.pack_runs": True})
+    _, out, failed = sweep(cfg, {"training.lr": [0.05, 1e30]}, [0], tmp_path / "packed",
+                           methods=parse_methods("fedavg,fedprox(mu=0.1)"), log=lines.append)
+    assert sorted(r.label for r in failed) == ["fedavg lr=1e+30", "fedprox lr=1e+30"]
+    assert any("[failed]" in x and "non-finite training loss" in x for x in lines)
+    ok = [r for r in done(out) if json.loads((out / r / "summary.json").read_text())["status"] == "complete"]
+    assert len(ok) == 2  # the other two finished every round
+    _, alone, _ = sweep(small(tmp_path, "training.clip_grad=null", "training.lr=0.05"), {}, [0], tmp_path / "alone",
+                        methods=parse_methods("fedavg,fedprox(mu=0.1)"), jobs=1, log=lambda m: None)
+    for name in done(alone):  # equal to the runs alone: the failed runs took nothing with them
+        packed_name = next(n for n in ok if n.split("-s0-")[0].startswith(name.split("-s0-")[0]))
+        assert rows(alone / name) == rows(out / packed_name)
+
+
+def test_an_interrupted_pack_resumes_each_run_from_its_own_checkpoint(tmp_path, monkeypatch):
+    cfg, methods = small(tmp_path).replace(**{"execution.pack_runs": True}), parse_methods("fedavg,fednh")
+    run_round = Simulation.run_round
+
+    def interrupted(self, rnd, *a, **kw):
+        if rnd == 3 and self.cfg.algorithm.name == "fednh" and self.cfg.seed == 1:
+            raise KeyboardInterrupt
+        return run_round(self, rnd, *a, **kw)
+
+    monkeypatch.setattr(Simulation, "run_round", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        sweep(cfg, {}, [0, 1], tmp_path / "packed", methods=methods, log=lambda m: None)
+    summaries = [json.loads((p / "summary.json").read_text()) for p in (tmp_path / "packed").iterdir()
+                 if (p / "summary.json").exists()]
+    assert {s["status"] for s in summaries} == {"interrupted"}  # every run in flight recorded it
+    monkeypatch.undo()
+    _, packed, failed = sweep(cfg, {}, [0, 1], tmp_path / "packed", methods=methods, log=lambda m: None)
+    _, alone, _ = sweep(small(tmp_path), {}, [0, 1], tmp_path / "alone", methods=methods, jobs=1, log=lambda m: None)
+    assert not failed
+    same_runs(alone, packed, done(alone))

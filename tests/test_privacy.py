@@ -196,7 +196,8 @@ def test_noise_streams_are_per_seed_round_client_and_purpose():
 # ---------------------------------------------------------------------------------------
 # end to end: off-switch, executors, resume, Flower
 # ---------------------------------------------------------------------------------------
-@pytest.mark.parametrize("name, mode", [("fedavg", "client"), ("fedproto", "prototype"), ("fednh", "prototype")])
+@pytest.mark.parametrize("name, mode", [("fedavg", "client"), ("fedproto", "prototype"), ("fednh", "prototype"),
+                                        ("fedgh", "prototype")])
 def test_no_noise_and_no_clip_equal_the_plain_run_bit_for_bit(name, mode, digits_cfg, tmp_path):
     base = (f"algorithm.name={name}", "rounds=2", "algorithm.weighting=uniform" if name == "fedavg" else "seed=0")
     plain = run(digits_cfg(*base, "output.name=plain"))
@@ -206,7 +207,7 @@ def test_no_noise_and_no_clip_equal_the_plain_run_bit_for_bit(name, mode, digits
         r.pop("bytes_down")  # the broadcast carries the clip under client mode
     assert results(dp.rows) == results(plain.rows)
     assert all(r["epsilon"] == math.inf for r in dp.rows)
-    if name != "fedproto":  # the global model, every bit (FedProto has none)
+    if name in ("fedavg", "fednh"):  # the global model, every bit (FedProto and FedGH have none)
         a, b = torch.load(plain.dir / "model.pt"), torch.load(dp.dir / "model.pt")
         assert all(torch.equal(a[k], b[k]) for k in a)
 
@@ -290,6 +291,8 @@ def test_target_epsilon_stops_the_run_with_a_status(digits_cfg, capsys, tmp_path
     (["privacy.mode=prototype", "algorithm.name=fedavg"], "sends no prototypes"),
     (["privacy.mode=prototype", "algorithm.name=dpfedcl"], "sends no prototypes"),
     (["privacy.mode=sample", "algorithm.name=fedproto"], "replies carry arrays"),
+    (["privacy.mode=sample", "algorithm.name=feddecorr"], "couples the samples of a batch"),
+    (["privacy.mode=prototype", "algorithm.name=fedpac"], "sends no prototypes"),
     (["privacy.mode=client", "privacy.adaptive_clip=true", "privacy.count_noise=0.1"], "must exceed"),
     (["privacy.mode=sample", "privacy.adaptive_clip=true"], "needs privacy.mode: client"),
     (["privacy.mode=client", "privacy.accountant=pld"], "no sampling without replacement"),
@@ -390,3 +393,31 @@ def test_dp_over_flower_equals_in_process(mode, digits_cfg, tmp_path):
         TaskIdentity._run_id, TaskIdentity._node_id, TaskIdentity._task_id = old
     assert strip_timing(got.rows) == strip_timing(ref.rows)
     assert got.rows[-1]["epsilon"] > got.rows[0]["epsilon"] > 0
+
+
+@pytest.mark.parametrize("name, releases", [("fedproto", 1), ("mpfedcl", 3)])
+def test_prototype_epsilon_counts_each_clients_releases(name, releases, digits_cfg):
+    # MP-FedCL: the private class means that start k-means, then 2 Lloyd steps = 3 releases a round;
+    # epsilon after round t: the Gaussian mechanism composed releases x (most turns of one client by t)
+    cfg = digits_cfg(f"algorithm.name={name}", "rounds=3", "privacy.mode=prototype", "privacy.clip=5",
+                     "privacy.noise_multiplier=2", "privacy.kmeans_steps=2")
+    res = run(cfg)
+    part = Participation(cfg.participation, cfg.partition.num_clients, cfg.seed)
+    turns = [np.bincount([c for r in range(1, t + 1) for c in part.arriving(r, part.selected(r))]).max()
+             for t in (1, 2, 3)]
+    acc = Accountant("rdp", 1e-5)
+    assert [r["epsilon"] for r in res.rows] == [acc.epsilon({("gaussian", 2.0): releases * int(n)}) for n in turns]
+    assert turns[-1] >= 2  # some client took part more than once: the composition is tested
+
+
+def test_dp_sgd_epsilon_is_the_most_exposed_clients(digits_cfg):
+    # round 1: client k took E ceil(n_k / B) steps with q_k = B / n_k; epsilon is the largest of theirs
+    cfg = digits_cfg("rounds=1", "privacy.mode=sample", "privacy.clip=1", "privacy.noise_multiplier=1.5",
+                     "eval.final_all_clients=false")
+    sim = Simulation(cfg)
+    res = sim.run()
+    part, acc, B, E = sim.participation, Accountant("rdp", 1e-5), cfg.training.batch_size, cfg.training.epochs
+    sizes = [len(i) for i in sim.fed.train_idx]
+    want = max(acc.epsilon({("poisson", min(1.0, B / sizes[c]), 1.5): E * math.ceil(sizes[c] / B)})
+               for c in part.arriving(1, part.selected(1)))
+    assert res.rows[0]["epsilon"] == want > 0

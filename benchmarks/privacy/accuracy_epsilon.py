@@ -93,6 +93,7 @@ def main() -> None:
     labels = [m.strip() for m in args.mechanisms.split(";")]
     t0 = time.perf_counter()
     points: dict[str, list] = {}
+    references: dict[str, float] = {}
     table = []
     for label in labels:
         method, privacy = MECHANISMS[label]
@@ -123,6 +124,8 @@ def main() -> None:
                           pct(float(ga.mean()), sd(ga)), pct(float(pa.mean()), sd(pa)), str(len(seeds))])
             if privacy is not None:
                 points.setdefault(label, []).append((float(np.mean(spent)), float(ga.mean()), sd(ga)))
+            else:
+                references[label] = float(ga.mean())
     cfg = load_config(CONFIG, base)
     head = ["mechanism", "target ε", "ε spent", "noise σ", "GA (%)", "PA (%)", "seeds"]
     best = []
@@ -144,7 +147,7 @@ def main() -> None:
     results.mkdir(parents=True, exist_ok=True)
     (results / "accuracy_epsilon.md").write_text(text)
     if points:
-        _save(accuracy_epsilon_figure(points, title="GA against ε (mean ± std over seeds)"),
+        _save(accuracy_epsilon_figure(points, title="GA against ε (mean ± std over seeds)", references=references),
               results / "accuracy_epsilon.png")
     print(text)
     print(f"-> {results / 'accuracy_epsilon.md'}")

@@ -304,6 +304,10 @@ class Algorithm(ABC):
     # e.g. a schedule over the run): its finished runs are then never extended to more
     # rounds (the reuse rule in api.py)
     uses_total_rounds: ClassVar[bool] = False
+    # True for a method whose local loss couples the samples of a batch (a statistic of the
+    # batch's features): DP-SGD evaluates it one sample at a time, which would change it, so
+    # privacy.mode: sample refuses the method
+    couples_samples: ClassVar[bool] = False
 
     def __init__(self, hp: Any, info: TaskInfo) -> None:
         self.hp = hp

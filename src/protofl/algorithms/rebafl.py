@@ -139,6 +139,7 @@ class ReBaFL(FedAvg):
     family = "calibrated softmax"
     reply_arrays = ("proto", "counts")  # besides w_k
     Hyper = ReBaFLHyper
+    couples_samples = True  # eq. 16's prior comes from the augmented batch's labels
 
     # -- server ------------------------------------------------------------------------------
     def server_init(self, ctx) -> ReBaFLState:

@@ -610,7 +610,8 @@ class BatchedExecutor(Executor):
                 continue
             seen = sum(sizes[i])
             try:
-                stats = j.ctx.trained(TrainStats(loss=losses[i] / seen, steps=totals[i], samples=seen), fits[i].report)
+                stats = j.ctx.trained(TrainStats(loss=losses[i] / seen, steps=totals[i], samples=seen), fits[i].report,
+                                      B)
                 answers[i] = Fitted(answers[i], stats)
             except NonFiniteLossError as e:
                 answers[i] = e

@@ -193,16 +193,17 @@ class ClientContext:
                     noise=self.noise_generator() if settings.dp_noise > 0 else None)
         weights = weights_of(model)
         self.runtime.models.mark(model, weights)  # the model holds them: a predictor on them loads nothing
-        return Fitted(weights, self.trained(stats, req.report))
+        return Fitted(weights, self.trained(stats, req.report, settings.batch_size))
 
     def noise_generator(self) -> torch.Generator:
         """DP-SGD's noise stream of this turn, on the training device (``privacy.mode: sample``)."""
         return self.privacy.noise_generator(self.runtime.device)
 
-    def trained(self, stats: TrainStats, report: bool) -> TrainStats:
-        """Check a ``ctx.fit``'s statistics (a NaN loss raises) and keep the reported ones."""
+    def trained(self, stats: TrainStats, report: bool, batch_size: int = 0) -> TrainStats:
+        """Check a ``ctx.fit``'s statistics (a NaN loss raises) and keep the reported ones
+        (``batch_size``: the fit's, for DP-SGD's accounting)."""
         if self.privacy is not None:  # every DP-SGD step counts, reported or not
-            self.privacy.trained(stats.steps, self.num_samples)
+            self.privacy.trained(stats.steps, self.num_samples, batch_size)
         if not math.isfinite(stats.loss):
             raise NonFiniteLossError(self.rnd, self.cid, stats.loss)
         if report:

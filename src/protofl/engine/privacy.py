@@ -175,7 +175,6 @@ class ClientPrivacy:
             p.adaptive_clip
         self.clip = float(msg.config.get(CLIP_KEY, p.clip)) if msg is not None else p.clip
         self.seed, self.rnd, self.cid = cfg.seed, rnd, cid
-        self.batch_size = cfg.training.batch_size
         self.sent = msg.weights if msg is not None else {}
         self.releases = 0
         self.steps: dict[float, int] = {}  # DP-SGD steps by sampling rate q = B / n_k
@@ -199,10 +198,10 @@ class ClientPrivacy:
         """Count private releases of the client's records (prototype helpers)."""
         self.releases += int(releases)
 
-    def trained(self, steps: int, n: int) -> None:
-        """Count DP-SGD steps on the client's n samples (q = B / n, the run's batch size B)."""
+    def trained(self, steps: int, n: int, batch_size: int) -> None:
+        """Count DP-SGD steps of batch size B on the client's n samples (q = B / n)."""
         if steps and self.mode == "sample":
-            q = min(1.0, self.batch_size / max(n, 1))
+            q = min(1.0, batch_size / max(n, 1))
             self.steps[q] = self.steps.get(q, 0) + int(steps)
 
     def clip_reply(self, reply: Record) -> Record:
@@ -258,21 +257,19 @@ def check_privacy(cfg: Config, algorithm: Any, model: Optional[nn.Module] = None
     elif p.mode == "prototype":
         if algorithm.prototype_releases(p) <= 0:
             raise ConfigError("privacy.mode", p.mode, f"{name} sends no prototypes protofl makes private (methods "
-                              "that do: fedproto, fednh, mpfedcl, spfedcl, rebafl)")
+                              "that do: fedproto, fedtgp, fedgh, fedpcl, fednh, mpfedcl, spfedcl, fpl, rebafl)")
     elif p.mode == "sample":
         if arrays != ():
             raise ConfigError("privacy.mode", p.mode, f"{name}'s replies carry arrays besides the model weights "
                               f"({', '.join(arrays or ['undeclared'])}), which DP-SGD does not make private")
+        if algorithm.couples_samples:
+            raise ConfigError("privacy.mode", p.mode, f"{name}'s local loss couples the samples of a batch, which "
+                              "DP-SGD's per-sample gradients would take apart")
         coupled = _batch_coupled(model) if model is not None else None
         if coupled is not None:
             raise ConfigError("privacy.mode", p.mode, f"model {cfg.model.name!r} has batch normalization in "
                               f"{coupled}: its batch statistics mix samples, so per-sample gradients cannot "
                               "bound one sample's influence (use a model without BatchNorm, e.g. GroupNorm)")
-    if p.accountant == "pld" and p.mode == "client" and cfg.participation.sampling == "fixed" \
-            and (cfg.participation.clients_per_round or 0) != cfg.partition.num_clients \
-            and cfg.participation.fraction < 1:
-        raise ConfigError("privacy.accountant", p.accountant, "the PLD accountant has no sampling without "
-                          "replacement: use participation.sampling: poisson, or privacy.accountant: rdp")
 
 
 # ---------------------------------------------------------------------------------------
@@ -303,6 +300,9 @@ class ServerPrivacy:
             self.round_event: tuple = ("gaussian", self.z)
         elif fixed:  # replace-one: one client's clipped update replaced by another moves the sum by 2 C
             self.round_event = ("wor", K, self.m, self.z / 2)
+            if p.accountant == "pld":
+                raise ConfigError("privacy.accountant", p.accountant, "the PLD accountant has no sampling without "
+                                  "replacement: use participation.sampling: poisson, or privacy.accountant: rdp")
         else:
             self.round_event = ("poisson", participation.q, self.z)
         self.accountant = Accountant(p.accountant, p.delta, replace_one=self.mode == "client" and fixed)

@@ -148,7 +148,7 @@ def private_kmeans(z: torch.Tensor, y: torch.Tensor, num_classes: int, k: int, s
     offsets = offsets / offsets.norm(dim=2, keepdim=True).clamp(min=1e-12)
     scale = 0.1 * mean.norm(dim=1).clamp(min=1e-6).view(-1, 1, 1)
     centers = mean.unsqueeze(1) + (scale * offsets if k > 1 else 0.0)  # (C, k, d)
-    counts = counts.unsqueeze(1).expand(num_classes, k) / k
+    n = counts.unsqueeze(1).expand(num_classes, k) / k  # (C, k) before any step: the mean's count, shared
     for _ in range(steps):
         dist = torch.cdist(z.unsqueeze(1), centers[y]).squeeze(1)  # (N, k): to the centers of its class
         groups = y * k + dist.argmin(1)
@@ -156,8 +156,7 @@ def private_kmeans(z: torch.Tensor, y: torch.Tensor, num_classes: int, k: int, s
         fresh = (s / n.clamp(min=1).unsqueeze(1)).view(num_classes, k, d)
         n = n.view(num_classes, k)
         centers = torch.where((n >= 1).unsqueeze(2), fresh, centers)
-        counts = n
-    return centers, released_counts(counts)
+    return centers, released_counts(n)
 
 
 # ---------------------------------------------------------------------------------------

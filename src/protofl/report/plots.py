@@ -394,19 +394,26 @@ def curves(runs: dict[str, Path | Sequence[Path]], out: Path, metrics: Sequence[
 # privacy: accuracy against epsilon
 # ---------------------------------------------------------------------------------------
 def accuracy_epsilon_figure(points: dict[str, Sequence[tuple[float, float, float]]], metric: str = "ga",
-                            title: Optional[str] = None):
+                            title: Optional[str] = None, references: Optional[dict[str, float]] = None):
     """Accuracy against the privacy spent: per label, points (epsilon, mean accuracy, std
     over seeds) joined in the order of epsilon, the std as error bars; epsilon on a log
-    axis (an infinite epsilon, no noise, is left out)."""
+    axis when it spans more than a factor 3 (an infinite epsilon, no noise, is left out).
+    ``references``: accuracies without privacy, drawn as dashed horizontal lines."""
     plt = _plt()
     fig, ax = plt.subplots(figsize=(5.6, 3.8), layout="constrained")
+    spent = []
     for label, pts in points.items():
         pts = sorted((e, a, s) for e, a, s in pts if np.isfinite(e) and np.isfinite(a))
         if not pts:
             continue
         e, a, sd = (np.array(v, dtype=np.float64) for v in zip(*pts))
+        spent += list(e)
         ax.errorbar(e, 100 * a, yerr=np.nan_to_num(100 * sd), marker="o", capsize=3, label=label)
-    ax.set_xscale("log")
+    colors = plt.rcParams["axes.prop_cycle"].by_key()["color"]
+    for i, (label, acc) in enumerate((references or {}).items()):
+        ax.axhline(100 * acc, ls="--", lw=1, color=colors[(len(points) + i) % len(colors)], label=f"{label} (no DP)")
+    if spent and max(spent) > 3 * min(spent):
+        ax.set_xscale("log")
     ax.set_xlabel("epsilon (at the runs' delta)")
     ax.set_ylabel(axis_label(metric))
     ax.grid(alpha=0.3, which="both")

@@ -54,11 +54,10 @@ from typing import Optional
 
 import numpy as np
 import torch
-from torch.func import grad_and_value
 
 from ..errors import require
 from ..messages import Record
-from ..nn.inner import cross_entropy_at, detached, projected_direction, with_gradient
+from ..nn.inner import loss_grad_and_value, projected_direction, with_gradient
 from .base import ClientResult, register, trainable_names
 from .fedavg import FedAvg, FedAvgHyper
 
@@ -98,10 +97,7 @@ class FedALA(FedAvg):
         local, glob = extras["local"], extras["global"]
         W = {k: p for k, p in model.named_parameters() if k in local}
 
-        def loss(w):
-            return cross_entropy_at(model, local_aggregation(local, glob, w), x, y)
-
-        g, value = grad_and_value(loss)(detached(W))
+        g, value = loss_grad_and_value(model, W, x, y, lambda w: local_aggregation(local, glob, w))
         return with_gradient(value, W, projected_direction(W, g, self.hp.eta))
 
     async def adaptive_local_aggregation(self, theta: dict, local: dict, W: dict, started: bool, ctx) -> dict:

@@ -58,7 +58,6 @@ class PerFedAvgHyper(FedAvgHyper):
     delta: float = 0.001  # HF: finite-difference step
 
     def validate(self, section: str) -> None:
-        require(self.variant in ("fo", "hf"), f"{section}.variant", self.variant, "must be fo or hf")
         require(self.alpha is None or self.alpha > 0, f"{section}.alpha", self.alpha,
                 "must be > 0 (or null: the round's learning rate)")
         require(self.delta > 0, f"{section}.delta", self.delta, "must be > 0")

@@ -52,18 +52,16 @@ Choices and deviations:
 """
 from __future__ import annotations
 
-import copy
 import dataclasses
 from dataclasses import dataclass
 from typing import Literal, Optional
 
 import torch
 from torch import nn
-from torch.func import grad_and_value
 
 from ..errors import require
 from ..messages import Record
-from ..nn.inner import cross_entropy_at, detached, parameters_of
+from ..nn.inner import detached, loss_grad_and_value, parameters_of
 from .base import average, ClientResult, register, WeightsState
 from .fedper import FedPer
 
@@ -86,16 +84,17 @@ class PFedMeHyper:
 
 
 def parameter_buffers(module: nn.Module) -> nn.Module:
-    """A copy of ``module`` whose parameters are buffers (same names), without its own
-    buffers: storage for an iterate of the module's parameters that no optimizer moves."""
-    out = copy.deepcopy(module)
-    for sub in out.modules():
-        for name in list(sub._buffers):
-            del sub._buffers[name]
-        for name, p in list(sub._parameters.items()):
-            del sub._parameters[name]
-            if p is not None:
-                sub.register_buffer(name, p.detach().clone())
+    """Plain modules mirroring ``module``'s parameters as buffers of the same names (and
+    nothing else): storage for an iterate of the parameters that no optimizer moves."""
+    out = nn.Module()
+    for name, p in module.named_parameters():
+        *path, leaf = name.split(".")
+        node = out
+        for part in path:
+            if part not in node._modules:
+                node.add_module(part, nn.Module())
+            node = node._modules[part]
+        node.register_buffer(leaf, p.detach().clone())
     return out
 
 
@@ -106,7 +105,7 @@ def moreau_inner(model: nn.Module, theta: dict, w: dict, x: torch.Tensor, y: tor
     w = detached(w)
     theta = detached(theta)
     for _ in range(K):
-        g, f = grad_and_value(lambda p: cross_entropy_at(model, p, x, y))(theta)
+        g, f = loss_grad_and_value(model, theta, x, y)
         theta = {k: t - lr * (g[k] + lam * (t - w[k])) for k, t in theta.items()}
     return theta, f
 

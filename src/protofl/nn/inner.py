@@ -10,7 +10,8 @@ so both executors run them: the sequential one on the live model, the batched on
 
 * :func:`parameters_of`: the parameters the loss sees, by name (in the batched executor,
   the slot's own);
-* :func:`loss_grad`: the gradient of the cross-entropy at given parameters, as constants;
+* :func:`loss_grad_and_value`, :func:`loss_grad`: the gradient of the cross-entropy at given
+  parameters (or at a function of them), as constants;
 * :func:`with_gradient`: a scalar with a given value whose gradient is a given direction
   (an update rule that is not the gradient of the reported loss);
 * :func:`projected_direction`: the direction that turns one plain SGD step into projected
@@ -19,12 +20,12 @@ so both executors run them: the sequential one on the live model, the batched on
 """
 from __future__ import annotations
 
-from typing import Mapping, Optional, Sequence
+from typing import Callable, Mapping, Optional, Sequence
 
 import torch
 import torch.nn.functional as F
 from torch import nn
-from torch.func import functional_call, grad
+from torch.func import functional_call, grad_and_value
 
 Params = dict[str, torch.Tensor]
 
@@ -46,11 +47,24 @@ def cross_entropy_at(model: nn.Module, params: Mapping[str, torch.Tensor], x: to
     return F.cross_entropy(functional_call(model, dict(params), (x,)), y)
 
 
+def loss_grad_and_value(model: nn.Module, params: Mapping[str, torch.Tensor], x: torch.Tensor, y: torch.Tensor,
+                        transform: Optional[Callable[[Params], Params]] = None) -> tuple[Params, torch.Tensor]:
+    """(grad_theta L, L) at theta = ``params``, as constants (no graph back to ``params``), for
+    L(theta) = CE(model_{transform(theta)}(x), y) (``transform``: None = the identity): one
+    forward and one backward pass. The model's buffers enter as inputs of the transformed
+    function, so BatchNorm's running statistics follow this forward pass as they would any
+    other (``torch.func`` refuses to mutate a tensor the function did not receive)."""
+    def f(p: Params, buffers: Params) -> torch.Tensor:
+        q = p if transform is None else transform(p)
+        return F.cross_entropy(functional_call(model, {**q, **buffers}, (x,)), y)
+
+    return grad_and_value(f)(detached(params), dict(model.named_buffers()))
+
+
 def loss_grad(model: nn.Module, params: Mapping[str, torch.Tensor], x: torch.Tensor,
               y: torch.Tensor) -> Params:
-    """grad_theta CE(model_theta(x), y) at theta = ``params``, as constants (no graph back to
-    ``params``): one forward and one backward pass."""
-    return grad(lambda p: cross_entropy_at(model, p, x, y))(detached(params))
+    """grad_theta CE(model_theta(x), y) at theta = ``params``, as constants."""
+    return loss_grad_and_value(model, params, x, y)[0]
 
 
 def with_gradient(value: torch.Tensor, params: Mapping[str, torch.Tensor],

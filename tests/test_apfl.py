@@ -6,10 +6,10 @@ import torch.nn.functional as F
 from torch import nn
 
 from protofl.algorithms.apfl import APFL, APFLHyper, apfl_loss, mixed_logits
-from protofl.cli import EXIT_BAD_INPUT, main
 from protofl.models.base import FLModel
 
-from conftest import DIGITS, record_run
+from method_checks import assert_bad_value_exits_2
+from conftest import record_run
 
 
 def tiny(alpha):
@@ -81,8 +81,4 @@ def test_v_and_alpha_stay_on_the_client_and_alpha_stays_in_0_1(adaptive, digits_
 
 
 def test_bad_alpha_exits_2_with_one_line(tmp_path, capsys):
-    rc = main(["run", str(DIGITS), "algorithm.name=apfl", "algorithm.alpha=1.5", "rounds=1",
-               f"output.dir={tmp_path}", "--quiet"])
-    assert rc == EXIT_BAD_INPUT
-    err = capsys.readouterr().err.strip()
-    assert "alpha" in err and len(err.splitlines()) == 1
+    assert_bad_value_exits_2("apfl", "alpha", "1.5", tmp_path, capsys)

@@ -7,12 +7,11 @@ import torch
 from torch import nn
 
 from protofl.algorithms.fedala import FedALA, FedALAHyper, local_aggregation
-from protofl.cli import EXIT_BAD_INPUT, main
 from protofl.engine.client import ClientContext, drive
-from protofl.engine.simulation import Simulation
 from protofl.models.base import FLModel
 
-from conftest import DIGITS, record_run
+from method_checks import assert_bad_value_exits_2
+from conftest import record_run
 
 
 def test_local_aggregation_element_wise():
@@ -90,8 +89,4 @@ def test_rounds_skip_then_start_phase_then_one_epoch(digits_cfg, tmp_path):
 @pytest.mark.parametrize("key,value", [("eta", 0), ("rand_percent", 0), ("rand_percent", 101), ("layer_idx", 0),
                                        ("threshold", 0), ("num_pre_loss", 1), ("max_init_epochs", 0)])
 def test_bad_hyper_parameters_exit_2_with_one_line(key, value, tmp_path, capsys):
-    rc = main(["run", str(DIGITS), "algorithm.name=fedala", f"algorithm.{key}={value}", "rounds=1",
-               f"output.dir={tmp_path}", "--quiet"])
-    assert rc == EXIT_BAD_INPUT
-    err = capsys.readouterr().err.strip()
-    assert key in err and len(err.splitlines()) == 1
+    assert_bad_value_exits_2("fedala", key, value, tmp_path, capsys)

@@ -5,10 +5,10 @@ import torch
 from torch import nn
 
 from protofl.algorithms.fedbn import batchnorm_prefixes
-from protofl.cli import EXIT_BAD_INPUT, main
 from protofl.config import load_config
 from protofl.engine.simulation import Simulation
 
+from method_checks import assert_bad_value_exits_2, assert_round_2_is_the_weighted_mean
 from conftest import DIGITS, record_run, shared_data
 
 
@@ -42,14 +42,7 @@ def test_batchnorm_entries_never_travel_and_the_rest_is_the_sample_weighted_mean
     states = [s for rnd, _, _, _, s in seen if rnd == 2]
     means = [s.weights["body.1.running_mean"] for s in states]
     assert not torch.equal(means[0], means[1]) and not torch.equal(means[0], init["body.1.running_mean"])
-    # round 2's message: sum_k n_k w_k / sum_k n_k over the round-1 replies
-    r1 = [reply for rnd, _, _, reply, _ in seen if rnd == 1]
-    msg2 = next(msg for rnd, _, msg, _, _ in seen if rnd == 2)
-    n = [float(r.num_samples) for r in r1]
-    for key in set(init) - bn:
-        if init[key].is_floating_point():
-            expected = sum(nk * r.weights[key].double() for nk, r in zip(n, r1)) / sum(n)
-            assert torch.allclose(msg2.weights[key].double(), expected, atol=1e-6), key
+    assert_round_2_is_the_weighted_mean(seen, set(init) - bn)
     assert "gm" not in res.rows[-1] and 0.0 <= res.rows[-1]["ga"] <= 1.0
 
 
@@ -71,8 +64,4 @@ def test_batched_executor_equals_sequential_with_local_batchnorm(tmp_path):
 
 
 def test_bad_weighting_exits_2_with_one_line(tmp_path, capsys):
-    rc = main(["run", str(DIGITS), "algorithm.name=fedbn", "algorithm.weighting=median", "rounds=1",
-               f"output.dir={tmp_path}", "--quiet"])
-    assert rc == EXIT_BAD_INPUT
-    err = capsys.readouterr().err.strip()
-    assert "weighting" in err and len(err.splitlines()) == 1
+    assert_bad_value_exits_2("fedbn", "weighting", "median", tmp_path, capsys)

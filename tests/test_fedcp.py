@@ -7,10 +7,10 @@ import torch
 from torch import nn
 
 from protofl.algorithms.fedcp import context_of, FedCP, FedCPHyper, masks, mmd_rbf
-from protofl.cli import EXIT_BAD_INPUT, main
 from protofl.models.base import FLModel
 
-from conftest import DIGITS, record_run
+from method_checks import assert_bad_value_exits_2
+from conftest import record_run
 
 
 def test_mmd_by_hand():
@@ -56,8 +56,4 @@ def test_personal_head_stays_and_the_global_head_uploaded_is_the_mean_of_both(di
 
 @pytest.mark.parametrize("key,value", [("lam", -1), ("tau", 0)])
 def test_bad_hyper_parameters_exit_2_with_one_line(key, value, tmp_path, capsys):
-    rc = main(["run", str(DIGITS), "algorithm.name=fedcp", f"algorithm.{key}={value}", "rounds=1",
-               f"output.dir={tmp_path}", "--quiet"])
-    assert rc == EXIT_BAD_INPUT
-    err = capsys.readouterr().err.strip()
-    assert key in err and len(err.splitlines()) == 1
+    assert_bad_value_exits_2("fedcp", key, value, tmp_path, capsys)

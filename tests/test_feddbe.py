@@ -7,10 +7,10 @@ import torch
 from torch import nn
 
 from protofl.algorithms.feddbe import FedDBE, FedDBEHyper, tracked_mean
-from protofl.cli import EXIT_BAD_INPUT, main
 from protofl.models.base import FLModel
 
-from conftest import DIGITS, record_run
+from method_checks import assert_bad_value_exits_2
+from conftest import record_run
 
 
 def tiny(momentum=1.0, kappa=2.0):
@@ -63,8 +63,4 @@ def test_initialization_round_fixes_the_global_mean_then_dbe(digits_cfg, tmp_pat
 
 @pytest.mark.parametrize("key,value", [("kappa", -1), ("momentum", 0), ("momentum", 1.5)])
 def test_bad_hyper_parameters_exit_2_with_one_line(key, value, tmp_path, capsys):
-    rc = main(["run", str(DIGITS), "algorithm.name=feddbe", f"algorithm.{key}={value}", "rounds=1",
-               f"output.dir={tmp_path}", "--quiet"])
-    assert rc == EXIT_BAD_INPUT
-    err = capsys.readouterr().err.strip()
-    assert key in err and len(err.splitlines()) == 1
+    assert_bad_value_exits_2("feddbe", key, value, tmp_path, capsys)

@@ -7,10 +7,10 @@ import torch
 from torch import nn
 
 from protofl.algorithms.gpfl import angle_loss, conditional_inputs, CoV, GPFL, GPFLHyper
-from protofl.cli import EXIT_BAD_INPUT, main
 from protofl.models.base import FLModel
 
-from conftest import DIGITS, record_run
+from method_checks import assert_bad_value_exits_2, assert_round_2_is_the_weighted_mean
+from conftest import record_run
 
 
 def test_conditional_inputs_by_hand():
@@ -61,18 +61,10 @@ def test_head_stays_on_the_client_and_gce_cov_are_averaged(digits_cfg, tmp_path)
     for _, _, msg, reply, state in seen:
         assert set(msg.weights) == set(reply.weights) == {k for k in init if not k.startswith("head.")}
         assert set(state.weights) == {"head.weight", "head.bias"}
-    r1 = [reply for rnd, _, _, reply, _ in seen if rnd == 1]
-    msg2 = next(msg for rnd, _, msg, _, _ in seen if rnd == 2)
-    n = [float(r.num_samples) for r in r1]
-    expected = sum(nk * r.weights["gce.weight"].double() for nk, r in zip(n, r1)) / sum(n)
-    assert torch.allclose(msg2.weights["gce.weight"].double(), expected, atol=1e-6)
+    assert_round_2_is_the_weighted_mean(seen, [k for k in init if not k.startswith("head.")])
     assert "gm" not in res.rows[-1]
 
 
 @pytest.mark.parametrize("key,value", [("lam", -1), ("mu", -0.1)])
 def test_bad_hyper_parameters_exit_2_with_one_line(key, value, tmp_path, capsys):
-    rc = main(["run", str(DIGITS), "algorithm.name=gpfl", f"algorithm.{key}={value}", "rounds=1",
-               f"output.dir={tmp_path}", "--quiet"])
-    assert rc == EXIT_BAD_INPUT
-    err = capsys.readouterr().err.strip()
-    assert key in err and len(err.splitlines()) == 1
+    assert_bad_value_exits_2("gpfl", key, value, tmp_path, capsys)

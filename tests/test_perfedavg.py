@@ -9,13 +9,12 @@ from torch import nn
 from torch.func import functional_call
 
 from protofl.algorithms.perfedavg import fo_loss, hf_direction
-from protofl.cli import EXIT_BAD_INPUT, main
 from protofl.engine.client import ClientContext, drive
 from protofl.engine.simulation import Simulation
 from protofl.models.base import FLModel
 from protofl.nn.inner import split_batch, with_gradient
 
-from conftest import DIGITS
+from method_checks import assert_bad_value_exits_2
 
 
 def test_split_batch_cuts_by_size_only():
@@ -99,8 +98,4 @@ def test_personalized_model_is_one_sgd_step_of_size_alpha_from_w_t(digits_cfg, t
 
 @pytest.mark.parametrize("key,value", [("variant", "so"), ("alpha", 0), ("delta", -1)])
 def test_bad_hyper_parameters_exit_2_with_one_line(key, value, tmp_path, capsys):
-    rc = main(["run", str(DIGITS), "algorithm.name=perfedavg", f"algorithm.{key}={value}", "rounds=1",
-               f"output.dir={tmp_path}", "--quiet"])
-    assert rc == EXIT_BAD_INPUT
-    err = capsys.readouterr().err.strip()
-    assert key in err and len(err.splitlines()) == 1
+    assert_bad_value_exits_2("perfedavg", key, value, tmp_path, capsys)

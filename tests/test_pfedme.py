@@ -9,10 +9,10 @@ from torch import nn
 from protofl.algorithms.base import TaskInfo, WeightsState
 from protofl.algorithms.pfedme import (envelope_value, moreau_inner, parameter_buffers, PFedMe, PFedMeHyper,
                                         THETA)
-from protofl.cli import EXIT_BAD_INPUT, main
 from protofl.messages import Record
 from protofl.models.base import FLModel
 
+from method_checks import assert_bad_value_exits_2
 from conftest import DIGITS, record_run
 
 
@@ -102,11 +102,7 @@ def test_theta_never_leaves_the_client_and_the_personalized_model_is_theta(digit
 
 @pytest.mark.parametrize("key,value", [("K", 0), ("lam", 0), ("personal_lr", -1), ("beta", 0)])
 def test_bad_hyper_parameters_exit_2_with_one_line(key, value, tmp_path, capsys):
-    rc = main(["run", str(DIGITS), "algorithm.name=pfedme", f"algorithm.{key}={value}", "rounds=1",
-               f"output.dir={tmp_path}", "--quiet"])
-    assert rc == EXIT_BAD_INPUT
-    err = capsys.readouterr().err.strip()
-    assert key in err and len(err.splitlines()) == 1
+    assert_bad_value_exits_2("pfedme", key, value, tmp_path, capsys)
 
 
 @pytest.mark.parametrize("name,extra", [("pfedme", ["algorithm.K=1"]), ("perfedavg", []), ("fedala", [])])

@@ -5,9 +5,9 @@ Before local training, client i mixes the received global model Theta into its o
 model Theta_i element by element, with weights W_i it learns (adaptive local aggregation,
 ALA):
 
-    Theta^_i = Theta_i + (Theta - Theta_i) (.) W_i   on the top p layers     (eq. 4-5)
+    Theta^_i = Theta_i + (Theta - Theta_i) (.) W_i   on the top p layers
     Theta^_i = Theta                                  on the lower layers
-    W_i <- clip(W_i - eta grad_{W_i} L(Theta^_i; D_i^s), 0, 1),                (eq. 6)
+    W_i <- clip(W_i - eta grad_{W_i} L(Theta^_i; D_i^s), 0, 1),     (weight learning)
             grad_{W_i} L = grad_{Theta^_i} L (.) (Theta - Theta_i)
     on D_i^s, a random s% of the local data; W_i starts at all ones. The first time ALA
     runs, W_i is trained epoch after epoch until the standard deviation of the last
@@ -23,7 +23,7 @@ parameter slots hold W_i (they have its shapes; the lower layers hold Theta and 
 frozen) and the loss builds Theta^_i from them. The loss computes g = grad_W L with
 ``torch.func`` and hands the optimizer the direction (W - clip(W - eta g, 0, 1)) / eta
 (``nn.inner.projected_direction``); the call runs plain SGD with step eta (no momentum,
-weight decay or clipping), so each step is eq. 6's projected step exactly. The fit takes
+weight decay or clipping), so each step is the projected step exactly. The fit takes
 ceil(s% n_i / B) steps: one pass over a random s% of the data (the engine's first
 permutation of the epoch). The ALA loss is the plain cross-entropy.
 
@@ -45,6 +45,8 @@ Choices and deviations:
   window of the data for all epochs of a round. The convergence test uses each epoch's
   mean loss (the code: its last batch's loss).
 * BatchNorm statistics of Theta^_i (models with BatchNorm) are Theta's.
+* The paper's text was not available while writing this module (hence no equation
+  numbers); ALA above is lines 6-16 of its Algorithm 1 as the authors' code implements it.
 """
 from __future__ import annotations
 
@@ -64,7 +66,7 @@ from .fedavg import FedAvg, FedAvgHyper
 
 @dataclass
 class FedALAHyper(FedAvgHyper):
-    eta: float = 1.0  # step of the weight learning (eq. 6)
+    eta: float = 1.0  # step of the weight learning
     rand_percent: float = 80.0  # s: the share of the local data ALA learns on, in percent
     layer_idx: int = 2  # p: ALA on this many parameter tensors counted from the top
     threshold: float = 0.01  # start phase: stop when std(last losses) < threshold
@@ -81,7 +83,7 @@ class FedALAHyper(FedAvgHyper):
 
 
 def local_aggregation(local: dict, glob: dict, W: dict) -> dict:
-    """Theta_i + (Theta - Theta_i) (.) W_i, entry by entry (eq. 4)."""
+    """Theta_i + (Theta - Theta_i) (.) W_i, entry by entry."""
     return {k: local[k] + (glob[k] - local[k]) * W[k] for k in W}
 
 
@@ -92,8 +94,8 @@ class FedALA(FedAvg):
     Hyper = FedALAHyper
 
     def ala_loss(self, model, x, y, extras) -> torch.Tensor:
-        """L(Theta^_i) with the gradient that makes one plain SGD step of size eta eq. 6's
-        projected step; the model's top parameter slots hold W_i."""
+        """L(Theta^_i) with the gradient that makes one plain SGD step of size eta the
+        projected step of the weight learning; the model's top parameter slots hold W_i."""
         local, glob = extras["local"], extras["global"]
         W = {k: p for k, p in model.named_parameters() if k in local}
 

@@ -1,7 +1,7 @@
 """pFedMe (Dinh, Tran & Nguyen, NeurIPS 2020, "Personalized Federated Learning with Moreau
 Envelopes"), Algorithm 1.
 
-Each client's objective is the Moreau envelope of its loss f_i (eq. 2-3):
+Each client's objective is the Moreau envelope of its loss f_i:
 
     F_i(w) = min_theta { f_i(theta) + (lam / 2) ||theta - w||^2 },
     theta_i(w) = its minimizer (the personalized model),  grad F_i(w) = lam (w - theta_i(w))
@@ -9,10 +9,10 @@ Each client's objective is the Moreau envelope of its loss f_i (eq. 2-3):
     server: send w_t to the sampled clients S_t
     client i: w_{i,0} = w_t; for r = 0 .. R-1 (R local steps, one minibatch D_i each):
         theta~ <- K steps of gradient descent with step ``personal_lr`` on
-                  f_i(theta; D_i) + (lam / 2) ||theta - w_{i,r}||^2          (eq. 7, approx.)
-        w_{i,r+1} = w_{i,r} - eta lam (w_{i,r} - theta~)                      (eq. 8)
+                  f_i(theta; D_i) + (lam / 2) ||theta - w_{i,r}||^2       (inner problem)
+        w_{i,r+1} = w_{i,r} - eta lam (w_{i,r} - theta~)                (local update)
       reply w_{i,R}
-    server: w_{t+1} = (1 - beta) w_t + beta sum_i a_i w_{i,R}                 (eq. 10)
+    server: w_{t+1} = (1 - beta) w_t + beta sum_i a_i w_{i,R}           (global update)
 
 How it runs on the engine: one ``ctx.fit`` of R steps (``training.epochs`` or
 ``training.steps``; the engine draws a fresh minibatch per step, as Algorithm 1 samples
@@ -21,8 +21,9 @@ runs the K inner steps (``torch.func``, so both executors run them), then return
 
     f_i(theta~; D_i) + (lam / 2) ||theta~ - w||^2    with theta~ held constant,
 
-whose gradient is lam (w - theta~) (the envelope's gradient, eq. 8's direction): the
-run's optimizer with step eta = ``training.lr`` takes eq. 8 (exactly, for plain SGD).
+whose gradient is lam (w - theta~) (the envelope's gradient, the local update's direction):
+the run's optimizer with step eta = ``training.lr`` takes the local update (exactly, for
+plain SGD).
 theta~ is warm-started: it lives in buffers ``theta.*`` of the model (``adapt_model``),
 reset to w_t when the round starts and updated in place by each step's inner solve (as
 BatchNorm updates its statistics), as in the authors' code. The personalized model
@@ -31,16 +32,18 @@ BatchNorm updates its statistics), as in the authors' code. The personalized mod
 
 Defaults (the authors' MNIST settings, github.com/CharlieDinh/pFedMe README and
 ``main.py``): lam = 15, K = 5, personal_lr = 0.09, beta = 1 (beta = 2 is the paper's
-accelerated variant). eta is the run's ``training.lr`` (0.005 there, with batch 20 and
-R = 20 local steps: ``training.steps=20``).
+accelerated variant). eta is the run's ``training.lr`` (0.005 there, plain SGD, with
+batch 20 and R = 20 local steps: ``training.steps=20``). Eq. 8 contracts w towards theta~
+by the factor 1 - eta lam per step (eta lam / (1 - momentum) with momentum): keep it well
+below 1 (0.075 in the authors' setting).
 
 Choices and deviations:
-* The paper's text was not available while writing this module; the algorithm above
-  follows its Algorithm 1 as the authors' code implements it.
+* The paper's text was not available while writing this module (hence no equation
+  numbers); the algorithm above follows its Algorithm 1 as the authors' code implements it.
 * The authors' inner step adds mu theta (mu = 0.001, weight decay on theta) to the
   gradient; Algorithm 1 has no such term and it is left out.
 * The outer step uses the run's optimizer (momentum, weight decay, clipping), plain SGD
-  in the paper; with ``training.momentum=0`` it is eq. 8 exactly.
+  in the paper; with ``training.momentum=0`` it is the local update exactly.
 * ``weighting``: ``uniform`` (a_i = 1/|S_t|, Algorithm 1) by default; the authors' code
   weights by n_i (``samples``).
 * The authors' code trains every client each round and aggregates the sampled ones; here
@@ -73,7 +76,7 @@ class PFedMeHyper:
     lam: float = 15.0  # lambda, weight of the proximal term of the Moreau envelope
     K: int = 5  # inner gradient steps per minibatch
     personal_lr: float = 0.09  # step of the inner gradient descent
-    beta: float = 1.0  # server mixing (eq. 10); 1 = plain averaging
+    beta: float = 1.0  # server mixing (global update); 1 = plain averaging
     weighting: Literal["uniform", "samples"] = "uniform"
 
     def validate(self, section: str) -> None:
@@ -101,7 +104,7 @@ def parameter_buffers(module: nn.Module) -> nn.Module:
 def moreau_inner(model: nn.Module, theta: dict, w: dict, x: torch.Tensor, y: torch.Tensor, lam: float,
                  lr: float, K: int) -> tuple[dict, torch.Tensor]:
     """K steps of gradient descent on f(theta; x, y) + (lam / 2) ||theta - w||^2 from ``theta``
-    (eq. 7, approximately solved); returns the iterate and f at the last step's start."""
+    (the inner problem, approximately solved); returns the iterate and f at the last step's start."""
     w = detached(w)
     theta = detached(theta)
     for _ in range(K):
@@ -134,7 +137,7 @@ class PFedMe(FedPer):
             return state
         b = self.hp.beta
         new = {k: (v if b == 1.0 or not v.is_floating_point() else (1 - b) * state.weights[k] + b * v)
-               for k, v in avg.items()}  # eq. 10; integer buffers take the maximum (as in FedAvg)
+               for k, v in avg.items()}  # the global update; integer buffers take the maximum (as in FedAvg)
         return dataclasses.replace(state, weights={**state.weights, **new})
 
     # -- client ------------------------------------------------------------------------------
@@ -145,13 +148,13 @@ class PFedMe(FedPer):
         w_t = msg.weights
         names = [k[len(THETA):] for k in ctx.architecture.state_dict() if k.startswith(THETA)]
         start = {**w_t, **{THETA + k: w_t[k] for k in names}}  # theta~ = w_t
-        fitted = await ctx.fit(start, self.envelope_loss)  # R steps of eq. 8
+        fitted = await ctx.fit(start, self.envelope_loss)  # R local updates
         w = fitted.weights
         personal = ctx.shared_model({**w, **{k: w[THETA + k] for k in names}})  # theta~ in place of w
         return ClientResult(Record(weights=self.shared_part(w)), personal=personal)
 
     def envelope_loss(self, model, x, y, extras) -> torch.Tensor:
-        """F_i(w) on the minibatch: the inner solve (eq. 7) from the warm start, then the
+        """F_i(w) on the minibatch: the inner solve from the warm start, then the
         envelope's value with the gradient lam (w - theta~)."""
         hp = self.hp
         w = parameters_of(model)  # body and head (theta~ holds buffers only)

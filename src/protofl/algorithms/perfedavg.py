@@ -31,6 +31,8 @@ Defaults and deviations:
   Algorithm 1 (FO and HF variants) as recalled.
 * The outer step uses the run's optimizer (momentum, weight decay included); plain SGD in
   the paper.
+* ``weighting``: FedAvg's n_i-weighted mean by default; ``uniform`` is the plain mean of
+  the replies of Algorithm 1's server step.
 * An epoch covers the data once in minibatches of 2 or 3 x ``training.batch_size``
   (PFLlib's convention), not once per batch D.
 * The personalized model adapts from the model received this round, on a minibatch of the

@@ -24,6 +24,7 @@ from ..algorithms.base import (Algorithm, ClientResult, Features, Fit, Fitted, G
                                weights_of)
 from ..messages import Record
 from ..rng import seed_for, torch_gen
+from .augment import Augment, pad_value
 from .evaluate import personal_metrics
 from .task import Task, use_channels_last
 from .train import EMBED_BATCH_SIZE, NonFiniteLossError, TrainSettings, TrainStats, batch_sizes, embed_batches, fit, \
@@ -84,6 +85,7 @@ class ClientContext:
         self.info = runtime.info
         self.num_classes = runtime.info.num_classes
         self.generator = torch_gen(runtime.info.seed, "train", rnd, cid)
+        self._augment_generator: Optional[torch.Generator] = None
         self.last_train: Optional[TrainStats] = None
         self._data: Optional[tuple[torch.Tensor, torch.Tensor]] = None
         self._arch = runtime.task.arch(cid)
@@ -186,10 +188,22 @@ class ClientContext:
             per_step = req.step_extras(batch_sizes(len(y), settings.batch_size, n_steps))
         stats = fit(model, x, y, loss=req.loss, extras=req.extras, names=trainable_names(model, req.trainable),
                     settings=settings, generator=self.generator, per_step=per_step, grad=req.grad,
-                    channels_last=self.channels_last, precision=self.runtime.cfg.execution.precision)
+                    channels_last=self.channels_last, precision=self.runtime.cfg.execution.precision,
+                    augment=self.augmentation)
         weights = weights_of(model)
         self.runtime.models.mark(model, weights)  # the model holds them: a predictor on them loads nothing
         return Fitted(weights, self.trained(stats, req.report))
+
+    @property
+    def augmentation(self):
+        """(augmentation, this client's augmentation stream, padding value) for the training
+        step, or None without ``data.augment``. The stream is drawn fit after fit, in order."""
+        rt = self.runtime
+        if not rt.augment.active:
+            return None
+        if self._augment_generator is None:
+            self._augment_generator = torch_gen(self.info.seed, "augment", self.rnd, self.cid)
+        return rt.augment, self._augment_generator, rt.pad_value
 
     def trained(self, stats: TrainStats, report: bool) -> TrainStats:
         """Check a ``ctx.fit``'s statistics (a NaN loss raises) and keep the reported ones."""
@@ -240,8 +254,18 @@ class ClientRuntime:
         self.counts = self.fed.class_counts()
         self.channels_last = use_channels_last(self.cfg, self.models.live(task.arch(0))[0])
         self.transfers = Transfers()
+        self.augment = Augment.of(self.cfg.data.augment)
+        self._pad: Optional[torch.Tensor] = None
         self._test: Optional[tuple[torch.Tensor, torch.Tensor]] = None
         self._splits: dict[str, tuple[torch.Tensor, torch.Tensor]] = {}
+
+    @property
+    def pad_value(self) -> torch.Tensor:
+        """(1, C, 1, 1) on the device: the padding of ``data.augment``'s crop (a raw 0, normalized)."""
+        if self._pad is None:
+            ds = self.fed.dataset
+            self._pad = pad_value(ds.normalize, ds.input_shape[0], ds.x_train.dtype, self.device)
+        return self._pad
 
     def settings(self, rnd: int) -> TrainSettings:
         """Round ``rnd``'s local-training settings (``training.*``, lr after its schedule)."""

@@ -29,6 +29,7 @@ import torch
 from torch import nn
 
 from ..algorithms.base import GradFn, LossFn, TrainStats
+from .augment import apply, Augment, augment_plan
 from .precision import autocast
 
 OPTIMIZERS = ("sgd", "adam", "adamw")
@@ -249,7 +250,8 @@ def optimizer_step(params: Sequence[torch.Tensor], grads: Sequence[torch.Tensor]
 def fit(model: nn.Module, x: torch.Tensor, y: torch.Tensor, *, loss: LossFn, extras: Mapping[str, Any],
         names: Sequence[str], settings: TrainSettings, generator: torch.Generator,
         per_step: Optional[Mapping[str, torch.Tensor]] = None, grad: Optional[GradFn] = None,
-        channels_last: bool = False, precision: str = "fp32") -> TrainStats:
+        channels_last: bool = False, precision: str = "fp32",
+        augment: Optional[tuple[Augment, torch.Generator, torch.Tensor]] = None) -> TrainStats:
     """Local training of the live ``model`` on (x, y), in place: the parameters ``names``
     move, by the schedule and the step above, on ``loss(model, xb, yb, extras)``.
 
@@ -257,6 +259,8 @@ def fit(model: nn.Module, x: torch.Tensor, y: torch.Tensor, *, loss: LossFn, ext
     size, joins ``extras`` at that step. ``grad(grads, extras)``: a transform of the
     minibatch gradients by name, before clipping; without one, a parameter the loss does
     not reach has no gradient and is left alone for that step, as ``torch.optim`` does.
+    ``augment``: (the augmentation, the client's augmentation stream, the padding value):
+    each minibatch is augmented by its plan (engine/augment.py).
     """
     named = dict(model.named_parameters())
     params = [named[k] for k in names]
@@ -266,6 +270,7 @@ def fit(model: nn.Module, x: torch.Tensor, y: torch.Tensor, *, loss: LossFn, ext
         return TrainStats(loss=0.0, steps=0, samples=0)
     rows = batch_rows(n, settings.batch_size, total, generator)
     sizes = batch_sizes(n, settings.batch_size, total)
+    plan = augment_plan(augment[0], total, settings.batch_size, augment[1]) if augment else None
     as_rows = [p.unsqueeze(0) for p in params]  # the live parameters as one row each
     state = optimizer_state(settings, as_rows)
     model.train()
@@ -273,6 +278,9 @@ def fit(model: nn.Module, x: torch.Tensor, y: torch.Tensor, *, loss: LossFn, ext
     for step, b in enumerate(sizes):
         idx = torch.from_numpy(rows[step, :b]).to(y.device)
         xb, yb = x[idx], y[idx]
+        if plan is not None:
+            xb = apply(augment[0], xb, torch.from_numpy(plan["offsets"][step, :b]).to(x.device),
+                       torch.from_numpy(plan["flips"][step, :b]).to(x.device), augment[2])
         if channels_last and xb.dim() == 4:
             xb = xb.contiguous(memory_format=torch.channels_last)
         ex = extras if per_step is None else {**extras, **{k: v[step, :b] for k, v in per_step.items()}}

@@ -402,6 +402,27 @@ def test_a_cifar_batch_that_would_run_code_is_refused(tmp_path, capsys):
     assert not flag.exists()
 
 
+def test_a_cifar_tarball_whose_batch_would_run_code_is_refused(tmp_path, capsys):
+    """The published tarball, read without unpacking it: its batches go through the same guard."""
+    import io
+    import pickle
+    import tarfile
+
+    (tmp_path / "data" / "cifar10").mkdir(parents=True)
+    flag = tmp_path / "flag"
+    with tarfile.open(tmp_path / "data" / "cifar10" / "cifar-10-python.tar.gz", "w:gz") as tf:
+        for name in [f"data_batch_{i}" for i in range(1, 6)] + ["test_batch"]:
+            raw = pickle.dumps({b"data": Payload(flag), b"labels": [0]}, protocol=2)
+            info = tarfile.TarInfo(f"cifar-10-batches-py/{name}")
+            info.size = len(raw)
+            tf.addfile(info, io.BytesIO(raw))
+    code = main(["run", str(DIGITS), "data.name=cifar10", "model.name=cnn_cifar", "rounds=1", f"output.dir={tmp_path}",
+                 "--data-dir", str(tmp_path / "data"), "--quiet"])
+    err = short(capsys.readouterr().err, 1)
+    assert code == 2 and "which a CIFAR batch never holds" in err and "cifar-10-python.tar.gz" in err, err
+    assert not flag.exists()
+
+
 class Phase(enum.Enum):
     WARM = "warm"
     MAIN = "main"

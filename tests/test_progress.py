@@ -38,7 +38,8 @@ def test_no_terminal_means_one_log_line_per_round(digits_cfg, tmp_path, caplog):
     cfg = digits_cfg("rounds=3", "output.progress=true", "output.log_every=2")
     with caplog.at_level(logging.INFO, logger="protofl"):
         protofl.run(cfg)
-    lines = [r.getMessage() for r in caplog.records if r.name == "protofl"]
+    first, *lines = [r.getMessage() for r in caplog.records if r.name == "protofl"]
+    assert first.endswith(": 3 rounds on cpu (sequential executor)")  # where the run trains, first
     assert [ln.split(": ")[0].split()[-1] for ln in lines] == ["2/3", "3/3"], lines
     assert "gm=" in lines[-1] and "%" in lines[-1] and "s/round" in lines[-1]
 

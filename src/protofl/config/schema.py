@@ -79,6 +79,8 @@ class Config:
                     d.pop("download")
                 if not d.get("mirrors"):
                     d.pop("mirrors", None)
+                if not d.get("augment"):
+                    d.pop("augment", None)
             out[sec] = d
         return out
 

@@ -15,6 +15,10 @@ from .coerce import check_path_component, coerce
 from .machine import resolve_device, TRACKERS
 
 
+# data.augment's keys (engine/augment.py does them)
+AUGMENT_KEYS = {"crop": "padding of the random crop, in pixels (0: no crop)", "flip": "random horizontal flip"}
+
+
 @dataclass
 class DataConfig:
     name: str = "digits"
@@ -26,13 +30,24 @@ class DataConfig:
     # false (or PROTOFL_OFFLINE=1) forbids the network: the error says how to place the files
     download: bool = True
     mirrors: list[str] = field(default_factory=list)  # base URLs laid out like the data root, tried first
+    # per-epoch augmentation of the training images, on the device (engine/augment.py):
+    # {crop: 4, flip: true} is the standard CIFAR recipe; {} (default): none
+    augment: dict = field(default_factory=dict)
     params: dict = field(default_factory=dict)  # the loader's own options
 
     def validate(self, section: str) -> None:
         require(self.train_size is None or self.train_size >= 1, f"{section}.train_size", self.train_size,
                 "must be >= 1 or null")
         for i, m in enumerate(self.mirrors):
-            require(isinstance(m, str) and bool(m.strip()), f"{s}.mirrors[{i}]", m, "expected a base URL")
+            require(isinstance(m, str) and bool(m.strip()), f"{section}.mirrors[{i}]", m, "expected a base URL")
+        for k, v in self.augment.items():
+            require(k in AUGMENT_KEYS, f"{section}.augment.{k}", v, "unknown; known: " + "; ".join(
+                f"{n} ({what})" for n, what in AUGMENT_KEYS.items()))
+        crop = self.augment.get("crop", 0)
+        require(isinstance(crop, int) and not isinstance(crop, bool) and crop >= 0, f"{section}.augment.crop", crop,
+                "must be a whole number of pixels >= 0")
+        require(isinstance(self.augment.get("flip", False), bool), f"{section}.augment.flip",
+                self.augment.get("flip"), "must be true or false")
 
 
 @dataclass

@@ -21,6 +21,7 @@ import math
 import os
 import pickle
 import re
+import io
 import tarfile
 import zipfile
 import zlib
@@ -597,8 +598,10 @@ class _ArraysOnly(pickle.Unpickler):
         return super().find_class(module, name)
 
 
-def _unpickle(path: Path) -> dict:
-    with open(path, "rb") as f:
+def _unpickle(path: Path, data: Optional[bytes] = None) -> dict:
+    """A CIFAR batch (a file, or ``data``: its bytes read from the archive at ``path``)
+    with values and arrays only."""
+    with (open(path, "rb") if data is None else io.BytesIO(data)) as f:
         loader = _ArraysOnly(f, encoding="bytes")  # written by Python 2: str keys -> bytes
         loader.path = path
         return loader.load()
@@ -636,7 +639,7 @@ def _cifar(name, root, folders, train_files, test_file, label_key, meta_file, na
         if not d.exists():
             raise
         members = archive_members(d, [f"{inner}/{f}" for f in (*train_files, test_file)], (f"{inner}/{meta_file}",))
-        read = lambda f: pickle.loads(members[f"{inner}/{f}"], encoding="bytes")  # noqa: E731
+        read = lambda f: _unpickle(d, members[f"{inner}/{f}"])  # noqa: E731
         has_meta = f"{inner}/{meta_file}" in members
     splits = []
     for files in (train_files, [test_file]):

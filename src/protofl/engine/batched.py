@@ -66,6 +66,7 @@ from ..algorithms.base import Features, Fit, Fitted, Request, TrainStats
 from ..messages import Record
 from .client import ClientContext, ClientOutput, ClientRuntime, not_a_request, trainable_names
 from .executor import ClientTask, Executor, SequentialExecutor, place_broadcasts
+from .augment import apply, augment_plan
 from .precision import autocast
 from ..nn.privacy import private_gradient
 from .train import (NonFiniteLossError, Objective, TrainSettings, batch_rows, batch_sizes, embed_batches,
@@ -175,14 +176,18 @@ class Plan:
     index: np.ndarray  # (3 * sum of G,) every group's slots, jobs and t, in order
     busy: int  # client-steps
     slot_steps: int  # slots x stack steps
+    aug: Optional[dict] = None  # the augmentation draws of those rows: offsets (N, 2), flips (N,)
 
 
-def plan_stack(totals: list[int], sizes: list[list[int]], rows: list[np.ndarray], slots: int) -> Plan:
+def plan_stack(totals: list[int], sizes: list[list[int]], rows: list[np.ndarray], slots: int,
+               aug: Optional[list[dict]] = None) -> Plan:
     """The schedule: clients enter free slots longest first; each step groups the active
-    slots by batch size (largest first). ``rows[j]`` (total_j, B) are client j's data rows."""
+    slots by batch size (largest first). ``rows[j]`` (total_j, B) are client j's data rows;
+    ``aug[j]`` its augmentation draws (engine/augment.py), gathered like its rows."""
     order = deque(sorted((j for j in range(len(totals)) if totals[j] > 0), key=lambda j: -totals[j]))
     active: dict[int, list[int]] = {}  # slot -> [job, local step]
     steps, loads, finishes, chunks, index = [], [], [], [], []
+    drawn: dict[str, list] = {"offsets": [], "flips": []}
     pos = at = 0
     pending_loads = []
     for k in range(slots):
@@ -201,6 +206,9 @@ def plan_stack(totals: list[int], sizes: list[list[int]], rows: list[np.ndarray]
             js = [active[k][0] for k in ks]
             ts = [active[k][1] for k in ks]
             chunks.append(np.stack([rows[j][t, :b] for j, t in zip(js, ts)]).reshape(-1))
+            if aug is not None:
+                drawn["offsets"].append(np.concatenate([aug[j]["offsets"][t, :b] for j, t in zip(js, ts)]))
+                drawn["flips"].append(np.concatenate([aug[j]["flips"][t, :b] for j, t in zip(js, ts)]))
             index += [ks, js, ts]
             groups.append(Group(b, ks, js, ts, pos, at, whole=len(ks) == slots))
             pos += len(ks) * b
@@ -222,7 +230,8 @@ def plan_stack(totals: list[int], sizes: list[list[int]], rows: list[np.ndarray]
     empty = np.zeros(0, np.int64)
     return Plan(steps, loads, finishes, np.concatenate(chunks) if chunks else empty,
                 np.concatenate([np.asarray(a, np.int64) for a in index]) if index else empty,
-                sum(totals), slots * len(steps))
+                sum(totals), slots * len(steps),
+                {k: np.concatenate(v) for k, v in drawn.items()} if aug is not None and chunks else None)
 
 
 # ---------------------------------------------------------------------------------------
@@ -544,6 +553,9 @@ class BatchedExecutor(Executor):
         sizes = [batch_sizes(n, B, t) for n, t in zip(ns, totals)]
         offsets = np.concatenate([[0], np.cumsum(ns)[:-1]]).astype(np.int64)
         rows = [batch_rows(n, B, t, j.ctx.generator) + o for n, t, j, o in zip(ns, totals, jobs, offsets)]
+        augmentation = jobs[0].ctx.augmentation  # the same for every client of the run (of the stack)
+        aug = [augment_plan(augmentation[0], t, B, j.ctx.augmentation[1]) for t, j in zip(totals, jobs)] \
+            if augmentation else None
 
         answers: list[Any] = [None] * len(jobs)
         for i, j in enumerate(jobs):  # clients without a step to take keep their weights
@@ -554,7 +566,7 @@ class BatchedExecutor(Executor):
             return answers
 
         S = self._slots(totals, model, B, data, per_sample=settings.dp_clip is not None)
-        plan = plan_stack(totals, sizes, rows, S)
+        plan = plan_stack(totals, sizes, rows, S, aug)
         self.stats.busy += plan.busy
         self.stats.slot_steps += plan.slot_steps
         self.stats.stacks += 1
@@ -566,6 +578,7 @@ class BatchedExecutor(Executor):
         ys = torch.cat([y for _, y in data]).to(dev)
         batch = torch.from_numpy(plan.rows).to(dev)  # every group's data rows, in one transfer
         index = torch.from_numpy(plan.index).to(dev)  # every group's (slots, jobs, steps), in one transfer
+        drawn = None if plan.aug is None else {k: torch.from_numpy(v).to(dev) for k, v in plan.aug.items()}
         loss_sum = torch.zeros(len(jobs), dtype=torch.float64, device=dev)
         step_fn = self._step_fn(jobs[0], model, fits[0].loss, settings, tuple(per_step or ()))
         grad_fn = vmap(fits[0].grad) if fits[0].grad is not None else None
@@ -583,10 +596,15 @@ class BatchedExecutor(Executor):
                     extras = part.extras if per_step is None else {
                         **part.extras, **{k: v[clients, t, :g.b] for k, v in per_step.items()}}
                     rows_g = batch[g.start:g.start + G * g.b].view(G, g.b)
+                    xb = xs[rows_g]
+                    if drawn is not None:  # each sample as the client's own plan has it
+                        at = slice(g.start, g.start + G * g.b)
+                        xb = apply(augmentation[0], xb.reshape(G * g.b, *xs.shape[1:]), drawn["offsets"][at],
+                                   drawn["flips"][at], augmentation[2]).view(G, g.b, *xs.shape[1:])
                     with autocast(jobs[0].ctx.runtime.cfg.execution.precision, dev.type):
                         fn = step_fn[g.whole and g.b == B]
                         grads, value = fn(stack.views(part.params), part.frozen, part.buffers, extras,
-                                          xs[rows_g], ys[rows_g])
+                                          xb, ys[rows_g])
                     if settings.dp_clip is not None:  # DP-SGD: per-sample (G, b, ...) -> private (G, ...)
                         z = None if noise is None else torch.stack(
                             [torch.randn(part.params.shape[1], generator=noise[i], device=dev) for i in g.jobs])

@@ -24,6 +24,7 @@ from ..algorithms.base import (Algorithm, ClientResult, Features, Fit, Fitted, G
                                weights_of)
 from ..messages import Record
 from ..rng import seed_for, torch_gen
+from .augment import Augment, pad_value
 from .evaluate import personal_metrics
 from .privacy import ClientPrivacy
 from .task import Task, use_channels_last
@@ -85,6 +86,7 @@ class ClientContext:
         self.info = runtime.info
         self.num_classes = runtime.info.num_classes
         self.generator = torch_gen(runtime.info.seed, "train", rnd, cid)
+        self._augment_generator: Optional[torch.Generator] = None
         self.last_train: Optional[TrainStats] = None
         # privacy.* for this turn (None without privacy.mode): noise streams and what it spends
         self.privacy: Optional[ClientPrivacy] = None
@@ -190,10 +192,21 @@ class ClientContext:
         stats = fit(model, x, y, loss=req.loss, extras=req.extras, names=trainable_names(model, req.trainable),
                     settings=settings, generator=self.generator, per_step=per_step, grad=req.grad,
                     channels_last=self.channels_last, precision=self.runtime.cfg.execution.precision,
-                    noise=self.noise_generator() if settings.dp_noise > 0 else None)
+                    augment=self.augmentation, noise=self.noise_generator() if settings.dp_noise > 0 else None)
         weights = weights_of(model)
         self.runtime.models.mark(model, weights)  # the model holds them: a predictor on them loads nothing
         return Fitted(weights, self.trained(stats, req.report, settings.batch_size))
+
+    @property
+    def augmentation(self):
+        """(augmentation, this client's augmentation stream, padding value) for the training
+        step, or None without ``data.augment``. The stream is drawn fit after fit, in order."""
+        rt = self.runtime
+        if not rt.augment.active:
+            return None
+        if self._augment_generator is None:
+            self._augment_generator = torch_gen(self.info.seed, "augment", self.rnd, self.cid)
+        return rt.augment, self._augment_generator, rt.pad_value
 
     def noise_generator(self) -> torch.Generator:
         """DP-SGD's noise stream of this turn, on the training device (``privacy.mode: sample``)."""
@@ -251,8 +264,18 @@ class ClientRuntime:
         self.counts = self.fed.class_counts()
         self.channels_last = use_channels_last(self.cfg, self.models.live(task.arch(0))[0])
         self.transfers = Transfers()
+        self.augment = Augment.of(self.cfg.data.augment)
+        self._pad: Optional[torch.Tensor] = None
         self._test: Optional[tuple[torch.Tensor, torch.Tensor]] = None
         self._splits: dict[str, tuple[torch.Tensor, torch.Tensor]] = {}
+
+    @property
+    def pad_value(self) -> torch.Tensor:
+        """(1, C, 1, 1) on the device: the padding of ``data.augment``'s crop (a raw 0, normalized)."""
+        if self._pad is None:
+            ds = self.fed.dataset
+            self._pad = pad_value(ds.normalize, ds.input_shape[0], ds.x_train.dtype, self.device)
+        return self._pad
 
     def settings(self, rnd: int) -> TrainSettings:
         """Round ``rnd``'s local-training settings (``training.*``, lr after its schedule; DP-SGD's

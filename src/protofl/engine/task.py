@@ -118,6 +118,9 @@ class Task:
             raise ValueError(f"partition produced {len(fed.train_idx)} clients, "
                              f"config asks for {cfg.partition.num_clients}")
         ds = fed.dataset
+        if cfg.data.augment and (ds.kind != "image" or len(ds.input_shape) != 3):
+            raise ConfigError("data.augment", cfg.data.augment, f"crops and flips images; {ds.name} has {ds.kind} "
+                              f"inputs of shape {tuple(ds.input_shape)}")
         with torch.random.fork_rng(devices=[]):  # probing the model leaves the global stream alone
             probe = build_probe(cfg, ds, arch_kwargs(cfg, 0))
         info = TaskInfo(num_classes=ds.num_classes, num_clients=fed.num_clients, feature_dim=probe.feature_dim,

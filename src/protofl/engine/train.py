@@ -11,11 +11,11 @@
   parameters viewed as rows), the batched executor a stack of them (one flat row per
   client); the arithmetic is that of ``torch.optim.SGD`` and ``clip_grad_norm_``
   tensor for tensor, so the sequential executor's numbers are theirs bit for bit;
-* **features** (:func:`embed_batches`): the inference batches of ``ctx.features``;
 * **DP-SGD** (``privacy.mode: sample``, :func:`sample_gradients`): the gradient of each
   sample of the batch by ``torch.func``, clipped and noised by
   :func:`~protofl.nn.privacy.private_gradient` before the step, the noise drawn from the
-  client's own stream (the same draws in both executors).
+  client's own stream (the same draws in both executors);
+* **features** (:func:`embed_batches`): the inference batches of ``ctx.features``.
 
 :func:`fit` is the sequential driver: the minibatch gradient by autograd on the live
 model, then the shared step. The batched driver is ``engine/batched.py``.
@@ -35,6 +35,7 @@ from torch.func import functional_call, grad_and_value, vmap
 
 from ..algorithms.base import GradFn, LossFn, TrainStats
 from ..nn.privacy import private_gradient
+from .augment import apply, Augment, augment_plan
 from .precision import autocast
 
 OPTIMIZERS = ("sgd", "adam", "adamw")
@@ -314,6 +315,7 @@ def fit(model: nn.Module, x: torch.Tensor, y: torch.Tensor, *, loss: LossFn, ext
         names: Sequence[str], settings: TrainSettings, generator: torch.Generator,
         per_step: Optional[Mapping[str, torch.Tensor]] = None, grad: Optional[GradFn] = None,
         channels_last: bool = False, precision: str = "fp32",
+        augment: Optional[tuple[Augment, torch.Generator, torch.Tensor]] = None,
         noise: Optional[torch.Generator] = None) -> TrainStats:
     """Local training of the live ``model`` on (x, y), in place: the parameters ``names``
     move, by the schedule and the step above, on ``loss(model, xb, yb, extras)``.
@@ -322,6 +324,8 @@ def fit(model: nn.Module, x: torch.Tensor, y: torch.Tensor, *, loss: LossFn, ext
     size, joins ``extras`` at that step. ``grad(grads, extras)``: a transform of the
     minibatch gradients by name, before clipping; without one, a parameter the loss does
     not reach has no gradient and is left alone for that step, as ``torch.optim`` does.
+    ``augment``: (the augmentation, the client's augmentation stream, the padding value):
+    each minibatch is augmented by its plan (engine/augment.py).
     DP-SGD (``settings.dp_clip``): every parameter's gradient is the private one
     (:func:`sample_gradients`, :func:`~protofl.nn.privacy.private_gradient`), its noise
     drawn from ``noise`` (a generator on the model's device), one (n,) draw per step.
@@ -334,6 +338,7 @@ def fit(model: nn.Module, x: torch.Tensor, y: torch.Tensor, *, loss: LossFn, ext
         return TrainStats(loss=0.0, steps=0, samples=0)
     rows = batch_rows(n, settings.batch_size, total, generator)
     sizes = batch_sizes(n, settings.batch_size, total)
+    plan = augment_plan(augment[0], total, settings.batch_size, augment[1]) if augment else None
     as_rows = [p.unsqueeze(0) for p in params]  # the live parameters as one row each
     state = optimizer_state(settings, as_rows)
     model.train()
@@ -341,6 +346,9 @@ def fit(model: nn.Module, x: torch.Tensor, y: torch.Tensor, *, loss: LossFn, ext
     for step, b in enumerate(sizes):
         idx = torch.from_numpy(rows[step, :b]).to(y.device)
         xb, yb = x[idx], y[idx]
+        if plan is not None:
+            xb = apply(augment[0], xb, torch.from_numpy(plan["offsets"][step, :b]).to(x.device),
+                       torch.from_numpy(plan["flips"][step, :b]).to(x.device), augment[2])
         if channels_last and xb.dim() == 4:
             xb = xb.contiguous(memory_format=torch.channels_last)
         ex = extras if per_step is None else {**extras, **{k: v[step, :b] for k, v in per_step.items()}}

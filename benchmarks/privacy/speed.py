@@ -80,7 +80,8 @@ def main() -> None:
             f"Fashion-MNIST, cnn_fmnist, batch 64, {args.clients_per_round} clients per round, {args.epochs} local "
             f"epoch(s), {args.rounds} rounds (rate over rounds 2..{args.rounds}), median of {args.repeats} "
             f"interleaved repeats; device {args.device}, "
-            f"{args.threads} intra-op thread(s), torch {torch.__version__}, {platform.processor() or platform.machine()}."
+            f"{args.threads} intra-op thread(s), torch {torch.__version__}, "
+            f"{platform.processor() or platform.machine()}."
             f" Last executor's description: {ran}.\n\n"
             + markdown(["executor", "setting", "training samples/s", "each repeat", "epsilon"], rows))
     out = Path(args.results) / "speed.md"

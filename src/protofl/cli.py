@@ -126,12 +126,23 @@ def cmd_reproduce(args) -> int:
     if args.data_dir:
         overrides.append(f"data.root={args.data_dir}")
     seeds = [int(s) for s in args.seeds.split(",") if s.strip()] if args.seeds else None
-    p = R.plan(R.get_spec(args.table), args.scale, seeds, overrides, Path(args.out) if args.out else None)
+    spec = R.get_spec(args.table)
+    data = args.data
+    if data is None:  # the paper's data where it is present, else the substitute (and say so)
+        data, why = R.default_data(spec, args.scale, overrides)
+        if why:
+            print(why, file=sys.stderr)
+    p = R.plan(spec.variant(data), args.scale, seeds, overrides, Path(args.out) if args.out else None)
     if args.dry_run:
+        print(f"data: {p.spec.runs_on} ({p.spec.dataset})")
+        missing = R.data_missing(p)
+        if missing:
+            print("to fetch on first use: " + ", ".join(f"{n} into {root}" for n, root, _ in missing))
         for sp in p.settings:
             print(f"{sp.setting.label}: {len(sp.runs)} runs, {sp.cfg.rounds} rounds -> {sp.out}")
             for r in sp.runs:
-                print(f"  {r.label} seed {r.seed}: {r.dir.name}")
+                split = sp.part_of(r).split
+                print(f"  {r.label} seed {r.seed}{f' ({split.id})' if split else ''}: {r.dir.name}")
         print(f"{p.num_runs} runs in all")
         return 0
     only = R.row_labels(p, args.methods) if args.methods else None
@@ -362,8 +373,14 @@ def build_parser() -> argparse.ArgumentParser:
     sp.add_argument("--methods", help="comma-separated row labels to run (default: every row); the table "
                                       "still shows every finished run")
     sp.add_argument("--jobs", type=int, help="runs at once (default: CPU count / cores one run uses)")
-    sp.add_argument("--out", help="output folder (default <output.dir>/reproduce/TABLE/SCALE)")
+    sp.add_argument("--out", help="output folder (default <output.dir>/reproduce/TABLE/SCALE; on the paper's data "
+                                  "<output.dir>/reproduce/TABLE/paper-data/SCALE)")
     sp.add_argument("--data-dir", help="data root (default: $PROTOFL_DATA, then ~/.cache/protofl/data)")
+    sp.add_argument("--data", choices=("paper", "substitute"),
+                    help="paper: the paper's own datasets (fetched when missing), models and augmentation; "
+                    "substitute: the data the table runs without them (e.g. Fashion-MNIST for CIFAR-10). "
+                    "Default: paper when its datasets are present under the data root, else substitute (one line "
+                    "says so); the same runs for a table on the paper's data already (docs/reproduce.md)")
     sp.add_argument("--dry-run", action="store_true", help="list the runs and their folders, run nothing")
     sp.add_argument("--no-run", action="store_true", help="only tabulate the runs already finished")
     sp.add_argument("--pages", default="benchmarks/reproductions",

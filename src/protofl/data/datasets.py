@@ -975,7 +975,7 @@ def to_image_shape(x: torch.Tensor, shape: tuple[int, int, int], chunk: int = 40
             f = f.expand(-1, 3, -1, -1)
         elif f.shape[1] == 3 and c == 1:
             f = (f * torch.tensor(LUMA).view(1, 3, 1, 1)).sum(1, keepdim=True)
-        out[i:i + chunk] = f.round_().clamp_(0, 255).to(torch.uint8)
+        out[i:i + chunk] = f.round().clamp_(0, 255).to(torch.uint8)  # round(): f may be an expanded view
     return out
 
 

@@ -316,6 +316,9 @@ def markdown_page(res: Results, date: Optional[str] = None, mach: Optional[str] 
     for s in spec.settings:
         if s.note:
             lines += ["", f"{s.label}: {s.note.strip()}"]
+    split_lines = splits_lines(res)
+    if split_lines:
+        lines += ["", *split_lines]
     extra = extras_lines(res)
     if extra:
         lines += ["", *extra]
@@ -340,6 +343,13 @@ def markdown_page(res: Results, date: Optional[str] = None, mach: Optional[str] 
         lines += ["", *ex]
     lines += ["", summary_comment(res)]
     return "\n".join(lines) + "\n"
+
+
+def splits_lines(res: Results) -> list[str]:
+    """One line per setting whose cells average over splits."""
+    return [f"{sp.setting.label}: each cell (and each seed's value in table.csv) is the mean over the splits "
+            f"{', '.join(pt.split.label for pt in sp.parts)}, one run each per method and seed."
+            for sp in res.plan.settings if len(sp.parts) > 1]
 
 
 def extras_lines(res: Results) -> list[str]:
@@ -514,7 +524,7 @@ def build_html(res: Results, date: Optional[str] = None, mach: Optional[str] = N
         parts += ([f"<h3>{esc(title)}</h3>"] if title else []) + [_table(header, rows)]
     parts += [f"<p class='note'>Each cell: ours, mean ± sample std over the seeds above (%), and the paper's value "
               f"in parentheses ({esc(_paper_col_text(res))}).</p>"]
-    for line in extras_lines(res):
+    for line in splits_lines(res) + extras_lines(res):
         parts.append(f"<p class='note'>{esc(line)}</p>")
     rl = ranking_lines(res)
     if rl:
@@ -544,10 +554,12 @@ def build_html(res: Results, date: Optional[str] = None, mach: Optional[str] = N
         ms = [k for k in keys if k in available and k != "gm_per_class"][:4]
         if not ms:
             continue
+        reports = [f"{sp.setting.id}/{pt.split.id}" if pt.split else sp.setting.id for pt in sp.parts]
         parts += [f"<h2>Learning curves: {esc(sp.setting.label)}</h2>",
                   _img(plots.curves_figure(groups, ms, ncols=min(3, len(ms))), f"curves {sp.setting.label}"),
-                  f"<p class='note'>Mean over the seeds above, ± 1 sample std shaded. Every run of this setting: "
-                  f"<a href='{esc(sp.setting.id)}/report.html'>{esc(sp.setting.id)}/report.html</a>.</p>"]
+                  f"<p class='note'>Mean over the seeds above{' and the splits' if len(sp.parts) > 1 else ''}, "
+                  f"± 1 sample std shaded. Every run of this setting: "
+                  + ", ".join(f"<a href='{esc(r)}/report.html'>{esc(r)}/report.html</a>" for r in reports) + ".</p>"]
     if spec.notes:
         parts += ["<h2>Notes</h2>", f"<p>{esc(spec.notes.strip())}</p>"]
     if res.missing:

@@ -590,7 +590,8 @@ def list_text(specs: dict[str, TableSpec]) -> str:
     rows = []
     for name, s in specs.items():
         paper = s.variant("paper")
-        runs = [str(s.runs(sc)) + (f" / {paper.runs(sc)}" if s.has_paper_data else "") for sc in ("smoke", "cpu", "paper")]
+        runs = [str(s.runs(sc)) + (f" / {paper.runs(sc)}" if s.has_paper_data else "")
+                for sc in ("smoke", "cpu", "paper")]
         rows.append([name, f"{s.paper['short'] or s.paper['title']}, {s.paper['table']}", s.dataset,
                      paper.dataset if s.has_paper_data else "the same", *runs])
     return markdown(["table", "paper", "--data substitute", "--data paper", "runs smoke", "runs cpu", "runs paper"],

@@ -198,7 +198,8 @@ class TableSpec:
             return "Data: the paper's own (`--data paper`)."
         paper = self.variant("paper").dataset
         if self.substitute:
-            return f"Data: a substitute (`--data substitute`): {self.substitute}. `--data paper` runs the paper's: {paper}."
+            return (f"Data: a substitute (`--data substitute`): {self.substitute}. `--data paper` runs the "
+                    f"paper's: {paper}.")
         return (f"Data: `--data substitute`, the paper's own data for these columns only. `--data paper` runs the "
                 f"paper's: {paper}.")
 
@@ -285,8 +286,8 @@ def paper_data_raw(raw: dict, w: str) -> dict:
     settings per id); ``substitute`` null; ``changes`` only the paper variant's own."""
     pd = _take(raw["paper_data"], f"{w}: paper_data", ("dataset",), PAPER_DATA_KEYS)
     out = {k: v for k, v in raw.items() if k not in ("paper_data", "changes")}
-    out.update(substitute=None, dataset=pd["dataset"], changes=pd["changes"] or "",
-               config={**_dotted(raw.get("config"), f"{w}: config"), **_dotted(pd["config"], f"{w}: paper_data.config")})
+    config = {**_dotted(raw.get("config"), f"{w}: config"), **_dotted(pd["config"], f"{w}: paper_data.config")}
+    out.update(substitute=None, dataset=pd["dataset"], changes=pd["changes"] or "", config=config)
     for key in ("title", "left_out", "base", "settings", "metrics", "notes"):
         if pd[key] is not None:
             out[key] = pd[key]

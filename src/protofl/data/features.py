@@ -13,7 +13,9 @@ rotate     IFCA (Ghosh et al., 2020): G rotation groups (0, 90, 180, 270 degrees
            G = 4, by exact ``rot90``); every client's train and local test are rotated
            by its group's angle; the global test set is the union over the groups.
 domains    Real domain shift from the digit sources on disk: MNIST, FEMNIST's digits
-           and scikit-learn's 8x8 digits resized to 28x28; one test set per domain.
+           and scikit-learn's 8x8 digits resized to 28x28, or Digit-5's five (MNIST,
+           SVHN, USPS, SynthDigits, MNIST-M brought to one ``shape``); one test set per
+           domain.
 writers    NIID-Bench "real": FEMNIST's writers permuted with the seed and split into
            K groups, one group per client.
 =========  ==========================================================================

@@ -4,8 +4,10 @@ checked, the default rule, the two variants' pages never share a folder, Digit-5
 table at scale smoke on the paper's data, fetched from an HTTP server on 127.0.0.1 that
 serves a small CIFAR-10 tarball in its published format (no other network)."""
 import hashlib
+import io
 import json
 import sys
+import tarfile
 from pathlib import Path
 
 import numpy as np
@@ -251,6 +253,21 @@ def test_default_is_the_papers_data_where_it_is_present(tmp_path):
     (root / "cifar-10-batches-py" / "test_batch").write_bytes(b"")
     assert default_data(spec, "smoke", [f"data.root={root}"]) == ("paper", "")
     assert default_data(spec, "paper", [f"data.root={root}"])[0] == "substitute"
+    # a layout the catalog does not list but the loader reads (the batches right in <root>/cifar10/)
+    other = tmp_path / "other" / "cifar10"
+    other.mkdir(parents=True)
+    with tarfile.open(fileobj=io.BytesIO(cifar10_tarball(n=2))) as tf:
+        for m in tf.getmembers():
+            (other / Path(m.name).name).write_bytes(tf.extractfile(m).read())
+    assert default_data(spec, "smoke", [f"data.root={other.parent}"]) == ("paper", "")
+    # an override the paper's config does not take: the substitute, and why (a toy whose
+    # paper data is the spiral, present always: the digits loader's option is not the spiral's)
+    toy = load_spec(write_spec(tmp_path, substitute="digits for the spiral",
+                               paper_data={"dataset": "the spiral", "config": {"data.name": "spiral"}}))
+    assert default_data(toy, "smoke") == ("paper", "")
+    data, why = default_data(toy, "smoke", ["data.test_fraction=0.3"])
+    assert data == "substitute" and "\n" not in why
+    assert why.startswith("protofl: toy runs on the substitute data: with --data paper, ") and "test_fraction" in why
 
 
 def test_the_two_variants_never_share_a_folder(tmp_path):

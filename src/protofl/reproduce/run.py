@@ -46,7 +46,7 @@ from ..api import is_complete
 from ..config import check_here, Config, load_config, parse_override
 from ..data.build import build_federated, datasets_read
 from ..data.datasets import resolve_root
-from ..errors import ConfigError, InputError
+from ..errors import ConfigError, InputError, one_line
 from ..report.plots import read_metrics
 from ..report.tables import mean_std, select_value
 from ..sweeps import plan as sweep_plan, sweep
@@ -178,13 +178,26 @@ def data_needed(p: Plan) -> list[tuple[str, Path, Config]]:
 
 
 def data_missing(p: Plan) -> list[tuple[str, Path, Config]]:
-    """The datasets of :func:`data_needed` not present under their data root (present:
-    what ``protofl data list`` calls present, the published files or a hand-placed copy)."""
+    """The datasets of :func:`data_needed` not present under their data root. Present:
+    what ``protofl data list`` calls present (the published files or a hand-placed copy),
+    or, failing that, what the loader finds without the network (a layout the catalog does
+    not list; a missing file fails at once)."""
     from ..data.catalog import CATALOG
+    from ..data.datasets import load_dataset, MissingDataError
     from ..data.fetch import status
 
-    return [(n, root, cfg) for n, root, cfg in data_needed(p)
-            if status(CATALOG[n], root).present not in ("yes", "hand-placed")]
+    def present(name: str, root: Path) -> bool:
+        if status(CATALOG[name], root).present in ("yes", "hand-placed"):
+            return True
+        try:
+            load_dataset(name, root, download=False)
+        except MissingDataError:
+            return False
+        except InputError:  # there but damaged: the run says so
+            return True
+        return True
+
+    return [(n, root, cfg) for n, root, cfg in data_needed(p) if not present(n, root)]
 
 
 def default_data(spec: TableSpec, scale: str, overrides: Optional[list[str]] = None) -> tuple[str, str]:
@@ -197,7 +210,10 @@ def default_data(spec: TableSpec, scale: str, overrides: Optional[list[str]] = N
     if not spec.has_paper_data:
         return ("substitute" if spec.substitute else "paper"), ""
     paper = spec.variant("paper")
-    missing = data_missing(plan(paper, scale, overrides=overrides))
+    try:
+        missing = data_missing(plan(paper, scale, overrides=overrides))
+    except ConfigError as e:  # an override for the substitute's config that the paper's does not take
+        return "substitute", f"protofl: {spec.name} runs on the substitute data: with --data paper, {one_line(e)}"
     if not missing:
         return "paper", ""
     names = [n for n, _, _ in missing]

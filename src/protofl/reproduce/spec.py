@@ -315,8 +315,6 @@ def parse_spec(raw: dict, path: Path, data: str = "substitute") -> TableSpec:
     t = _take(raw, w, ("name", "title", "paper", "dataset", "base", "settings", "methods", "metrics", "scales"),
               {"substitute": None, "config": {}, "rank": None, "claims": [], "notes": "", "changes": "",
                "left_out": "", "paper_data": None})
-    if t["paper_data"] is not None and data == "paper":
-        raise ConfigError(f"{w}: paper_data", None, "a paper variant has no paper_data of its own")
     if t["substitute"] and t["paper_data"] is None:
         raise ConfigError(f"{w}: paper_data", None, "a table on a substitute says how it runs on the paper's own "
                           "data (paper_data), or, where that cannot be had, says so there")

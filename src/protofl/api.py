@@ -31,6 +31,7 @@ from .data.datasets import load_configured
 from .data.features import make_scenario
 from .engine.callbacks import Callback, OverallProgress
 from .engine.checkpoint import save_json, save_text
+from .engine.privacy import check_privacy
 from .engine.server import ServerContext
 from .engine.simulation import CHECKPOINT, METRICS, read_rows, run_dir_for, RunResult, Simulation, SUMMARY
 from .engine.task import model_mismatch, Task
@@ -176,6 +177,7 @@ def check_task(cfg: Config, datasets: Optional[dict] = None) -> Task:
                 raise
             raise ConfigError("algorithm.name", cfg.algorithm.name,
                               f"cannot start with model {cfg.model.name!r}: {one_line(e, 300)}") from e
+        check_privacy(cfg, algo, models.get(task.arch(0)))  # what privacy.mode can cover here
     return task
 
 

@@ -27,6 +27,8 @@ DEBUG_ENV = "PROTOFL_DEBUG"
 def _summary_line(summary: dict) -> str:
     f = summary.get("final", {})
     parts = [f"{k}={100 * f[k]:.2f}%" for k in ("gm", "pm_v", "pm_l", "pa", "ga") if k in f]
+    if "epsilon" in f:  # privacy.*: the privacy spent, at privacy.delta
+        parts.append(f"epsilon={f['epsilon']:.2f}")
     return ", ".join(parts)
 
 
@@ -41,6 +43,8 @@ def cmd_run(args) -> int:
         print(f"{result.dir} is already complete ({cfg.rounds} of {cfg.rounds} rounds): nothing to do. "
               + _extend_hint(args, cfg))
     print(f"{cfg.algorithm.name}: {result.summary['rounds_completed']} rounds -> {result.dir}")
+    if result.summary.get("status") == "stopped":  # privacy.target_epsilon reached
+        print(result.summary["error"])
     print(_summary_line(result.summary))
     from .engine.store import usage_line
 

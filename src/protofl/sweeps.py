@@ -202,7 +202,7 @@ def sweep(cfg: Config, grid: dict[str, list[Any]], seeds: list[int], out: Path,
 
     def finished(r: SweepRun, summary: dict, seconds: float) -> None:
         progress.finished(ran=True, seconds=seconds)
-        if summary.get("status") != "complete":
+        if summary.get("status") not in ("complete", "stopped"):  # stopped: privacy.target_epsilon reached
             log(f"[failed] run {number[id(r)]}/{N} {r.label} seed {r.seed}: {summary.get('error')}")
             failed.append(r)
         elif queue is not None:

@@ -212,6 +212,9 @@ class ClientContext(Protocol):
     info: TaskInfo
     num_classes: int
     evaluating: bool  # whether the engine evaluates the personalized model after this update
+    # privacy.* of this turn (None without privacy.mode): what protofl.nn.privacy's
+    # release_class_means / release_class_kmeans read (clip, noise, streams) and count
+    privacy: Any
 
     @property
     def data(self) -> tuple[torch.Tensor, torch.Tensor]:
@@ -301,6 +304,10 @@ class Algorithm(ABC):
     # e.g. a schedule over the run): its finished runs are then never extended to more
     # rounds (the reuse rule in api.py)
     uses_total_rounds: ClassVar[bool] = False
+    # True for a method whose local loss couples the samples of a batch (a statistic of the
+    # batch's features): DP-SGD evaluates it one sample at a time, which would change it, so
+    # privacy.mode: sample refuses the method
+    couples_samples: ClassVar[bool] = False
 
     def __init__(self, hp: Any, info: TaskInfo) -> None:
         self.hp = hp
@@ -339,6 +346,13 @@ class Algorithm(ABC):
     def global_predictor(self, state: Any, ctx: ServerContext) -> Optional[Predictors]:
         """The global model's predictor (GM, GA); None for a method without one."""
         return None
+
+    def prototype_releases(self, privacy: Any) -> int:
+        """Under ``privacy.mode: prototype``: how many private releases of its records a
+        client makes per round (each call of :func:`protofl.nn.privacy.release_class_means`
+        is one; ``release_class_kmeans`` is 1 + ``privacy.kmeans_steps``). 0, the default: the
+        method sends no prototypes that mode covers, and asking for it is refused."""
+        return 0
 
     def check_reply(self, reply: Record, sent: Record) -> Optional[str]:
         """The method's own schema check of a reply that passed the engine's generic

@@ -47,6 +47,7 @@ def decorrelation(z: torch.Tensor) -> torch.Tensor:
 class FedDecorr(FedAvg):
     name = "feddecorr"
     family = "global-model baselines"
+    couples_samples = True  # ||K||_F^2 of the batch's features: no per-sample DP-SGD
     Hyper = FedDecorrHyper
 
     def objective(self, msg, ctx):

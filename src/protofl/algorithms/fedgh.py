@@ -38,6 +38,11 @@ Choices:
   header alone has no feature extractor (GA = the mean of the personalized models).
 * The personalized model is the client's model right after local training (protofl's
   convention); the libraries evaluate f_i with the next round's global header.
+
+Under ``privacy.mode: prototype`` the uploaded R_i^s and counts are released privately
+(:func:`protofl.nn.privacy.release_class_means`, one release a round): FedGH's whole
+upload is then private at the record level, and the server's header is post-processing
+of it (docs/privacy.md).
 """
 from __future__ import annotations
 
@@ -50,7 +55,8 @@ import torch.nn.functional as F
 
 from ..errors import require
 from ..messages import Record
-from ..nn.prototypes import class_means, prototype_rows
+from ..nn.privacy import release_class_means
+from ..nn.prototypes import prototype_rows
 from .base import ClientResult, register
 from .fedproto import dense, FedProto, sparse
 
@@ -128,6 +134,6 @@ class FedGH(FedProto):
         _, y = ctx.data
         fitted = await ctx.fit({**state.weights, **msg.weights})  # own extractor, the global header
         z = await ctx.features(fitted.weights) if len(y) else torch.zeros(0, self.info.feature_dim, device=y.device)
-        protos, counts = class_means(z, y, C)  # R_i^s, after training
+        protos, counts = release_class_means(ctx, z, y, C)  # R_i^s, after training (private under privacy.*)
         reply = Record(arrays=sparse(protos.detach().cpu(), counts.cpu()))
         return ClientResult(reply, state=Record(weights=fitted.weights), personal=ctx.shared_model(fitted.weights))

@@ -52,6 +52,10 @@ Deviations from the authors' released code (github.com/Yutong-Dai/FedNH):
   same class counts but averages the un-normalized means and skips the intermediate
   renormalization.
 * their optional "adversarial" prototype aggregation (confidence-weighted) is not implemented.
+
+Under ``privacy.mode: prototype`` eq. (3)'s means and counts are released privately
+(:func:`protofl.nn.privacy.release_class_means`; the normalized features already have norm
+1; one release a round); theta and s travel unprotected (docs/privacy.md).
 """
 from __future__ import annotations
 
@@ -64,7 +68,7 @@ from torch.nn import functional as F
 from ..errors import require
 from ..messages import Record, expect_shapes
 from ..nn.heads import FixedHead, add_projection, max_separated_prototypes, min_pairwise_distance
-from ..nn.prototypes import class_means
+from ..nn.privacy import release_class_means
 from .base import ClientResult, GlobalModel, register, WeightsState
 from .serveropt import ServerOptHyper
 
@@ -166,7 +170,8 @@ class FedNH(GlobalModel):
         arrays = {}
         if self.updates_head:  # eq. (3): class means of the normalized features after training
             f = F.normalize(await ctx.features(fitted.weights, "body"), dim=1)  # (n_k, d)
-            arrays["proto"], arrays["counts"] = class_means(f, ctx.data[1], ctx.num_classes)  # (C, d), (C,)
+            # (C, d), (C,); private under privacy.mode: prototype
+            arrays["proto"], arrays["counts"] = release_class_means(ctx, f, ctx.data[1], ctx.num_classes)
         reply = Record(weights={k: v for k, v in fitted.weights.items() if k != HEAD_W}, arrays=arrays)
         return ClientResult(reply, personal=ctx.shared_model(fitted.weights))
 
@@ -184,6 +189,9 @@ class FedNH(GlobalModel):
 
     def class_vectors(self, state: FedNHState):
         return state.weights[HEAD_W]  # the prototypes W (C, d)
+
+    def prototype_releases(self, privacy) -> int:
+        return 1 if self.updates_head else 0  # eq. (3)'s means and counts, once per round
 
 
 @register

@@ -52,6 +52,11 @@ Deviations from the authors' code:
 * Inference: ``local`` (primary) the nearest own local prototype in L2, over the
   client's own classes (the code's rule, its MSE has the same ranking); ``global`` the
   nearest received global prototype over every class that has one.
+
+Under ``privacy.mode: prototype`` the uploaded prototypes and counts are released
+privately (:func:`protofl.nn.privacy.release_class_means`, one release a round): FedPCL's
+whole upload is then private at the record level; the client's own ``local`` predictor
+keeps its exact prototypes, which never leave it (docs/privacy.md).
 """
 from __future__ import annotations
 
@@ -64,6 +69,7 @@ from torch import nn
 
 from ..errors import require
 from ..messages import Record
+from ..nn.privacy import prototype_privacy, release_class_means
 from ..nn.prototypes import class_means, NearestPrototype
 from .base import ClientResult, register
 from .fedproto import dense, FedProto, sparse
@@ -165,10 +171,11 @@ class FedPCL(FedProto):
         trainable = ("body.1.",) if self.hp.backbone == "frozen" else ("body.",)  # never the unused head
         weights = (await ctx.fit(state.weights, loss, extras=extras, trainable=trainable)).weights
         z = await ctx.features(weights) if len(y) else torch.zeros(0, self.info.feature_dim, device=y.device)
-        protos, counts = class_means(z, y, C)  # C_i^k after training
+        protos, counts = class_means(z, y, C)  # C_i^k after training (the local predictor's, exact)
+        sent = release_class_means(ctx, z, y, C) if prototype_privacy(ctx) else (protos, counts)  # what leaves
         body = ctx.shared_model(weights).body
         own, present = torch.nonzero(counts > 0).flatten(), torch.nonzero(a["has"]).flatten()
         personal = {"local": NearestPrototype(body, protos[own], own, C),
                     "global": NearestPrototype(body, a["global"][present], present, C)}
-        return ClientResult(Record(arrays=sparse(protos.detach().cpu(), counts.cpu())),
+        return ClientResult(Record(arrays=sparse(sent[0].detach().cpu(), sent[1].cpu())),
                             state=Record(weights=weights), personal=personal)

@@ -50,6 +50,11 @@ Messages (sparse: only the classes that have a prototype travel):
     server -> client: protos (m, d), classes (m,) int64, counts (m,) int64
     client -> server: protos (m_i, d), classes (m_i,), counts (m_i,)
 Client state: its model's weights. Server state: :class:`ProtoState`.
+
+Under ``privacy.mode: prototype`` the local prototypes and counts are released privately
+(:func:`protofl.nn.privacy.release_class_means`: clipped features, noisy sums and counts
+of every class; one release a round): FedProto's whole message is then private at the
+record level (docs/privacy.md).
 """
 from __future__ import annotations
 
@@ -61,7 +66,8 @@ import torch.nn.functional as F
 
 from ..errors import require
 from ..messages import Record, expect_indices, expect_shapes
-from ..nn.prototypes import NearestPrototype, aggregate_prototypes, class_means
+from ..nn.privacy import release_class_means
+from ..nn.prototypes import NearestPrototype, aggregate_prototypes
 from .base import Algorithm, ClientResult, cross_entropy, Diagnostics, register, weights_of
 
 
@@ -153,6 +159,9 @@ class FedProto(Algorithm, Diagnostics):
     def class_vectors(self, state: ProtoState):
         return state.protos  # the global prototypes C_bar (C, d); zero rows: none yet
 
+    def prototype_releases(self, privacy) -> int:
+        return 1  # the local prototypes and counts, once per round
+
     # -- client ------------------------------------------------------------------------------
     def client_init(self, ctx) -> Record:
         return Record(weights=weights_of(ctx.shared_model()))
@@ -184,12 +193,12 @@ class FedProto(Algorithm, Diagnostics):
         # local prototypes: class means of the embeddings after training (eval mode)
         # (N, d) embeddings; a client without data has none
         z = await ctx.features(fitted.weights) if len(y) else torch.zeros(0, self.info.feature_dim, device=y.device)
-        protos, counts = class_means(z, y, C)
+        protos, counts = release_class_means(ctx, z, y, C)  # private under privacy.mode: prototype
         reply = Record(arrays=sparse(protos.detach().cpu(), counts.cpu()))
         model = ctx.shared_model(fitted.weights)
         present = torch.nonzero(has).flatten()
         # "own": the paper's evaluation rule, the argmin restricted to the client's own classes
-        own = torch.nonzero(has & (counts.to(has.device) > 0)).flatten()
+        own = torch.nonzero(has & (ctx.class_counts.to(has.device) > 0)).flatten()
         personal = {"proto": NearestPrototype(model.body, c_bar[present], present, C),
                     "own": NearestPrototype(model.body, c_bar[own], own, C), "logits": model}
         return ClientResult(reply, state=Record(weights=fitted.weights), personal=personal)

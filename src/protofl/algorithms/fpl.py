@@ -38,6 +38,10 @@ Choices and deviations:
 
 Messages: down ``w.*`` and the group ``pool`` (``protos`` (P, d), ``labels`` (P,)); up
 ``w.*`` and FedProto's sparse class means (``protos``, ``classes``, ``counts``).
+
+Under ``privacy.mode: prototype`` the uploaded class means and counts are released
+privately (:func:`protofl.nn.privacy.release_class_means`, one release a round); the
+weights w_i travel unprotected (docs/privacy.md).
 """
 from __future__ import annotations
 
@@ -52,6 +56,7 @@ from ..errors import require
 from ..messages import Record
 from ..nn.clustering import finch
 from ..nn.contrastive import prototype_supcon_loss
+from ..nn.privacy import release_class_means
 from ..nn.prototypes import class_means
 from .base import ClientResult, cross_entropy, register
 from .fedavg import FedAvg, FedAvgHyper
@@ -121,6 +126,9 @@ class FPL(FedAvg):
     def class_vectors(self, state: PoolState):
         return unbiased_prototypes(state.pool, state.labels, self.info.num_classes)[0]  # u^k; zero rows: none
 
+    def prototype_releases(self, privacy) -> int:
+        return 1  # the uploaded class means and counts
+
     # -- client ------------------------------------------------------------------------------
     def local_objective(self, pool: torch.Tensor, labels: torch.Tensor):
         """(loss, extras): CE + L_CPCL + L_UPCR against the received prototypes; CE alone
@@ -149,6 +157,6 @@ class FPL(FedAvg):
                                             msg.arrays["pool"]["labels"].to(y.device))
         fitted = await ctx.fit(msg.weights, loss, extras=extras)
         z = await ctx.features(fitted.weights) if len(y) else torch.zeros(0, self.info.feature_dim, device=y.device)
-        protos, counts = class_means(z, y, self.info.num_classes)
+        protos, counts = release_class_means(ctx, z, y, self.info.num_classes)  # private under privacy.*
         reply = Record(weights=fitted.weights, arrays=sparse(protos.detach().cpu(), counts.cpu()))
         return ClientResult(reply, personal=ctx.shared_model(fitted.weights))

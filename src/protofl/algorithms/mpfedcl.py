@@ -78,6 +78,12 @@ ambiguously:
 Messages:
     server -> client: weights w_t; the pool: group ``pool`` of ``protos`` (P, d), ``labels`` (P,) int64
     client -> server: weights w_i; ``protos`` (m_i, d), ``labels`` (m_i,) int64
+
+Under ``privacy.mode: prototype`` the prototypes of every class are private at the record
+level: MP-FedCL's k centers by the private k-means (DP-Lloyd,
+:func:`protofl.nn.privacy.release_class_kmeans`: 1 + ``privacy.kmeans_steps`` releases a
+round), SP-FedCL's class means by one release; DP-FedCL (DBSCAN) is refused. The weights
+w_i travel unprotected (docs/privacy.md).
 """
 from __future__ import annotations
 
@@ -93,6 +99,7 @@ from ..errors import require
 from ..messages import Record, expect_indices, expect_shapes
 from ..nn.clustering import dbscan_centroids, kmeans, pad_groups
 from ..nn.contrastive import prototype_supcon_loss
+from ..nn.privacy import prototype_privacy, release_class_kmeans, release_class_means
 from ..nn.prototypes import NearestPrototype
 from .base import ClientResult, cross_entropy, register, WeightsState
 from .fedavg import FedAvg
@@ -176,6 +183,24 @@ class MPFedCL(FedAvg):
     def pad_size(self) -> Optional[int]:
         return self.hp.k
 
+    def local_prototypes(self, ctx, z: torch.Tensor, y: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """(m, d) prototypes and (m,) labels of every class the client holds."""
+        protos = [torch.zeros(0, self.info.feature_dim)]  # a client without data has none to send
+        labels = [torch.zeros(0, dtype=torch.int64)]
+        for j in torch.unique(y).tolist():
+            p = self.class_prototypes(z[y == j], ctx.rng("kmeans", j))
+            protos.append(p.detach().cpu())
+            labels.append(torch.full((len(p),), j, dtype=torch.int64))
+        return torch.cat(protos), torch.cat(labels)
+
+    def private_prototypes(self, ctx, z: torch.Tensor, y: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Under ``privacy.mode: prototype``: (m, d) prototypes and (m,) labels of every class,
+        by the private k-means (protofl.nn.privacy.private_kmeans)."""
+        return release_class_kmeans(ctx, z, y, self.info.num_classes, self.hp.k)
+
+    def prototype_releases(self, privacy) -> int:
+        return 1 + privacy.kmeans_steps  # the private class means that start k-means, then each Lloyd step
+
     # -- server ------------------------------------------------------------------------------
     def check_reply(self, reply: Record, sent: Record) -> Optional[str]:
         n = len(reply.arrays.get("labels", ()))
@@ -239,17 +264,12 @@ class MPFedCL(FedAvg):
         loss, extras = self.local_objective(pool, labels)
         fitted = await ctx.fit(msg.weights, loss, extras=extras)
 
-        # prototypes of every class the client holds, from its embeddings after training
-        z = await ctx.features(fitted.weights)  # (N, d)
-        protos, proto_labels = [], []
-        for j in torch.unique(y).tolist():
-            p = self.class_prototypes(z[y == j], ctx.rng("kmeans", j))
-            protos.append(p.detach().cpu())
-            proto_labels.append(torch.full((len(p),), j, dtype=torch.int64))
-        if not protos:  # a client without data has no prototype to send
-            protos = [torch.zeros(0, self.info.feature_dim)]
-            proto_labels = [torch.zeros(0, dtype=torch.int64)]
-        reply = Record(weights=fitted.weights, arrays={"protos": torch.cat(protos), "labels": torch.cat(proto_labels)})
+        z = await ctx.features(fitted.weights)  # (N, d) embeddings after training
+        if prototype_privacy(ctx) is not None:  # every class, private (a class held or not looks alike)
+            protos, proto_labels = self.private_prototypes(ctx, z, y)
+        else:
+            protos, proto_labels = self.local_prototypes(ctx, z, y)
+        reply = Record(weights=fitted.weights, arrays={"protos": protos.detach().cpu(), "labels": proto_labels.cpu()})
         model = ctx.shared_model(fitted.weights)
         personal = {"proto": NearestPrototype(model.body, pool, labels, C), "logits": model}
         return ClientResult(reply, personal=personal)
@@ -268,6 +288,14 @@ class SPFedCL(MPFedCL):
     def pad_size(self) -> Optional[int]:
         return 1
 
+    def private_prototypes(self, ctx, z, y):
+        means, counts = release_class_means(ctx, z, y, self.info.num_classes)  # (C, d), (C,)
+        keep = counts >= 1
+        return means[keep], torch.nonzero(keep).flatten()
+
+    def prototype_releases(self, privacy) -> int:
+        return 1  # the class means
+
 
 @register
 class DPFedCL(MPFedCL):
@@ -281,3 +309,6 @@ class DPFedCL(MPFedCL):
 
     def pad_size(self) -> Optional[int]:
         return None  # the largest group of each class
+
+    def prototype_releases(self, privacy) -> int:
+        return 0  # DBSCAN has no private counterpart here

@@ -95,6 +95,7 @@ class PerFedAvg(FedAvg):
     name = "perfedavg"
     family = "personalization"
     Hyper = PerFedAvgHyper
+    couples_samples = True  # the minibatch is split into the inner step's D and the outer D'
 
     def hf_loss(self, model, x, y, extras) -> torch.Tensor:
         w = parameters_of(model)

@@ -123,6 +123,7 @@ def envelope_value(f: torch.Tensor, theta: dict, w: dict, lam: float) -> torch.T
 class PFedMe(FedPer):
     name = "pfedme"
     Hyper = PFedMeHyper
+    couples_samples = True  # the inner (Moreau) problem is solved over the whole minibatch
     has_global_model = True
     personal_prefixes = (THETA,)  # theta~ never leaves the client
 

@@ -55,6 +55,11 @@ Deviations from the paper or the authors' released code (github.com/JianXu95/ReB
   a target. ``prototype_memory: false`` matches the code.
 * Missing classes with eps = 0 get log pi = -inf (exactly out of the softmax) instead of
   the code's pi + 1e-8.
+
+Under ``privacy.mode: prototype`` the reply's prototypes and counts (eq. 23's inputs) are
+released privately (:func:`protofl.nn.privacy.release_class_means`, one release a round);
+eq. 18's means never leave the client; the model weights travel unprotected
+(docs/privacy.md).
 """
 from __future__ import annotations
 
@@ -68,6 +73,7 @@ import torch.nn.functional as F
 from ..errors import require
 from ..messages import Record, expect_shapes
 from ..nn.losses import balanced_logits, label_counts, relaxed_prior
+from ..nn.privacy import release_class_means
 from ..nn.prototypes import aggregate_prototypes, class_means
 from .base import ClientResult, register, reply_weight, WeightsState
 from .fedavg import FedAvg, FedAvgHyper
@@ -133,6 +139,7 @@ class ReBaFL(FedAvg):
     family = "calibrated softmax"
     reply_arrays = ("proto", "counts")  # besides w_k
     Hyper = ReBaFLHyper
+    couples_samples = True  # eq. 16's prior comes from the augmented batch's labels
 
     # -- server ------------------------------------------------------------------------------
     def server_init(self, ctx) -> ReBaFLState:
@@ -168,6 +175,9 @@ class ReBaFL(FedAvg):
     def class_vectors(self, state: ReBaFLState):
         return state.prototypes if self.hp.faug else None  # the global prototypes p_c of eq. 23
 
+    def prototype_releases(self, privacy) -> int:
+        return 1 if self.hp.faug else 0  # the reply's prototypes (eq. 18's stay on the client)
+
     # -- client ------------------------------------------------------------------------------
     async def client_update(self, msg: Record, state: Optional[Record], ctx) -> ClientResult:
         w_t, y, C = msg.weights, ctx.data[1], self.info.num_classes
@@ -176,8 +186,8 @@ class ReBaFL(FedAvg):
         loss, extras = self.local_objective(msg, ctx, local)
         fitted = await ctx.fit(w_t, loss, extras=extras)
         arrays = {}
-        if self.hp.faug:  # local prototypes of the trained body, for eq. 23
-            arrays["proto"], arrays["counts"] = class_means(await ctx.features(fitted.weights), y, C)
+        if self.hp.faug:  # local prototypes of the trained body, for eq. 23 (they leave the client)
+            arrays["proto"], arrays["counts"] = release_class_means(ctx, await ctx.features(fitted.weights), y, C)
         return ClientResult(Record(weights=fitted.weights, arrays=arrays), personal=ctx.shared_model(fitted.weights))
 
     def augments(self, msg: Record) -> bool:

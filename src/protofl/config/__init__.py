@@ -33,7 +33,8 @@ from .machine import available_devices, check_device, check_trackers, require_ra
 from .schema import (apply_overrides, BACKENDS, check_here, Config, from_dict, hyper, method, NAMED_SECTIONS,
                      parse_override, PLAIN_SECTIONS, switch_components, validate_components)
 from .sections import (AlgorithmConfig, ceil_fraction, DataConfig, EvalConfig, ExecutionConfig, FeaturesConfig,
-                       ModelConfig, OutputConfig, ParticipationConfig, PartitionConfig, TrainingConfig)
+                       ModelConfig, OutputConfig, ParticipationConfig, PartitionConfig, PrivacyConfig,
+                       TrainingConfig)
 
 __all__ = [
     "AlgorithmConfig", "apply_overrides", "available_devices", "BACKENDS", "ceil_fraction", "check_dataclass",
@@ -41,7 +42,7 @@ __all__ = [
     "config_from_args", "ConfigError", "DataConfig", "defaults_yaml", "EvalConfig", "ExecutionConfig",
     "FeaturesConfig", "from_dict", "hyper", "load_config", "method", "ModelConfig", "NAMED_SECTIONS",
     "OutputConfig", "PACKAGED_CONFIGS", "packaged_config", "packaged_configs", "parse_override",
-    "ParticipationConfig", "PartitionConfig", "PLAIN_SECTIONS", "plain", "require", "require_ray",
+    "ParticipationConfig", "PartitionConfig", "PLAIN_SECTIONS", "PrivacyConfig", "plain", "require", "require_ray",
     "resolve_config_path", "switch_components", "TRACKERS", "TrainingConfig", "validate_components",
     "yaml_problem",
 ]

@@ -26,13 +26,13 @@ from ..errors import ConfigError, one_line, require
 from .coerce import check_dataclass, check_kwargs, coerce, load_yaml, plain, YAMLAliasError
 from .machine import check_device, check_trackers, require_ray
 from .sections import (AlgorithmConfig, DataConfig, EvalConfig, ExecutionConfig, FeaturesConfig, ModelConfig,
-                       OutputConfig, ParticipationConfig, PartitionConfig, TrainingConfig)
+                       OutputConfig, ParticipationConfig, PartitionConfig, PrivacyConfig, TrainingConfig)
 
 BACKENDS = ("local", "ray")  # execution.backend; the engine's EXECUTORS registers these
 NAMED_SECTIONS = {"data": DataConfig, "partition": PartitionConfig, "model": ModelConfig,
                   "algorithm": AlgorithmConfig, "features": FeaturesConfig}
 PLAIN_SECTIONS = {"training": TrainingConfig, "participation": ParticipationConfig,
-                  "eval": EvalConfig, "execution": ExecutionConfig, "output": OutputConfig}
+                  "eval": EvalConfig, "execution": ExecutionConfig, "output": OutputConfig, "privacy": PrivacyConfig}
 
 
 @dataclass
@@ -49,16 +49,19 @@ class Config:
     eval: EvalConfig = field(default_factory=EvalConfig)
     execution: ExecutionConfig = field(default_factory=ExecutionConfig)
     output: OutputConfig = field(default_factory=OutputConfig)
+    privacy: PrivacyConfig = field(default_factory=PrivacyConfig)
 
     # -- (de)serialization ------------------------------------------------------------
     def to_dict(self) -> dict:
         """The flat YAML form: a named component's params sit next to its name."""
         out: dict[str, Any] = {"seed": self.seed, "rounds": self.rounds}
         for sec in ("data", "partition", "features", "model", "training", "participation", "algorithm",
-                    "eval", "execution", "output"):
+                    "eval", "execution", "output", "privacy"):
             obj = getattr(self, sec)
             if sec == "features" and obj.name == "none":
                 continue  # the default; left out so that label-skew configs keep their fingerprints
+            if sec == "privacy" and obj.mode == "none":
+                continue  # likewise: a run without differential privacy keeps its fingerprint
             d = dataclasses.asdict(obj)
             params = d.pop("params", None)
             if params:
@@ -113,6 +116,7 @@ class Config:
 ADDED_AT_DEFAULT = (
     ("training", "schedule", "exponential"), ("training", "milestones", []), ("training", "min_lr", 0.0),
     ("training", "optimizer", "sgd"), ("training", "betas", [0.9, 0.999]), ("training", "eps", 1e-8),
+    ("participation", "sampling", "fixed"),
     # the server optimizer of every GlobalModel method (server_opt: none = the method's own
     # step). SCAFFOLD's own server_lr (1.0) is not server_lr's default (null), so it stays in
     # SCAFFOLD's fingerprints, as before

@@ -136,6 +136,10 @@ class ParticipationConfig:
 
     fraction: float = 1.0
     clients_per_round: Optional[int] = None
+    # fixed: exactly m clients, uniformly without replacement; poisson: each client
+    # independently with probability q = m / K (the sampling DP-FedAvg's accountant assumes
+    # for add/remove-one privacy; a round may then ask nobody)
+    sampling: Literal["fixed", "poisson"] = "fixed"
     p: float = 1.0
     group_p: Optional[list[float]] = None
     period: int = 1
@@ -148,6 +152,54 @@ class ParticipationConfig:
         for i, q in enumerate(self.group_p or []):
             require(0 <= q <= 1, f"{section}.group_p[{i}]", q, "must be in [0, 1]")
         require(self.period >= 1, f"{section}.period", self.period, "must be >= 1")
+
+
+@dataclass
+class PrivacyConfig:
+    """Differential privacy (docs/privacy.md): what is made private, and the accountant.
+
+    ``mode``: none; ``client``: DP-FedAvg (McMahan et al., ICLR 2018), each client's update
+    clipped to L2 norm ``clip``, Gaussian noise of std ``noise_multiplier * clip`` on their
+    sum on the server (adjacency: one client); ``prototype``: every class mean (and count)
+    a client sends made private before it leaves, features clipped to norm ``clip``
+    (adjacency: one sample); ``sample``: DP-SGD (Abadi et al., CCS 2016), every
+    per-sample gradient clipped to ``clip``, noise ``noise_multiplier * clip`` on their
+    sum (adjacency: one sample). Every round logs ``epsilon`` at ``delta``.
+    """
+
+    mode: Literal["none", "client", "prototype", "sample"] = "none"
+    clip: float = 1.0  # C (.inf: no clipping, with noise_multiplier 0 only)
+    noise_multiplier: float = 1.0  # sigma = noise std / C
+    delta: float = 1e-5
+    # stop before a round that would take epsilon past it (refuse to start if round 1 would)
+    target_epsilon: Optional[float] = None
+    accountant: Literal["rdp", "pld"] = "rdp"  # dp-accounting's Renyi DP or privacy loss distributions
+    # client: the clip follows a private estimate of the target_quantile of the update
+    # norms (Andrew et al., NeurIPS 2021), geometric steps of rate clip_lr; the noise of
+    # the unclipped count has std count_noise (null: expected clients per round / 20)
+    adaptive_clip: bool = False
+    target_quantile: float = 0.5
+    clip_lr: float = 0.2
+    count_noise: Optional[float] = None
+    kmeans_steps: int = 3  # prototype: Lloyd steps of the private k-means (MP-FedCL), each one release
+
+    def validate(self, section: str) -> None:
+        require(self.clip > 0, f"{section}.clip", self.clip, "must be > 0 (.inf: no clipping)")
+        require(math.isfinite(self.noise_multiplier) and self.noise_multiplier >= 0, f"{section}.noise_multiplier",
+                self.noise_multiplier, "must be a number >= 0")
+        require(math.isfinite(self.clip) or self.noise_multiplier == 0 or self.mode == "none",
+                f"{section}.clip", self.clip, "an infinite clip bounds nothing: it needs noise_multiplier 0")
+        require(0 < self.delta < 1, f"{section}.delta", self.delta, "must be in (0, 1)")
+        require(self.target_epsilon is None or self.target_epsilon > 0, f"{section}.target_epsilon",
+                self.target_epsilon, "must be > 0 or null")
+        require(not self.adaptive_clip or self.mode == "client", f"{section}.adaptive_clip", self.adaptive_clip,
+                "adapts the clip of client updates: it needs privacy.mode: client")
+        require(0 <= self.target_quantile <= 1, f"{section}.target_quantile", self.target_quantile,
+                "must be in [0, 1]")
+        require(self.clip_lr >= 0, f"{section}.clip_lr", self.clip_lr, "must be >= 0")
+        require(self.count_noise is None or self.count_noise > 0, f"{section}.count_noise", self.count_noise,
+                "must be > 0 or null")
+        require(self.kmeans_steps >= 1, f"{section}.kmeans_steps", self.kmeans_steps, "must be >= 1")
 
 
 @dataclass

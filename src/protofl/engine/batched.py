@@ -32,7 +32,10 @@ Each client still computes what the sequential executor computes (``engine/train
   flat (slots, parameters) buffer, so an update is a handful of kernels whatever the
   number of layers; the optimizer state of a slot is zeroed when a client enters it;
 * its gradient transform (SCAFFOLD), per-step extras (FedGen's draws) and the run's
-  precision (bf16 autocast).
+  precision (bf16 autocast);
+* DP-SGD (``privacy.mode: sample``): the gradient of every sample of every slot (a vmap
+  over the samples inside the vmap over the slots), clipped and noised as the sequential
+  driver does, each client's noise drawn from its own stream.
 
 The schedule (which client is in which slot at which step, the rows of every batch) is
 worked out on the host before the stack starts and sent to the device in one transfer,
@@ -65,8 +68,9 @@ from .client import ClientContext, ClientOutput, ClientRuntime, not_a_request, t
 from .executor import ClientTask, Executor, SequentialExecutor, place_broadcasts
 from .augment import apply, augment_plan
 from .precision import autocast
-from .train import (NonFiniteLossError, TrainSettings, batch_rows, batch_sizes, embed_batches, optimizer_state,
-                    optimizer_step, reset_rows, total_steps)
+from ..nn.privacy import private_gradient
+from .train import (NonFiniteLossError, Objective, TrainSettings, batch_rows, batch_sizes, embed_batches,
+                    optimizer_state, optimizer_step, per_sample, reset_rows, total_steps)
 
 log = logging.getLogger("protofl")
 
@@ -120,10 +124,12 @@ def choose_slots(totals: list[int], cap: int, slack: float = 0.05) -> int:
     return lo
 
 
-def slot_memory_cap(model: nn.Module, batch: int, device: torch.device, sample: torch.Tensor) -> int:
+def slot_memory_cap(model: nn.Module, batch: int, device: torch.device, sample: torch.Tensor,
+                    per_sample: bool = False) -> int:
     """How many slots fit in memory: per slot the parameters four times over (weights,
-    momentum, gradient, update) and the activations of one batch, against half of the
-    free GPU memory (a quarter of the RAM on the CPU)."""
+    momentum, gradient, update), ``batch`` times more with DP-SGD's per-sample gradients,
+    and the activations of one batch, against half of the free GPU memory (a quarter of
+    the RAM on the CPU)."""
     sizes: list[int] = []
     hooks = [m.register_forward_hook(lambda m, i, o: sizes.append(o.numel()) if torch.is_tensor(o) else None)
              for m in model.modules()]
@@ -136,7 +142,8 @@ def slot_memory_cap(model: nn.Module, batch: int, device: torch.device, sample: 
     finally:
         for h in hooks:
             h.remove()
-    per_slot = 4 * (4 * sum(p.numel() for p in model.parameters()) + 3 * batch * sum(sizes))
+    params = sum(p.numel() for p in model.parameters())
+    per_slot = 4 * ((4 + (batch if per_sample else 0)) * params + 3 * batch * sum(sizes))
     if device.type == "cuda":
         budget = torch.cuda.mem_get_info(device)[0] // 2
     else:
@@ -253,18 +260,6 @@ class StackStats:
     @property
     def occupancy(self) -> Optional[float]:
         return self.busy / self.slot_steps if self.slot_steps else None
-
-
-class _Objective(nn.Module):
-    """``loss(model, x, y, extras)`` as a module, so that ``functional_call`` can swap in one
-    client's parameters (under vmap: every client's) for the whole loss, sub-modules included."""
-
-    def __init__(self, model: nn.Module, loss) -> None:
-        super().__init__()
-        self.model, self.loss = model, loss
-
-    def forward(self, x, y, extras):
-        return self.loss(self.model, x, y, extras)
 
 
 # ---------------------------------------------------------------------------------------
@@ -570,7 +565,7 @@ class BatchedExecutor(Executor):
         if not any(totals):
             return answers
 
-        S = self._slots(totals, model, B, data)
+        S = self._slots(totals, model, B, data, per_sample=settings.dp_clip is not None)
         plan = plan_stack(totals, sizes, rows, S, aug)
         self.stats.busy += plan.busy
         self.stats.slot_steps += plan.slot_steps
@@ -585,8 +580,9 @@ class BatchedExecutor(Executor):
         index = torch.from_numpy(plan.index).to(dev)  # every group's (slots, jobs, steps), in one transfer
         drawn = None if plan.aug is None else {k: torch.from_numpy(v).to(dev) for k, v in plan.aug.items()}
         loss_sum = torch.zeros(len(jobs), dtype=torch.float64, device=dev)
-        step_fn = self._step_fn(jobs[0], model, fits[0].loss)
+        step_fn = self._step_fn(jobs[0], model, fits[0].loss, settings, tuple(per_step or ()))
         grad_fn = vmap(fits[0].grad) if fits[0].grad is not None else None
+        noise = [j.ctx.noise_generator() for j in jobs] if settings.dp_noise > 0 else None  # DP-SGD
         was = model.training
         model.train()
         try:
@@ -609,6 +605,12 @@ class BatchedExecutor(Executor):
                         fn = step_fn[g.whole and g.b == B]
                         grads, value = fn(stack.views(part.params), part.frozen, part.buffers, extras,
                                           xb, ys[rows_g])
+                    if settings.dp_clip is not None:  # DP-SGD: per-sample (G, b, ...) -> private (G, ...)
+                        z = None if noise is None else torch.stack(
+                            [torch.randn(part.params.shape[1], generator=noise[i], device=dev) for i in g.jobs])
+                        grads = dict(zip(names, private_gradient([grads[k] for k in names], settings.dp_clip,
+                                                                 settings.dp_noise, z)))
+                        value = value.mean(1)
                     if grad_fn is not None:
                         grads = grad_fn(grads, part.extras)
                     flat = torch.cat([grads[k].reshape(G, -1) for k in names], dim=1)  # (G, n)
@@ -626,22 +628,23 @@ class BatchedExecutor(Executor):
                 continue
             seen = sum(sizes[i])
             try:
-                stats = j.ctx.trained(TrainStats(loss=losses[i] / seen, steps=totals[i], samples=seen), fits[i].report)
+                stats = j.ctx.trained(TrainStats(loss=losses[i] / seen, steps=totals[i], samples=seen), fits[i].report,
+                                      B)
                 answers[i] = Fitted(answers[i], stats)
             except NonFiniteLossError as e:
                 answers[i] = e
         return answers
 
-    def _slots(self, totals: list[int], model: nn.Module, B: int, data) -> int:
+    def _slots(self, totals: list[int], model: nn.Module, B: int, data, per_sample: bool = False) -> int:
         """The stack's slot count: ``execution.batch_clients``, else the fewest that finish in
         about the longest client's time, within what fits in memory."""
         if self.slots > 0:
             S = self.slots
         else:
-            key = (id(model), B)
+            key = (id(model), B, per_sample)
             if key not in self._cap:
                 sample = next(x for x, _ in data if len(x))
-                self._cap[key] = slot_memory_cap(model, B, self.runtime.device, sample)
+                self._cap[key] = slot_memory_cap(model, B, self.runtime.device, sample, per_sample)
             S = choose_slots(totals, self._cap[key])
         return max(1, min(S, sum(t > 0 for t in totals)))
 
@@ -658,10 +661,13 @@ class BatchedExecutor(Executor):
                 out[k][i, :v.shape[0], :v.shape[1]] = v.to(dev)
         return out
 
-    def _step_fn(self, job: _Job, model: nn.Module, loss) -> dict[bool, Any]:
+    def _step_fn(self, job: _Job, model: nn.Module, loss, settings: TrainSettings,
+                 rows: tuple = ()) -> dict[bool, Any]:
         """The vmapped step (gradients and loss of every slot), by whether it may be the
-        compiled one (steps of the whole stack at the full batch size: one shape per stack)."""
-        objective = _Objective(model, loss)
+        compiled one (steps of the whole stack at the full batch size: one shape per stack).
+        With DP-SGD (``settings.dp_clip``) the gradients and losses of every sample of every
+        slot, (G, b, ...) and (G, b) (``rows``: the per-step extras, one row per sample)."""
+        objective = Objective(model, loss)
 
         def client_loss(params, frozen, buffers, extras, x, y):
             weights = {"model." + k: v for k, v in params.items()}
@@ -669,7 +675,7 @@ class BatchedExecutor(Executor):
             weights.update({"model." + k: v for k, v in buffers.items()})
             return functional_call(objective, weights, (x, y, extras))
 
-        eager = vmap(grad_and_value(client_loss))
+        eager = vmap(per_sample(client_loss, rows) if settings.dp_clip is not None else grad_and_value(client_loss))
         return {False: eager, True: self._compiled_step(job, eager) if self.compile else eager}
 
     def _compiled_step(self, job: _Job, step_fn):

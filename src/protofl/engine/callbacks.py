@@ -47,11 +47,12 @@ class JsonlWriter(Callback):
 # One short, fixed set of metrics for the bar and the log lines, accuracies in percent
 # (the unit of every table and of the CLI's final line): the bar never outgrows a
 # terminal, whatever a method logs.
-SHOW = (("train_loss", "loss"), ("gm", "gm"), ("pa", "pa"))
+SHOW = (("train_loss", "loss"), ("gm", "gm"), ("pa", "pa"), ("epsilon", "eps"))  # eps: privacy.* runs only
 
 
 def short_metrics(row: dict[str, Any], latest: Optional[dict[str, str]] = None) -> dict[str, str]:
-    """``{"loss": "0.512", "gm": "76.89%", "pa": "80.12%"}`` from a metrics row.
+    """``{"loss": "0.512", "gm": "76.89%", "pa": "80.12%"}`` from a metrics row (and ``"eps": "3.10"``
+    under differential privacy).
 
     ``gm`` falls back to ``ga`` for methods without a global model. Metrics absent from
     this row keep their value in ``latest`` (evaluation every k rounds).
@@ -66,6 +67,8 @@ def short_metrics(row: dict[str, Any], latest: Optional[dict[str, str]] = None) 
                 out[label] = "nan"
             elif key == "train_loss":
                 out[label] = f"{v:.3f}" if abs(v) < 1e4 else f"{v:.2e}"
+            elif key == "epsilon":  # the privacy spent so far, at privacy.delta
+                out[label] = f"{v:.2f}"
             else:
                 out[label] = f"{100 * v:.2f}%"
     return out

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import math
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Callable, Mapping, Optional, Sequence
 
 import numpy as np
@@ -26,6 +26,7 @@ from ..messages import Record
 from ..rng import seed_for, torch_gen
 from .augment import Augment, pad_value
 from .evaluate import personal_metrics
+from .privacy import ClientPrivacy
 from .task import Task, use_channels_last
 from .train import EMBED_BATCH_SIZE, NonFiniteLossError, TrainSettings, TrainStats, batch_sizes, embed_batches, fit, \
     total_steps
@@ -87,6 +88,8 @@ class ClientContext:
         self.generator = torch_gen(runtime.info.seed, "train", rnd, cid)
         self._augment_generator: Optional[torch.Generator] = None
         self.last_train: Optional[TrainStats] = None
+        # privacy.* for this turn (None without privacy.mode): noise streams and what it spends
+        self.privacy: Optional[ClientPrivacy] = None
         self._data: Optional[tuple[torch.Tensor, torch.Tensor]] = None
         self._arch = runtime.task.arch(cid)
 
@@ -189,10 +192,10 @@ class ClientContext:
         stats = fit(model, x, y, loss=req.loss, extras=req.extras, names=trainable_names(model, req.trainable),
                     settings=settings, generator=self.generator, per_step=per_step, grad=req.grad,
                     channels_last=self.channels_last, precision=self.runtime.cfg.execution.precision,
-                    augment=self.augmentation)
+                    augment=self.augmentation, noise=self.noise_generator() if settings.dp_noise > 0 else None)
         weights = weights_of(model)
         self.runtime.models.mark(model, weights)  # the model holds them: a predictor on them loads nothing
-        return Fitted(weights, self.trained(stats, req.report))
+        return Fitted(weights, self.trained(stats, req.report, settings.batch_size))
 
     @property
     def augmentation(self):
@@ -205,8 +208,15 @@ class ClientContext:
             self._augment_generator = torch_gen(self.info.seed, "augment", self.rnd, self.cid)
         return rt.augment, self._augment_generator, rt.pad_value
 
-    def trained(self, stats: TrainStats, report: bool) -> TrainStats:
-        """Check a ``ctx.fit``'s statistics (a NaN loss raises) and keep the reported ones."""
+    def noise_generator(self) -> torch.Generator:
+        """DP-SGD's noise stream of this turn, on the training device (``privacy.mode: sample``)."""
+        return self.privacy.noise_generator(self.runtime.device)
+
+    def trained(self, stats: TrainStats, report: bool, batch_size: int = 0) -> TrainStats:
+        """Check a ``ctx.fit``'s statistics (a NaN loss raises) and keep the reported ones
+        (``batch_size``: the fit's, for DP-SGD's accounting)."""
+        if self.privacy is not None:  # every DP-SGD step counts, reported or not
+            self.privacy.trained(stats.steps, self.num_samples, batch_size)
         if not math.isfinite(stats.loss):
             raise NonFiniteLossError(self.rnd, self.cid, stats.loss)
         if report:
@@ -268,8 +278,11 @@ class ClientRuntime:
         return self._pad
 
     def settings(self, rnd: int) -> TrainSettings:
-        """Round ``rnd``'s local-training settings (``training.*``, lr after its schedule)."""
-        return TrainSettings.of_round(self.cfg.training, rnd, self.cfg.rounds)
+        """Round ``rnd``'s local-training settings (``training.*``, lr after its schedule; DP-SGD's
+        clip and noise under ``privacy.mode: sample``)."""
+        s = TrainSettings.of_round(self.cfg.training, rnd, self.cfg.rounds)
+        p = self.cfg.privacy
+        return replace(s, dp_clip=p.clip, dp_noise=p.noise_multiplier) if p.mode == "sample" else s
 
     def place(self, record: Optional[Record]) -> Optional[Record]:
         """``record`` on the training device (counted in :attr:`transfers`)."""
@@ -344,6 +357,8 @@ class ClientRuntime:
         ctx = ClientContext(self, task.cid, task.rnd, evaluating=task.evaluate)
         state = task.state if task.state is not None else self.algorithm.client_init(ctx)
         msg = (self.place(task.shared) if shared is None else shared).merged(self.place(task.own))
+        if self.cfg.privacy.mode != "none":
+            ctx.privacy = ClientPrivacy(self.cfg, task.rnd, task.cid, msg)
         return ctx, self.algorithm.client_update(msg, self.place(state), ctx)
 
     def finish(self, ctx: ClientContext, result: ClientResult, evaluate: bool, full_test: bool,
@@ -352,12 +367,17 @@ class ClientRuntime:
         count, n_k) on the reply device and the state on the CPU, the training statistics,
         and (optionally) its personalized model's metrics."""
         cid, rnd = ctx.cid, ctx.rnd
-        reply = result.reply.to(self.reply_device)
+        reply = result.reply
+        if ctx.privacy is not None and ctx.privacy.mode == "client":  # the update is clipped before it leaves
+            reply = ctx.privacy.clip_reply(reply)
+        reply = reply.to(self.reply_device)
         reply.num_samples = ctx.num_samples
         state = None if result.state is None else result.state.to("cpu")
         train = {"seconds": time.perf_counter() - t0}
         if ctx.last_train is not None:
             train.update(loss=ctx.last_train.loss, steps=ctx.last_train.steps, samples=ctx.last_train.samples)
+        if ctx.privacy is not None:
+            train.update(ctx.privacy.report())
         ev: dict[str, float] = {}
         if evaluate and result.personal is not None:
             tx, ty = self.test_data

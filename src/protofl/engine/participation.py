@@ -3,8 +3,10 @@
 Both are pure functions of (seed, round): nothing to checkpoint, identical under
 resume and in every execution backend.
 
-* sampling: ceil(fraction * K) clients (or ``clients_per_round``) uniformly without
-  replacement, from stream ("sample", round);
+* sampling (``sampling: fixed``): m = ceil(fraction * K) clients (or ``clients_per_round``)
+  uniformly without replacement, from stream ("sample", round); ``sampling: poisson``:
+  each client independently with probability q = m / K, from the same stream (m clients
+  in expectation; a round may ask nobody);
 * availability: client k is available with probability p_k, redrawn every ``period``
   rounds from stream ("available", window) with window = (round - 1) // period. A
   sampled client's reply arrives iff it is available. period = 1 is dropout (each
@@ -44,11 +46,18 @@ class Participation:
         else:
             self.p = np.full(num_clients, cfg.p, dtype=np.float64)
 
+    @property
+    def q(self) -> float:
+        """The chance that a given client is asked in a round: m / K."""
+        return self.m / self.K
+
     def selected(self, rnd: int) -> list[int]:
         """Clients asked in round ``rnd`` (sorted ids)."""
         if self.m == self.K:
             return list(range(self.K))
         rng = np_rng(self.seed, "sample", rnd)
+        if self.cfg.sampling == "poisson":
+            return [int(c) for c in np.flatnonzero(rng.random(self.K) < self.q)]
         return sorted(int(c) for c in rng.choice(self.K, size=self.m, replace=False))
 
     def available(self, rnd: int) -> np.ndarray:

@@ -6,7 +6,8 @@ For round r = 1..R (:meth:`Simulation.run_round`, Flower's ``Strategy.start`` in
   3. run: ``client_update`` on every client whose reply will arrive (any backend);
      personalized evaluation on evaluation rounds
   4. validate: the server's checks of each reply (engine/validate.py)
-  5. aggregate: the replies that passed, in client-id order
+  5. aggregate: the replies that passed, in client-id order (under ``privacy.mode: client``
+     the private release of their updates instead, engine/privacy.py)
   6. observe: the global model's evaluation and the round's metrics row (round_metrics.py),
      callbacks, checkpoint
 With worker processes (``execution.overlap_eval``), the evaluation of round t's global
@@ -42,6 +43,7 @@ from .client import ClientRuntime, ClientTask
 from .malloc import tune_malloc
 from .participation import Participation
 from .precision import check_precision
+from .privacy import ServerPrivacy
 from .round_metrics import RoundMetrics
 from .server import global_metrics, ServerContext
 from .store import make_store
@@ -176,6 +178,10 @@ class Simulation:
                             else ServerContext(self.task, device=self.runtime.device))
         self.model_bytes = sum(t.numel() * t.element_size() for t in self.server.init_weights().values())
         self.participation = Participation(cfg.participation, self.fed.num_clients, cfg.seed, self.fed.groups)
+        # differential privacy (privacy.*): the round loop's hook, or None
+        self.privacy = None if cfg.privacy.mode == "none" else ServerPrivacy(
+            cfg, self.algorithm, self.participation, [len(i) for i in self.fed.train_idx],
+            self.runtime.models.live(self.task.arch(0))[0])
         self.user_callbacks = list(callbacks)
         self.dir = Path(run_dir) if run_dir is not None else run_dir_for(cfg)
         # per-client state between rounds: on this driver by default, within
@@ -203,7 +209,7 @@ class Simulation:
         save_checkpoint(self.dir / CHECKPOINT, {
             "round": rnd, "server_state": state, "client_states": self.store.snapshot(),
             "rows": n_rows, "fingerprint": self.cfg.fingerprint(), "algorithm": self.cfg.algorithm.name,
-            "format": CHECKPOINT_FORMAT})
+            "format": CHECKPOINT_FORMAT, **({} if self.privacy is None else {"privacy": self.privacy.state()})})
         self.checkpointed = rnd  # the round a --resume would continue from
         self.store.checkpointed()  # a SpillStore may now drop superseded state files
 
@@ -232,6 +238,8 @@ class Simulation:
             raise ConfigError("rounds", cfg.rounds, f"{self.dir} has already run {ck['round']} rounds; resume it "
                               f"with rounds >= {ck['round']}, or start a fresh run without --resume")
         self.store.resume(ck["client_states"], self.dir)
+        if self.privacy is not None:  # the adaptive clip and the clients' ledgers
+            self.privacy.restore(ck["privacy"])
         self.checkpointed = ck["round"]
         return ck["server_state"], ck["round"] + 1, read_rows(self.dir / METRICS)[: ck["rows"]]
 
@@ -280,6 +288,16 @@ class Simulation:
 
         try:
             for rnd in range(start, cfg.rounds + 1):
+                stop = self.privacy.stop_reason(rnd) if self.privacy is not None else None
+                if stop is not None:  # privacy.target_epsilon: the rounds so far are the run
+                    status, error = "stopped", stop
+                    log.info("%s", stop)
+                    if pending is not None:
+                        emit(pending)
+                        pending = None
+                    if rows and self.checkpointed < rnd - 1:
+                        self._checkpoint(rnd - 1, state, len(rows))
+                    break
                 overlap = self.overlaps(rnd, executor, callbacks)
                 state, metrics = yield from self.run_round(rnd, state, executor, overlap)
                 if pending is not None:
@@ -307,12 +325,12 @@ class Simulation:
             summary = self._summary(rows, status, error, time.perf_counter() - t_run)
             try:
                 save_json(self.dir / SUMMARY, summary)
-                weights = self.diagnostics().model_weights(state) if status == "complete" and cfg.output.save_model \
-                    else None
+                weights = self.diagnostics().model_weights(state) \
+                    if status in ("complete", "stopped") and cfg.output.save_model else None
                 if weights is not None:
                     save_torch(self.dir / "model.pt", weights)
             except OSError as e:
-                if status == "complete":  # nothing else is being raised: this is the error
+                if status in ("complete", "stopped"):  # nothing else is being raised: this is the error
                     raise self.write_error(e, rows) from e
                 log.warning("%s was not written: %s", e.filename, e.strerror or e)  # the run's own error matters more
             for cb in callbacks:
@@ -371,6 +389,8 @@ class Simulation:
         arriving = set(self.participation.arriving(rnd, selected))
         # 2. configure: the broadcast once, and what each client alone receives
         shared = algo.configure(state, rnd, server)
+        if self.privacy is not None:
+            shared = self.privacy.broadcast(shared)
         own = {cid: algo.configure_client(state, rnd, cid, server) for cid in selected}
         tasks = [ClientTask(cid, rnd, shared, own[cid], self.store.get(cid), personal, full_test)
                  for cid in selected if cid in arriving]
@@ -391,7 +411,10 @@ class Simulation:
         metrics.train_s = time.perf_counter() - t0
         # 5. aggregate
         replies = [(t.cid, o.reply) for t, o in kept]
-        state = algo.aggregate(state, rnd, replies, server)
+        state = algo.aggregate(state, rnd, replies if self.privacy is None else
+                               self.privacy.release(rnd, shared, kept, server), server)
+        if self.privacy is not None:
+            self.privacy.account(rnd, kept, server)
         # 6. observe
         diag = self.diagnostics()
         metrics.clients(len(selected), [shared.merged(own[cid]) for cid in selected], [r for _, r in replies],

@@ -158,7 +158,8 @@ class MLflowTracker(Callback):
         for p in [self.dir / "config.yaml", *_reports(self.dir)]:
             if p.exists():
                 self.client.log_artifact(self.run_id, str(p))
-        status = {"complete": "FINISHED", "interrupted": "KILLED"}.get(summary.get("status"), "FAILED")
+        status = {"complete": "FINISHED", "stopped": "FINISHED",  # stopped: privacy.target_epsilon reached
+                  "interrupted": "KILLED"}.get(summary.get("status"), "FAILED")
         self.client.set_terminated(self.run_id, status=status)
         self.client = None
 
@@ -217,7 +218,7 @@ class WandbTracker(Callback):
         for p in [self.dir / "config.yaml", *_reports(self.dir)]:
             if p.exists():  # the run's files folder is uploaded (synced) with the run
                 shutil.copy2(p, Path(self.run.dir) / p.name)
-        self.run.finish(exit_code=0 if summary.get("status") == "complete" else 1)
+        self.run.finish(exit_code=0 if summary.get("status") in ("complete", "stopped") else 1)
         self.run = None
 
 

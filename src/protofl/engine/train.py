@@ -11,6 +11,10 @@
   parameters viewed as rows), the batched executor a stack of them (one flat row per
   client); the arithmetic is that of ``torch.optim.SGD`` and ``clip_grad_norm_``
   tensor for tensor, so the sequential executor's numbers are theirs bit for bit;
+* **DP-SGD** (``privacy.mode: sample``, :func:`sample_gradients`): the gradient of each
+  sample of the batch by ``torch.func``, clipped and noised by
+  :func:`~protofl.nn.privacy.private_gradient` before the step, the noise drawn from the
+  client's own stream (the same draws in both executors);
 * **features** (:func:`embed_batches`): the inference batches of ``ctx.features``.
 
 :func:`fit` is the sequential driver: the minibatch gradient by autograd on the live
@@ -27,8 +31,10 @@ from typing import Any, Callable, Mapping, Optional, Sequence
 import numpy as np
 import torch
 from torch import nn
+from torch.func import functional_call, grad_and_value, vmap
 
 from ..algorithms.base import GradFn, LossFn, TrainStats
+from ..nn.privacy import private_gradient
 from .augment import apply, Augment, augment_plan
 from .precision import autocast
 
@@ -81,6 +87,10 @@ class TrainSettings:
     optimizer: str = "sgd"
     betas: tuple = (0.9, 0.999)
     eps: float = 1e-8
+    # DP-SGD (privacy.mode: sample): each sample's gradient clipped to dp_clip, Gaussian
+    # noise of std dp_noise * dp_clip on their sum; the run's, never a call's
+    dp_clip: Optional[float] = None
+    dp_noise: float = 0.0
 
     @classmethod
     def of_round(cls, tc, rnd: int, rounds: int) -> "TrainSettings":
@@ -93,6 +103,9 @@ class TrainSettings:
         unknown = set(overrides) - {f.name for f in fields(self)}
         if unknown:
             raise TypeError(f"unknown training setting(s): {sorted(unknown)}")
+        private = sorted(k for k in overrides if k.startswith("dp_"))
+        if private:  # a method must not train outside the run's privacy guarantee
+            raise TypeError(f"training setting(s) {private} are the run's (privacy.*), not a call's")
         return replace(self, **overrides) if overrides else self
 
     @property
@@ -245,13 +258,65 @@ def optimizer_step(params: Sequence[torch.Tensor], grads: Sequence[torch.Tensor]
 
 
 # ---------------------------------------------------------------------------------------
+# per-sample gradients (DP-SGD)
+# ---------------------------------------------------------------------------------------
+class Objective(nn.Module):
+    """``loss(model, x, y, extras)`` as a module, so that ``functional_call`` can swap in one
+    client's parameters (under vmap: every client's) for the whole loss, sub-modules included."""
+
+    def __init__(self, model: nn.Module, loss) -> None:
+        super().__init__()
+        self.model, self.loss = model, loss
+
+    def forward(self, x, y, extras):
+        return self.loss(self.model, x, y, extras)
+
+
+def per_sample(fn: Callable, rows: Sequence[str] = ()) -> Callable:
+    """``fn(params, frozen, buffers, extras, x, y)`` (a batch's loss) -> the gradient and the
+    loss of each sample: (b, ...) per parameter and (b,). Each sample is a batch of one;
+    the extras named in ``rows`` are per-sample rows (b, ...), the others shared."""
+
+    def one(params, frozen, buffers, extras, x, y):
+        ex = {k: (v.unsqueeze(0) if k in rows else v) for k, v in extras.items()}
+        return fn(params, frozen, buffers, ex, x.unsqueeze(0), y.unsqueeze(0))
+
+    def batch(params, frozen, buffers, extras, x, y):
+        dims = {k: (0 if k in rows else None) for k in extras}
+        return vmap(grad_and_value(one), in_dims=(None, None, None, dims, 0, 0),
+                    randomness="different")(params, frozen, buffers, extras, x, y)
+
+    return batch
+
+
+def sample_gradients(model: nn.Module, loss: LossFn, names: Sequence[str], x: torch.Tensor, y: torch.Tensor,
+                     extras: Mapping[str, Any], rows: Sequence[str] = ()) -> tuple[list[torch.Tensor], torch.Tensor]:
+    """The gradient of ``loss`` for each sample of (x, y) with respect to the parameters
+    ``names`` of the live ``model`` ((b, ...) each, in ``names`` order) and the batch's
+    loss (the mean of the samples')."""
+    objective = Objective(model, loss)
+    named = dict(model.named_parameters())
+    params = {k: named[k].detach() for k in names}
+    frozen = {k: p.detach() for k, p in named.items() if k not in params}
+    buffers = dict(model.named_buffers())
+
+    def batch_loss(params, frozen, buffers, extras, x, y):
+        weights = {"model." + k: v for part in (params, frozen, buffers) for k, v in part.items()}
+        return functional_call(objective, weights, (x, y, extras))
+
+    grads, values = per_sample(batch_loss, rows)(params, frozen, buffers, dict(extras), x, y)
+    return [grads[k] for k in names], values.mean()
+
+
+# ---------------------------------------------------------------------------------------
 # the sequential driver
 # ---------------------------------------------------------------------------------------
 def fit(model: nn.Module, x: torch.Tensor, y: torch.Tensor, *, loss: LossFn, extras: Mapping[str, Any],
         names: Sequence[str], settings: TrainSettings, generator: torch.Generator,
         per_step: Optional[Mapping[str, torch.Tensor]] = None, grad: Optional[GradFn] = None,
         channels_last: bool = False, precision: str = "fp32",
-        augment: Optional[tuple[Augment, torch.Generator, torch.Tensor]] = None) -> TrainStats:
+        augment: Optional[tuple[Augment, torch.Generator, torch.Tensor]] = None,
+        noise: Optional[torch.Generator] = None) -> TrainStats:
     """Local training of the live ``model`` on (x, y), in place: the parameters ``names``
     move, by the schedule and the step above, on ``loss(model, xb, yb, extras)``.
 
@@ -261,6 +326,9 @@ def fit(model: nn.Module, x: torch.Tensor, y: torch.Tensor, *, loss: LossFn, ext
     not reach has no gradient and is left alone for that step, as ``torch.optim`` does.
     ``augment``: (the augmentation, the client's augmentation stream, the padding value):
     each minibatch is augmented by its plan (engine/augment.py).
+    DP-SGD (``settings.dp_clip``): every parameter's gradient is the private one
+    (:func:`sample_gradients`, :func:`~protofl.nn.privacy.private_gradient`), its noise
+    drawn from ``noise`` (a generator on the model's device), one (n,) draw per step.
     """
     named = dict(model.named_parameters())
     params = [named[k] for k in names]
@@ -284,6 +352,19 @@ def fit(model: nn.Module, x: torch.Tensor, y: torch.Tensor, *, loss: LossFn, ext
         if channels_last and xb.dim() == 4:
             xb = xb.contiguous(memory_format=torch.channels_last)
         ex = extras if per_step is None else {**extras, **{k: v[step, :b] for k, v in per_step.items()}}
+        if settings.dp_clip is not None:
+            with autocast(precision, x.device.type):
+                per, value = sample_gradients(model, loss, names, xb, yb, ex, tuple(per_step or ()))
+            z = (torch.randn(sum(p.numel() for p in params), generator=noise, device=y.device).unsqueeze(0)
+                 if settings.dp_noise > 0 else None)
+            grads = [g[0] for g in private_gradient([g.unsqueeze(0) for g in per], settings.dp_clip,
+                                                    settings.dp_noise, z)]
+            if grad is not None:  # after the noise: a transform of the private gradient
+                new = grad(dict(zip(names, grads)), extras)
+                grads = [new[k] for k in names]
+            optimizer_step(as_rows, [g.unsqueeze(0) for g in grads], state, settings)
+            loss_sum += value.detach() * b
+            continue
         with autocast(precision, x.device.type):
             value = loss(model, xb, yb, ex)
         for p in params:

@@ -201,6 +201,10 @@ def build_report(folder: Path, select: str = "final") -> str:
                   _img(plots.curves_figure(groups, acc[:3] + (["train_loss"] if "train_loss" in available else []),
                                            ncols=2, band=BAND, say_band=False), "learning curves")]
 
+    # privacy
+    if "epsilon" in available:
+        parts += ["<h2>Privacy</h2>", privacy_section(groups, rows)]
+
     # per class
     fig = per_class_figure(groups, names)
     if fig is not None:
@@ -263,6 +267,23 @@ def build_report(folder: Path, select: str = "final") -> str:
                                         for label, ds in groups.items() for d in ds])]
     parts.append("</body></html>")
     return "\n".join(parts)
+
+
+def privacy_section(groups: dict[str, list[Path]], rows: list[dict]) -> str:
+    """Runs with differential privacy: epsilon over the rounds, and each method's accuracy
+    against the epsilon it spent (GA: GM for a method with a global model)."""
+    eps = {label: dirs for label, dirs in groups.items() if _last_row_with(dirs, "epsilon")}
+    points = {r["method"]: [(r["epsilon"][0], r["ga"][0], r["ga"][1])] for r in rows
+              if r["method"] in eps and not np.isnan(r["ga"][0])}
+    out = [_img(plots.curves_figure(eps, ["epsilon"], band=BAND, say_band=False), "epsilon over rounds")]
+    if points:
+        out.append(_img(plots.accuracy_epsilon_figure(points), "accuracy against epsilon"))
+    out.append("<p class='note'>epsilon: the privacy spent after each round at the run's privacy.delta, by "
+               "dp-accounting's accountant (privacy.accountant): under privacy.mode client for one client's "
+               "participation, under prototype and sample for one training sample (the largest over the "
+               "clients). Accuracy against epsilon: each method's GA and the epsilon it ended with, mean "
+               "over seeds (bars: ± 1 std). What each mode protects: docs/privacy.md.</p>")
+    return "\n".join(out)
 
 
 BAND_WORDS = {"std": "the shaded band (the colour of its line) is ± 1 sample std over seeds",

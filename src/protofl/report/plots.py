@@ -88,6 +88,8 @@ WORDS = {
     "weight_diversity": "weight diversity", "proto_min_angle": "smallest angle between classes",
     "train_s": "training time per round", "eval_s": "evaluation time per round", "wall_s": "time per round",
     "all_clients": "clients evaluated at the end",
+    "epsilon": "privacy spent, epsilon", "privacy_clip": "clip bound C of the updates",
+    "privacy_unclipped": "updates within the clip (private estimate)",
 }
 
 
@@ -386,6 +388,40 @@ def curves(runs: dict[str, Path | Sequence[Path]], out: Path, metrics: Sequence[
            title: Optional[str] = None, band: str = "std", ncols: Optional[int] = None) -> Path:
     """:func:`curves_figure` saved to ``out`` (PNG, SVG, PDF by extension)."""
     return _save(curves_figure(runs, metrics, title, band, ncols), out)
+
+
+# ---------------------------------------------------------------------------------------
+# privacy: accuracy against epsilon
+# ---------------------------------------------------------------------------------------
+def accuracy_epsilon_figure(points: dict[str, Sequence[tuple[float, float, float]]], metric: str = "ga",
+                            title: Optional[str] = None, references: Optional[dict[str, float]] = None):
+    """Accuracy against the privacy spent: per label, points (epsilon, mean accuracy, std
+    over seeds) joined in the order of epsilon, the std as error bars; epsilon on a log
+    axis when it spans more than a factor 3 (an infinite epsilon, no noise, is left out).
+    ``references``: accuracies without privacy, drawn as dashed horizontal lines."""
+    plt = _plt()
+    fig, ax = plt.subplots(figsize=(5.6, 3.8), layout="constrained")
+    spent = []
+    for label, pts in points.items():
+        pts = sorted((e, a, s) for e, a, s in pts if np.isfinite(e) and np.isfinite(a))
+        if not pts:
+            continue
+        e, a, sd = (np.array(v, dtype=np.float64) for v in zip(*pts))
+        spent += list(e)
+        ax.errorbar(e, 100 * a, yerr=np.nan_to_num(100 * sd), marker="o", capsize=3, label=label)
+    colors = plt.rcParams["axes.prop_cycle"].by_key()["color"]
+    for i, (label, acc) in enumerate((references or {}).items()):
+        ax.axhline(100 * acc, ls="--", lw=1, color=colors[(len(points) + i) % len(colors)], label=f"{label} (no DP)")
+    if spent and max(spent) > 3 * min(spent):
+        ax.set_xscale("log")
+    ax.set_xlabel("epsilon (at the runs' delta)")
+    ax.set_ylabel(axis_label(metric))
+    ax.grid(alpha=0.3, which="both")
+    if ax.get_legend_handles_labels()[0]:
+        ax.legend(fontsize=8)
+    if title:
+        ax.set_title(title)
+    return fig
 
 
 # ---------------------------------------------------------------------------------------

@@ -19,15 +19,18 @@ import numpy as np
 from ..errors import ConfigError
 from .plots import read_file, read_metrics
 
-# cluster_purity: clustering methods on scenarios with known client groups (a fraction, shown in %)
-METRICS = ("gm", "pm_v", "pm_l", "pa", "ga", "cluster_purity")
+# cluster_purity: clustering methods on scenarios with known client groups (a fraction, shown in %);
+# epsilon: runs with differential privacy (privacy.*), the privacy spent at privacy.delta
+METRICS = ("gm", "pm_v", "pm_l", "pa", "ga", "cluster_purity", "epsilon")
 LABELS = {"gm": "GM", "pm_v": "PM(V)", "pm_l": "PM(L)", "pa": "PA", "ga": "GA",
-          "pm_v_std": "PM(V) std", "pa_std": "PA std", "cluster_purity": "purity",
+          "pm_v_std": "PM(V) std", "pa_std": "PA std", "cluster_purity": "purity", "epsilon": "ε",
           # eval.final_all_clients: every client's personalized model after the last round
           "all_pm_v": "PM(V) all", "all_pm_l": "PM(L) all", "all_pa": "PA all", "all_acc": "acc all"}
 # the same metrics over every client at the end of the run (eval.final_all_clients)
 ALL_CLIENT_METRICS = ("gm", "all_pm_v", "all_pm_l", "all_pa", "ga")
 LOWER_IS_BETTER = ("_std",)  # suffixes of metrics where the smallest value is the best
+# metrics that are not fractions: shown as they are, never in bold (a privacy cost is a setting, not a score)
+PLAIN = ("epsilon",)
 
 
 def load_summary(run_dir: Path) -> dict:
@@ -40,6 +43,13 @@ def mean_std(values: Iterable[Optional[float]]) -> tuple[float, float]:
     if len(v) == 0:
         return float("nan"), float("nan")
     return float(v.mean()), float(v.std(ddof=1)) if len(v) > 1 else 0.0
+
+
+def number(mean: Optional[float], std: Optional[float] = None, missing: str = "–") -> str:
+    """A plain number (epsilon): "3.10" or "3.10 ± 0.02"."""
+    if mean is None or math.isnan(mean):
+        return missing
+    return f"{mean:.2f}" if std is None or math.isnan(std) else f"{mean:.2f} ± {std:.2f}"
 
 
 def pct(mean: Optional[float], std: Optional[float] = None, missing: str = "–") -> str:
@@ -152,7 +162,7 @@ def _present(rows: list[dict], metrics: Sequence[str]) -> list[str]:
 
 def best_rows(rows: list[dict], metric: str) -> set[int]:
     """Indices of the rows with the best mean of ``metric`` (ties share it); none for one row."""
-    if len(rows) < 2:
+    if len(rows) < 2 or metric in PLAIN:
         return set()
     vals = [r[metric][0] if metric != "ga" or not r.get("global_model", True) else float("nan") for r in rows]
     ok = [v for v in vals if not math.isnan(v)]
@@ -172,7 +182,7 @@ def _cells(rows: list[dict], metrics: Sequence[str], bold) -> list[list[str]]:
             if m == "ga" and r.get("global_model", True):
                 cells.append("= GM")
                 continue
-            text = pct(*r[m])
+            text = number(*r[m]) if m in PLAIN else pct(*r[m])
             cells.append(bold(text) if i in best[m] else text)
         secs = r["s_per_round"]
         cells += [str(r["runs"]), str(r["rounds"]), "–" if math.isnan(secs) else f"{secs:.2f}"]
@@ -181,7 +191,7 @@ def _cells(rows: list[dict], metrics: Sequence[str], bold) -> list[list[str]]:
 
 
 def _header(rows: list[dict], metrics: Sequence[str], pct_sign: str = "%") -> list[str]:
-    return ["method", *(LABELS.get(m, m) + f" ({pct_sign})" for m in _present(rows, metrics)),
+    return ["method", *(LABELS.get(m, m) + ("" if m in PLAIN else f" ({pct_sign})") for m in _present(rows, metrics)),
             "seeds", "rounds", "s/round"]
 
 
@@ -193,8 +203,10 @@ def caption(rows: list[dict]) -> str:
             "last": f"the mean of the last {k} evaluations"}[how]
     seeds = sorted({r["runs"] for r in rows})
     spread = "mean ± sample std over seeds" if max(seeds, default=1) > 1 else "one seed, no spread"
+    eps = (" ε: the privacy spent by the end of the run, at the run's privacy.delta."
+           if any(not math.isnan(r.get("epsilon", (math.nan,))[0]) for r in rows) else "")
     return (f"Accuracies in %: {what} of each run, {spread}; best per column in bold. "
-            "s/round: mean seconds per round (training + evaluation) without the first round's start-up.")
+            "s/round: mean seconds per round (training + evaluation) without the first round's start-up." + eps)
 
 
 def to_markdown(rows: list[dict], metrics: Sequence[str] = METRICS, with_caption: bool = False) -> str:
@@ -204,7 +216,7 @@ def to_markdown(rows: list[dict], metrics: Sequence[str] = METRICS, with_caption
 
 def _tex(s: str) -> str:
     for a, b in (("\\", r"\textbackslash{}"), ("&", r"\&"), ("%", r"\%"), ("_", r"\_"), ("#", r"\#"),
-                 ("±", r"$\pm$"), ("–", "--")):
+                 ("±", r"$\pm$"), ("–", "--"), ("ε", r"$\varepsilon$")):
         s = s.replace(a, b)
     return s
 

@@ -981,7 +981,8 @@ def to_image_shape(x: torch.Tensor, shape: tuple[int, int, int], chunk: int = 40
 
 def domain_subset(d: Dataset, n_train: int, n_test: int, seed: int, tag: str):
     """Seeded subsets of ``n_train`` training and ``n_test`` test samples of a domain
-    (sorted indices, drawn from the stream of (seed, "domains", tag))."""
+    (sorted indices, drawn from the stream ``np_rng(seed, "features", "domains", tag)``, the
+    one the ``domains`` scenario has always drawn from)."""
     from ..rng import np_rng
 
     rng = np_rng(seed, "features", "domains", tag)

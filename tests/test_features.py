@@ -170,7 +170,7 @@ def test_config_section_default_none_keeps_fingerprints_and_bad_values_exit_2(ca
     assert cfg.fingerprint() == cfg.replace(**{"features.name": "none"}).fingerprint()
     assert _digits("features.name=noise").to_dict()["features"] == {"name": "noise", "sigma": 0.1, "redraw": True}
     for bad, msg in [("features.sigma=-1", "sigma must be"), ("features.groups=0", "groups must be"),
-                     ("features.sources=[mnist,usps]", "unknown domain 'usps'"), ("features.name=blur", "unknown")]:
+                     ("features.sources=[mnist,cifar10]", "unknown domain 'cifar10'"), ("features.name=blur", "unknown")]:
         name = {"sigma": "noise", "groups": "rotate", "sources": "domains"}.get(bad.split("=")[0].split(".")[1])
         args = ["run", str(DIGITS), bad] + ([f"features.name={name}"] if name else [])
         assert main(args) == 2

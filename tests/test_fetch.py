@@ -149,20 +149,26 @@ def source_for(name: str, server: Server, files: dict[str, bytes], folder: str |
 # ---------------------------------------------------------------------------------------
 # tiny files in the published formats
 # ---------------------------------------------------------------------------------------
-def cifar10_tarball(pad: int = 0) -> bytes:
+def cifar10_tarball(pad: int = 0, n: int = 0) -> bytes:
     """The python-version tarball with 5 + 1 tiny batches; ``pad`` random bytes in one more
-    member make it larger than one network read (64 KB), for the cut and full-disk tests."""
+    member make it larger than one network read (64 KB), for the cut and full-disk tests.
+    ``n``: instead ``n`` images of random pixels in each batch, the labels cycling through
+    the 10 classes (training batch i from class i on): enough for a few clients to train."""
     def batch(labels, first):
-        n = len(labels)
-        data = np.zeros((n, 3072), np.uint8)
-        for i in range(n):
-            data[i] = first + i
+        k = len(labels)
+        if n:
+            data = np.random.default_rng(first).integers(0, 256, (k, 3072), dtype=np.uint8)
+        else:
+            data = np.zeros((k, 3072), np.uint8)
+            for i in range(k):
+                data[i] = first + i
         return pickle.dumps({b"data": data, b"labels": labels, b"batch_label": b"x"}, protocol=2)
 
+    train = {i: [(i + j) % 10 for j in range(n)] if n else [i, 9 - i] for i in range(1, 6)}
     buf = io.BytesIO()
     with tarfile.open(fileobj=buf, mode="w:gz") as tf:
-        members = {f"cifar-10-batches-py/data_batch_{i}": batch([i, 9 - i], 10 * i) for i in range(1, 6)}
-        members["cifar-10-batches-py/test_batch"] = batch([3, 4, 5], 200)
+        members = {f"cifar-10-batches-py/data_batch_{i}": batch(labels, 10 * i) for i, labels in train.items()}
+        members["cifar-10-batches-py/test_batch"] = batch([j % 10 for j in range(n)] if n else [3, 4, 5], 200)
         members["cifar-10-batches-py/batches.meta"] = pickle.dumps({b"label_names": [f"c{i}".encode() for i in range(10)]})
         if pad:
             members["cifar-10-batches-py/readme.html"] = np.random.default_rng(1).bytes(pad)

@@ -483,10 +483,11 @@ def test_the_index_of_pages_comes_from_the_pages(tmp_path, capsys):
     (pages / "traps.md").write_text(markdown_page(res, date="D", mach="M"))
     (pages / "old.md").write_text("# a page made before pages carried their verdicts\n")
     text = index_text(pages, {"traps": None, "fednh-table1": None}, tmp_path)
+    # the traps table has no paper_data: it runs the paper's own data, and its page says so
     assert "| [traps](pages/traps.md) | Traps: unequal seeds, a reversal, a constant difference, a missing metric | " \
-           "`cpu`: 0, 1, 2 (exploratory: 3, 4) |" in text
+           "`paper` | `cpu`: 0, 1, 2 (exploratory: 3, 4) |" in text
     assert "`reversal` (iid): contradicted" in text and "`missing-metric` (iid): shown, against 1 of 2" in text
-    assert "| [old](pages/old.md) | – | – | made before pages carried their verdicts: regenerate it | – |" in text
+    assert "| [old](pages/old.md) | – | – | – | made before pages carried their verdicts: regenerate it | – |" in text
     assert "No page yet: `fednh-table1`." in text
     results = tmp_path / "RESULTS.md"
     results.write_text(f"# head\n\n{INDEX_START}\nold table\n{INDEX_END}\n\ntail\n")
@@ -514,9 +515,15 @@ def test_cli_list_dry_run_and_a_real_tables_smoke_scale(tmp_path, capsys):
     for name, spec in all_specs().items():
         assert f"| {name} |" in out
         line = next(ln for ln in out.splitlines() if ln.startswith(f"| {name} |"))
-        assert line.rstrip(" |").split(" | ")[-3:] == [str(spec.runs(s)) for s in ("smoke", "cpu", "paper")]
-    assert main(["reproduce", "fednh-table1", "--scale", "paper", "--dry-run", "--out", str(tmp_path)]) == 0
+        paper = spec.variant("paper")  # runs: "substitute / paper data" where the two differ
+        assert line.rstrip(" |").split(" | ")[-3:] == [
+            str(spec.runs(s)) + (f" / {paper.runs(s)}" if spec.has_paper_data else "") for s in ("smoke", "cpu", "paper")]
+    assert main(["reproduce", "fednh-table1", "--scale", "paper", "--data", "substitute", "--dry-run",
+                 "--out", str(tmp_path)]) == 0
     assert "66 runs in all" in capsys.readouterr().out
+    assert main(["reproduce", "fednh-table1", "--scale", "paper", "--data", "paper", "--dry-run",
+                 "--out", str(tmp_path / "p")]) == 0
+    assert "198 runs in all" in capsys.readouterr().out  # six columns x 11 methods x 3 seeds
     assert main(["reproduce", "nosuch"]) == 2
     assert "no reproducible table" in capsys.readouterr().err
     # the spiral needs no data files: its smoke scale, end to end, from the command line

@@ -130,12 +130,23 @@ def cmd_reproduce(args) -> int:
     if args.data_dir:
         overrides.append(f"data.root={args.data_dir}")
     seeds = [int(s) for s in args.seeds.split(",") if s.strip()] if args.seeds else None
-    p = R.plan(R.get_spec(args.table), args.scale, seeds, overrides, Path(args.out) if args.out else None)
+    spec = R.get_spec(args.table)
+    data = args.data
+    if data is None:  # the paper's data where it is present, else the substitute (and say so)
+        data, why = R.default_data(spec, args.scale, overrides)
+        if why:
+            print(why, file=sys.stderr)
+    p = R.plan(spec.variant(data), args.scale, seeds, overrides, Path(args.out) if args.out else None)
     if args.dry_run:
+        print(f"data: {p.spec.runs_on} ({p.spec.dataset})")
+        missing = R.data_missing(p)
+        if missing:
+            print("to fetch on first use: " + ", ".join(f"{n} into {root}" for n, root, _ in missing))
         for sp in p.settings:
             print(f"{sp.setting.label}: {len(sp.runs)} runs, {sp.cfg.rounds} rounds -> {sp.out}")
             for r in sp.runs:
-                print(f"  {r.label} seed {r.seed}: {r.dir.name}")
+                split = sp.part_of(r).split
+                print(f"  {r.label} seed {r.seed}{f' ({split.id})' if split else ''}: {r.dir.name}")
         print(f"{p.num_runs} runs in all")
         return 0
     only = R.row_labels(p, args.methods) if args.methods else None
@@ -201,14 +212,22 @@ def cmd_list(args) -> int:
 def cmd_data(args) -> int:
     from .data import fetch as F
     from .data.catalog import CATALOG
-    from .data.datasets import DATASETS, resolve_root
+    from .data.datasets import COMPOSITE, DATASETS, resolve_root
 
     root = resolve_root(args.root)
     what = args.data_command
+    # a composite dataset (digit5) is its parts, each fetched and verified on its own
+    args.names = [part for n in getattr(args, "names", None) or [] for part in COMPOSITE.get(n, ((n,), None))[0]]
     if what == "list":
         print(f"data root: {root} (--root, ${'PROTOFL_DATA'}, else ~/.cache/protofl/data)")
         for name in [*CATALOG, *[n for n in DATASETS.names() if n not in CATALOG]]:
             src = CATALOG.get(name)
+            if name in COMPOSITE:
+                parts = COMPOSITE[name][0]
+                have = sum(F.status(CATALOG[n], root).present in ("yes", "hand-placed") for n in parts)
+                print(f"{name}: {', '.join(parts)} pooled; each fetched and verified on its own (`protofl data fetch "
+                      f"{name}` fetches them all); present: {have} of {len(parts)}")
+                continue
             if src is None:
                 builtin = {"spiral": "generated in memory", "digits": "bundled with scikit-learn"}
                 print(f"{name}: {builtin.get(name, 'not in protofl catalog (a plugin dataset): place it by hand')}; "
@@ -366,8 +385,14 @@ def build_parser() -> argparse.ArgumentParser:
     sp.add_argument("--methods", help="comma-separated row labels to run (default: every row); the table "
                                       "still shows every finished run")
     sp.add_argument("--jobs", type=int, help="runs at once (default: CPU count / cores one run uses)")
-    sp.add_argument("--out", help="output folder (default <output.dir>/reproduce/TABLE/SCALE)")
+    sp.add_argument("--out", help="output folder (default <output.dir>/reproduce/TABLE/SCALE; on the paper's data "
+                                  "<output.dir>/reproduce/TABLE/paper-data/SCALE)")
     sp.add_argument("--data-dir", help="data root (default: $PROTOFL_DATA, then ~/.cache/protofl/data)")
+    sp.add_argument("--data", choices=("paper", "substitute"),
+                    help="paper: the paper's own datasets (fetched when missing), models and augmentation; "
+                    "substitute: the data the table runs without them (e.g. Fashion-MNIST for CIFAR-10). "
+                    "Default: paper when its datasets are present under the data root, else substitute (one line "
+                    "says so); the same runs for a table on the paper's data already (docs/reproduce.md)")
     sp.add_argument("--dry-run", action="store_true", help="list the runs and their folders, run nothing")
     sp.add_argument("--no-run", action="store_true", help="only tabulate the runs already finished")
     sp.add_argument("--pages", default="benchmarks/reproductions",

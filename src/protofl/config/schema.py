@@ -96,7 +96,7 @@ class Config:
             d["data"].pop(k, None)
         for section, key, default in ADDED_AT_DEFAULT:  # settings added later, at the value that
             if d.get(section, {}).get(key, default) == default:  # reproduces the earlier behaviour,
-                d[section].pop(key, None)  # do not rename the run folders written before them
+                d.get(section, {}).pop(key, None)  # do not rename the run folders written before them
         if "execution" in ignore and self.execution.precision != "fp32":
             d["precision"] = self.execution.precision  # the one execution setting that changes them
         return hashlib.sha256(json.dumps(d, sort_keys=True, default=str).encode()).hexdigest()[:8]
@@ -121,6 +121,7 @@ ADDED_AT_DEFAULT = (
     # step). SCAFFOLD's own server_lr (1.0) is not server_lr's default (null), so it stays in
     # SCAFFOLD's fingerprints, as before
     *(("algorithm", key, default) for key, default in SERVER_OPT_DEFAULTS),
+    ("features", "shape", None),  # domains: the sources' own image shape (Digit-5 brings them to one)
 )
 
 

@@ -41,6 +41,21 @@ def build_federated(cfg, dataset: Optional[Dataset] = None) -> FederatedData:
         raise ConfigError(f"features ({cfg.features.name})", cfg.features.params, str(e)) from None
 
 
+def datasets_read(cfg) -> list[str]:
+    """The registered datasets a config's runs read, a composite one (``digit5``) as its
+    parts: what must be under the data root (or be fetched) before they start."""
+    from .datasets import COMPOSITE
+
+    scenario = make_scenario(cfg.features.name, cfg.features.params)
+    names = scenario.datasets(cfg) if scenario is not None and scenario.builds_dataset else [cfg.data.name]
+    out: list[str] = []
+    for n in names:
+        for part in COMPOSITE.get(n, ((n,), None))[0]:
+            if part not in out:
+                out.append(part)
+    return out
+
+
 SUBSET_TAG = 2000  # mixed into the seed of the subset draw (the tag of the earlier MP-FedCL script)
 
 

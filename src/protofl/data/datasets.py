@@ -124,6 +124,10 @@ def load_dataset(name: str, root: Optional[str | os.PathLike] = None, seed: int 
         return load_hf(name[len(HF_PREFIX):], seed, **options)
     loader = DATASETS.get(name)
     path = resolve_root(root)
+    if name in COMPOSITE:  # each part fetched on first use as this call says
+        names, pool = COMPOSITE[name]
+        parts = [load_dataset(n, path, seed, download=download, mirrors=mirrors) for n in names]
+        return _read(name, lambda _root, s, **o: pool(parts, s, **o), path, seed, options)
     try:
         return _read(name, loader, path, seed, options)
     except MissingDataError as missing:
@@ -941,3 +945,90 @@ def load_synthdigits(root: Path, seed: int) -> Dataset:
         pairs.append(_torch_pair(raw, f, 32))
     return _image_dataset("synthdigits", *pairs[0], *pairs[1], 10, d,
                           [str(i) for i in range(10)])
+
+
+# ---------------------------------------------------------------------------------------
+# Digit-5 (MNIST, SVHN, USPS, SynthDigits, MNIST-M) as one dataset: MP-FedCL's label-skew
+# setting (Table VI) partitions the five domains pooled; its feature-skew setting (Table V)
+# gives each client one domain (features: {name: domains}, data/features.py)
+# ---------------------------------------------------------------------------------------
+DIGIT5 = ("mnist", "svhn", "usps", "synthdigits", "mnistm")
+LUMA = (0.299, 0.587, 0.114)  # ITU-R 601: RGB -> grey
+
+
+def to_image_shape(x: torch.Tensor, shape: tuple[int, int, int], chunk: int = 4096) -> torch.Tensor:
+    """uint8 (N, C, H, W) images -> uint8 (N, *shape): resized bilinearly
+    (``align_corners=False``) to shape's H x W, grey replicated to 3 channels or RGB turned
+    grey by ITU-R 601 luma; in chunks, so no float copy of the whole set is held."""
+    c, h, w = (int(v) for v in shape)
+    if x.dim() != 4 or x.dtype != torch.uint8 or x.shape[1] not in (1, 3) or c not in (1, 3):
+        raise ValueError(f"expected uint8 (N, 1 or 3, H, W) images and 1 or 3 channels, got {tuple(x.shape)} "
+                         f"{x.dtype} -> {shape}")
+    if tuple(x.shape[1:]) == (c, h, w):
+        return x
+    out = torch.empty((len(x), c, h, w), dtype=torch.uint8)
+    for i in range(0, len(x), chunk):
+        f = x[i:i + chunk].to(torch.float32)
+        if f.shape[2:] != (h, w):
+            f = torch.nn.functional.interpolate(f, size=(h, w), mode="bilinear", align_corners=False)
+        if f.shape[1] == 1 and c == 3:
+            f = f.expand(-1, 3, -1, -1)
+        elif f.shape[1] == 3 and c == 1:
+            f = (f * torch.tensor(LUMA).view(1, 3, 1, 1)).sum(1, keepdim=True)
+        out[i:i + chunk] = f.round().clamp_(0, 255).to(torch.uint8)  # round(): f may be an expanded view
+    return out
+
+
+def domain_subset(d: Dataset, n_train: int, n_test: int, seed: int, tag: str):
+    """Seeded subsets of ``n_train`` training and ``n_test`` test samples of a domain
+    (sorted indices, drawn from the stream ``np_rng(seed, "features", "domains", tag)``, the
+    one the ``domains`` scenario has always drawn from)."""
+    from ..rng import np_rng
+
+    rng = np_rng(seed, "features", "domains", tag)
+    itr = torch.from_numpy(np.sort(rng.choice(len(d.y_train), size=n_train, replace=False)))
+    ite = torch.from_numpy(np.sort(rng.choice(len(d.y_test), size=n_test, replace=False)))
+    return d.x_train[itr], d.y_train[itr], d.x_test[ite], d.y_test[ite]
+
+
+def pool_digit5(parts: list[Dataset], seed: int, train_per_domain: Optional[int] = None,
+                test_per_domain: Optional[int] = None, size: int = 32) -> Dataset:
+    """The five Digit-5 domains as (3, size, size) uint8 images, the same number of
+    training (test) samples drawn from each (default: the smallest domain's split, USPS's
+    7,291 / 2,007), pooled in the order of DIGIT5; normalized by the pooled training
+    images' per-channel mean and std."""
+    for what, v in (("train_per_domain", train_per_domain), ("test_per_domain", test_per_domain)):
+        if v is not None and (not isinstance(v, int) or v < 1):
+            raise ValueError(f"digit5: {what} must be a whole number >= 1 or null, got {v!r}")
+    if not isinstance(size, int) or size < 8:
+        raise ValueError(f"digit5: size must be a whole number of pixels >= 8, got {size!r}")
+    sizes = {}
+    for what, i, asked in (("train_per_domain", 0, train_per_domain), ("test_per_domain", 1, test_per_domain)):
+        counts = [len(p.y_train if i == 0 else p.y_test) for p in parts]
+        smallest = min(counts)
+        if asked is not None and asked > smallest:
+            raise ValueError(f"digit5: {what}={asked} exceeds the smallest domain "
+                             f"({parts[counts.index(smallest)].name}: {smallest} samples)")
+        sizes[i] = asked or smallest
+    xs = [[], [], [], []]
+    for p in parts:
+        for j, t in enumerate(domain_subset(p, sizes[0], sizes[1], seed, p.name)):
+            xs[j].append(to_image_shape(t, (3, size, size)) if j % 2 == 0 else t)
+    xtr, ytr, xte, yte = (torch.cat(v) for v in xs)
+    return _image_dataset("digit5", xtr.numpy(), ytr.numpy(), xte.numpy(), yte.numpy(), 10,
+                          ", ".join(p.info.get("source", p.name) for p in parts), [str(i) for i in range(10)],
+                          domains=[p.name for p in parts], train_per_domain=sizes[0], test_per_domain=sizes[1])
+
+
+@DATASETS.register("digit5")
+def load_digit5(root: Path, seed: int, train_per_domain: Optional[int] = None,
+                test_per_domain: Optional[int] = None, size: int = 32) -> Dataset:
+    """Digit-5: MNIST, SVHN, USPS, SynthDigits and MNIST-M pooled, each resized to
+    size x size RGB, the same number of samples from each (``pool_digit5``); every
+    domain is a catalog dataset of its own (fetched and verified on its own)."""
+    return pool_digit5([load_dataset(n, root, seed) for n in DIGIT5], seed, train_per_domain, test_per_domain, size)
+
+
+# datasets assembled from other catalog datasets, each fetched and verified on its own:
+# name -> (the parts, pool(parts, seed, **options))
+COMPOSITE = {"digit5": (DIGIT5, pool_digit5)}

@@ -13,7 +13,9 @@ rotate     IFCA (Ghosh et al., 2020): G rotation groups (0, 90, 180, 270 degrees
            G = 4, by exact ``rot90``); every client's train and local test are rotated
            by its group's angle; the global test set is the union over the groups.
 domains    Real domain shift from the digit sources on disk: MNIST, FEMNIST's digits
-           and scikit-learn's 8x8 digits resized to 28x28; one test set per domain.
+           and scikit-learn's 8x8 digits resized to 28x28, or Digit-5's five (MNIST,
+           SVHN, USPS, SynthDigits, MNIST-M brought to one ``shape``); one test set per
+           domain.
 writers    NIID-Bench "real": FEMNIST's writers permuted with the seed and split into
            K groups, one group per client.
 =========  ==========================================================================
@@ -41,7 +43,7 @@ import torch
 from ..registry import Registry
 from ..rng import np_rng, torch_gen
 from .dataset import Dataset
-from .datasets import load_configured, load_dataset, resolve_root
+from .datasets import channel_stats, DIGIT5, domain_subset, load_configured, load_dataset, resolve_root, to_image_shape
 from .federated import FederatedData, make_partition
 from .partition import local_test_indices
 
@@ -80,6 +82,10 @@ class Scenario:
 
     def build(self, cfg, dataset: Optional[Dataset] = None):  # pragma: no cover - interface
         raise NotImplementedError
+
+    def datasets(self, cfg) -> list[str]:
+        """The registered datasets the scenario reads (what must be under the data root)."""
+        return [cfg.data.name]
 
 
 # ---------------------------------------------------------------------------------------
@@ -236,14 +242,19 @@ def pooled_partition(cfg, ds: Dataset, pools: list[tuple[np.ndarray, np.ndarray]
 # ---------------------------------------------------------------------------------------
 # domains
 # ---------------------------------------------------------------------------------------
-def _domain_mnist(root, seed):
-    d = load_dataset("mnist", root, seed)
-    return d.x_train, d.y_train, d.x_test, d.y_test
+def _domain(name: str) -> Callable:
+    """A domain that is a whole catalog dataset of digits (MNIST, SVHN, USPS, SynthDigits,
+    MNIST-M), as its loader returns it."""
+    def load(root, seed, **fetch):
+        d = load_dataset(name, root, seed, **fetch)
+        return d.x_train, d.y_train, d.x_test, d.y_test
+
+    return load
 
 
-def _domain_femnist(root, seed):
+def _domain_femnist(root, seed, **fetch):
     """FEMNIST's digits (labels 0-9), [0, 1] floats (white background) -> uint8 0..255."""
-    d = load_dataset("femnist", root, seed)
+    d = load_dataset("femnist", root, seed, **fetch)
     out = []
     for x, y in ((d.x_train, d.y_train), (d.x_test, d.y_test)):
         keep = y < 10
@@ -259,12 +270,14 @@ def resize_digits(x: torch.Tensor, size: int = 28) -> torch.Tensor:
     return f.mul_(255).round_().clamp_(0, 255).to(torch.uint8)
 
 
-def _domain_digits(root, seed):
+def _domain_digits(root, seed, **fetch):
     d = load_dataset("digits", root, seed)
     return resize_digits(d.x_train), d.y_train, resize_digits(d.x_test), d.y_test
 
 
-DOMAIN_SOURCES: dict[str, Callable] = {"mnist": _domain_mnist, "femnist": _domain_femnist, "digits": _domain_digits}
+# every source is the catalog dataset of the same name (sklearn's digits ship with scikit-learn)
+DOMAIN_SOURCES: dict[str, Callable] = {"mnist": _domain("mnist"), "femnist": _domain_femnist, "digits": _domain_digits,
+                                       **{n: _domain(n) for n in DIGIT5 if n != "mnist"}}
 
 
 class Domains(Scenario):
@@ -272,7 +285,8 @@ class Domains(Scenario):
     builds_dataset = True
 
     def __init__(self, sources: Optional[list[str]] = None, train_size: Optional[int] = None,
-                 test_size: Optional[int] = None, assign: Optional[list[int]] = None) -> None:
+                 test_size: Optional[int] = None, assign: Optional[list[int]] = None,
+                 shape: Optional[list[int]] = None) -> None:
         sources = list(sources) if sources is not None else ["mnist", "femnist", "digits"]
         if not sources:
             raise ValueError("sources must name at least one domain")
@@ -284,7 +298,14 @@ class Domains(Scenario):
         for what, v in (("train_size", train_size), ("test_size", test_size)):
             if v is not None and v < 1:
                 raise ValueError(f"{what} must be >= 1 or null, got {v}")
+        if shape is not None and (not isinstance(shape, (list, tuple)) or len(shape) != 3 or shape[0] not in (1, 3)
+                                  or not all(isinstance(v, int) and v >= 8 for v in shape[1:])):
+            raise ValueError(f"shape must be [channels (1 or 3), height, width] (at least 8 pixels), got {shape}")
         self.sources, self.train_size, self.test_size, self.assign = sources, train_size, test_size, assign
+        self.shape = tuple(shape) if shape is not None else None
+
+    def datasets(self, cfg) -> list[str]:
+        return list(self.sources)
 
     def check(self, cfg) -> None:
         _assign(self.assign, cfg.partition.num_clients, len(self.sources), "domains")
@@ -293,29 +314,39 @@ class Domains(Scenario):
 
     def build(self, cfg, dataset: Optional[Dataset] = None):
         root = resolve_root(cfg.data.root)
-        parts = [DOMAIN_SOURCES[s](root, cfg.seed) for s in self.sources]
+        fetch = {"download": cfg.data.download, "mirrors": tuple(cfg.data.mirrors)}
+        parts = [DOMAIN_SOURCES[s](root, cfg.seed, **fetch) for s in self.sources]
+        shapes = {s: tuple(p[0].shape[1:]) for s, p in zip(self.sources, parts)}
+        if self.shape is None and len(set(shapes.values())) > 1:
+            raise ValueError("the domains' images differ in shape (" + ", ".join(f"{s} {list(v)}" for s, v in
+                             shapes.items()) + "); give features.shape, e.g. [3, 32, 32], to bring them to one")
         n_tr = min(len(p[1]) for p in parts)
         n_te = min(len(p[3]) for p in parts)
         n_tr = self._size("train_size", self.train_size, n_tr, parts, 1)
         n_te = self._size("test_size", self.test_size, n_te, parts, 3)
         xtr, ytr, xte, yte, pools = [], [], [], [], []
         for d, (a, b, c, e) in enumerate(parts):
-            rng = _rng(cfg.seed, "domains", self.sources[d])
-            itr = np.sort(rng.choice(len(b), size=n_tr, replace=False))
-            ite = np.sort(rng.choice(len(e), size=n_te, replace=False))
-            xtr.append(a[torch.from_numpy(itr)])
-            ytr.append(b[torch.from_numpy(itr)])
-            xte.append(c[torch.from_numpy(ite)])
-            yte.append(e[torch.from_numpy(ite)])
+            dom = Dataset(self.sources[d], a, b, c, e, 10)
+            x1, y1, x2, y2 = domain_subset(dom, n_tr, n_te, cfg.seed, self.sources[d])
+            if self.shape is not None:
+                x1, x2 = to_image_shape(x1, self.shape), to_image_shape(x2, self.shape)
+            xtr.append(x1)
+            ytr.append(y1)
+            xte.append(x2)
+            yte.append(y2)
             pools.append((np.arange(d * n_tr, (d + 1) * n_tr, dtype=np.int64),
                           np.arange(d * n_te, (d + 1) * n_te, dtype=np.int64)))
         x_train = torch.cat(xtr)
-        # normalization from the pooled training images (every domain counts equally)
-        f = x_train.to(torch.float32).div_(255.0)
-        mean, std = float(f.mean()), float(f.std())
-        del f
+        # normalization from the pooled training images (every domain counts equally): one
+        # mean and std for grey images (as ever), per channel for RGB ones
+        if x_train.shape[1] == 1:
+            f = x_train.to(torch.float32).div_(255.0)
+            mean, std = (float(f.mean()),), (float(f.std()),)
+            del f
+        else:
+            mean, std = channel_stats(x_train.numpy())
         ds = Dataset(name="domains", x_train=x_train, y_train=torch.cat(ytr), x_test=torch.cat(xte),
-                     y_test=torch.cat(yte), num_classes=10, scale=255.0, mean=(mean,), std=(std,),
+                     y_test=torch.cat(yte), num_classes=10, scale=255.0, mean=mean, std=std,
                      class_names=[str(i) for i in range(10)],
                      info={"domains": self.sources, "train_per_domain": n_tr, "test_per_domain": n_te})
         group = _assign(self.assign, cfg.partition.num_clients, len(self.sources), "domains")
@@ -335,14 +366,18 @@ class Domains(Scenario):
 
 @FEATURES.register("domains")
 def domains(sources: Optional[list[str]] = None, train_size: Optional[int] = None,
-            test_size: Optional[int] = None, assign: Optional[list[int]] = None) -> Scenario:
+            test_size: Optional[int] = None, assign: Optional[list[int]] = None,
+            shape: Optional[list[int]] = None) -> Scenario:
     """One dataset per domain (``sources``, default mnist, femnist digits 0-9, sklearn
-    digits resized to 28x28), the same number of training samples from each
-    (``train_size``; default: the smallest domain's training split) and one test set per
-    domain (``test_size``; default: the smallest domain's test split). Clients are
-    assigned to domains round-robin or by ``assign``; the label partitioner splits each
-    domain among its clients. ``data.name`` is not used (only ``data.root``)."""
-    return Domains(sources, train_size, test_size, assign)
+    digits resized to 28x28; also svhn, usps, synthdigits and mnistm, the rest of
+    Digit-5), the same number of training samples from each (``train_size``; default: the
+    smallest domain's training split) and one test set per domain (``test_size``;
+    default: the smallest domain's test split). Domains whose images differ in shape are
+    brought to ``shape`` ([C, H, W], e.g. [3, 32, 32] for Digit-5: bilinear resize, grey
+    replicated to RGB). Clients are assigned to domains round-robin or by ``assign``; the
+    label partitioner splits each domain among its clients. ``data.name`` is not used
+    (only ``data.root``)."""
+    return Domains(sources, train_size, test_size, assign, shape)
 
 
 # ---------------------------------------------------------------------------------------

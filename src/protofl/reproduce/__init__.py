@@ -1,7 +1,7 @@
 """``protofl reproduce``: a seed paper's table in one command, ours beside theirs.
 
     protofl reproduce list
-    protofl reproduce fednh-table1 --scale cpu --data-dir DATA [--seeds 3,4] [key=value ...]
+    protofl reproduce fednh-table1 --scale cpu --data-dir DATA [--data paper|substitute] [--seeds 3,4] [key=value ...]
     protofl reproduce index --write benchmarks/RESULTS.md
 
 A table is data (``reproduce/tables/<name>.yaml``, :mod:`protofl.reproduce.spec`): the
@@ -19,23 +19,30 @@ from pathlib import Path
 from typing import Callable, Optional
 
 from .render import write_all
-from .run import collect, execute, Plan, plan, Results, row_labels
-from .spec import all_specs, get_spec, SCALES, TableSpec
+from .run import collect, data_missing, default_data, execute, Plan, plan, Results, row_labels
+from .spec import all_specs, DATA, get_spec, SCALES, TableSpec
 
-__all__ = ["SCALES", "Plan", "Results", "TableSpec", "all_specs", "collect", "execute", "get_spec", "plan",
-           "reproduce", "row_labels"]
+__all__ = ["DATA", "SCALES", "Plan", "Results", "TableSpec", "all_specs", "collect", "data_missing", "default_data",
+           "execute", "get_spec", "plan", "reproduce", "row_labels"]
 
 
 def reproduce(name: str, scale: str = "cpu", seeds: Optional[list[int]] = None,
               overrides: Optional[list[str]] = None, out: Optional[Path] = None, jobs: Optional[int] = None,
-              log: Callable[[str], None] = print, run: bool = True) -> tuple[Results, list[Path], list]:
+              log: Callable[[str], None] = print, run: bool = True,
+              data: Optional[str] = None) -> tuple[Results, list[Path], list]:
     """Run (or reuse) every run of table ``name`` at ``scale`` and write its outputs.
 
-    ``seeds``: exploratory seeds besides the scale's own. Returns (results, files written,
-    failed runs). ``run=False`` only collects the runs already finished (the table then
-    marks the missing ones).
+    ``seeds``: exploratory seeds besides the scale's own. ``data``: paper | substitute
+    (None: :func:`default_data`'s choice, its reason logged). Returns (results, files
+    written, failed runs). ``run=False`` only collects the runs already finished (the
+    table then marks the missing ones).
     """
-    p = plan(get_spec(name), scale, seeds, overrides, out)
+    spec = get_spec(name)
+    if data is None:
+        data, why = default_data(spec, scale, overrides)
+        if why:
+            log(why)
+    p = plan(spec.variant(data), scale, seeds, overrides, out)
     failed = execute(p, jobs=jobs, log=log) if run else []
     res = collect(p)
     return res, write_all(res), failed

@@ -28,7 +28,7 @@ from ..report import plots
 from ..report.html import _img, _table, CSS
 from ..report.tables import markdown, parse_select
 from . import stats
-from .run import Cell, command_line, Results
+from .run import Cell, claim_out, command_line, Results
 from .spec import Claim, TableSpec
 
 LABEL = {stats.SHOWN: "shown", stats.NOT_SHOWN: "not shown", stats.CONTRADICTED: "contradicted",
@@ -264,10 +264,15 @@ def seeds_line(res: Results) -> str:
     return line
 
 
+def data_lines(spec: TableSpec) -> str:
+    """Which data the page ran on, and what of the paper's table is left out."""
+    left = f" Left out: {spec.left_out}" if spec.left_out else ""
+    return spec.data_text() + left
+
+
 def header_lines(res: Results, date: str, mach: str) -> list[str]:
     spec, p = res.plan.spec, res.plan
     paper = spec.paper
-    sub = f" Substitute: {spec.substitute}." if spec.substitute else ""
     page = f", page {paper['page']}" if paper.get("page") else ""
     where = f" ({paper['where']})" if paper.get("where") else ""
     return [
@@ -276,7 +281,7 @@ def header_lines(res: Results, date: str, mach: str) -> list[str]:
         f"Paper: {paper['authors']}, \"{paper['title']}\", {paper['venue']}: {paper['table']}{page}{where}. "
         f"Paper's setting: {paper['setting']}",
         "",
-        f"Ours: {spec.dataset}, scale `{p.scale}`.{sub}",
+        f"Ours: {spec.dataset}, scale `{p.scale}`. {data_lines(spec)}",
         "",
         seeds_line(res),
         "",
@@ -311,6 +316,9 @@ def markdown_page(res: Results, date: Optional[str] = None, mach: Optional[str] 
     for s in spec.settings:
         if s.note:
             lines += ["", f"{s.label}: {s.note.strip()}"]
+    split_lines = splits_lines(res)
+    if split_lines:
+        lines += ["", *split_lines]
     extra = extras_lines(res)
     if extra:
         lines += ["", *extra]
@@ -335,6 +343,13 @@ def markdown_page(res: Results, date: Optional[str] = None, mach: Optional[str] 
         lines += ["", *ex]
     lines += ["", summary_comment(res)]
     return "\n".join(lines) + "\n"
+
+
+def splits_lines(res: Results) -> list[str]:
+    """One line per setting whose cells average over splits."""
+    return [f"{sp.setting.label}: each cell (and each seed's value in table.csv) is the mean over the splits "
+            f"{', '.join(pt.split.label for pt in sp.parts)}, one run each per method and seed."
+            for sp in res.plan.settings if len(sp.parts) > 1]
 
 
 def extras_lines(res: Results) -> list[str]:
@@ -370,7 +385,7 @@ def summary(res: Results) -> dict:
     spec, p = res.plan.spec, res.plan
     return {"table": spec.name, "title": spec.title,
             "paper": f"{spec.paper.get('short') or spec.paper['title']}, {spec.paper['table']}",
-            "scale": p.scale, "seeds": p.planned, "exploratory": p.extra,
+            "data": spec.runs_on, "scale": p.scale, "seeds": p.planned, "exploratory": p.extra,
             "complete": all(res.complete(sp.setting.id) for sp in p.settings),
             "claims": [{"id": cr.claim.id, "role": cr.claim.role, "setting": cr.setting.label,
                         "verdict": cr.verdict.verdict, "label": verdict_label(cr.claim, cr.verdict, bold=False)}
@@ -397,18 +412,29 @@ def read_summary(page: Path) -> Optional[dict]:
 INDEX_START, INDEX_END = "<!-- reproduce-index: start -->", "<!-- reproduce-index: end -->"
 
 
+def page_data(s: dict, spec: Optional[TableSpec]) -> str:
+    """The data a page ran on; a page from before pages named it ran on what is now
+    ``--data substitute`` (the paper's own for a table with one variant)."""
+    if s.get("data"):
+        return s["data"]
+    return "paper" if spec is not None and not spec.has_paper_data else "substitute"
+
+
 def index_text(pages: Path, specs: dict[str, TableSpec], relative_to: Path) -> str:
-    """The index of the pages in ``pages`` (one ``<table>.md`` each, as written by
-    ``protofl reproduce``): one row per page with its seeds and every verdict, then the
-    shipped tables that have no page yet."""
+    """The index of the pages in ``pages`` (one ``<table>.md`` each as written by
+    ``protofl reproduce``, ``<table>.paper-data.md`` for the paper's data): one row per
+    page with its data, seeds and every verdict, then the shipped tables that have no page
+    yet, and those whose paper-data page is still to be made."""
     rows, have = [], set()
     for page in sorted(Path(pages).glob("*.md")):
         s = read_summary(page)
         link = f"[{page.stem}]({Path(os.path.relpath(page, relative_to)).as_posix()})"
-        have.add(page.stem)
         if s is None:
-            rows.append([link, "–", "–", "made before pages carried their verdicts: regenerate it", "–"])
+            have.add((page.stem, None))
+            rows.append([link, "–", "–", "–", "made before pages carried their verdicts: regenerate it", "–"])
             continue
+        data = page_data(s, specs.get(s["table"]))
+        have.add((s["table"], data))
         seeds = f"`{s['scale']}`: {seeds_text(s['seeds'])}"
         if s.get("exploratory"):
             seeds += f" (exploratory: {seeds_text(s['exploratory'])})"
@@ -416,11 +442,16 @@ def index_text(pages: Path, specs: dict[str, TableSpec], relative_to: Path) -> s
             seeds += ", incomplete"
         verdicts = {role: "; ".join(f"`{c['id']}` ({c['setting']}): {c['label']}" for c in s["claims"]
                                     if c["role"] == role) or "–" for role in ("paper", "ablation")}
-        rows.append([link, s["title"], seeds, verdicts["paper"], verdicts["ablation"]])
-    out = markdown(["page", "what it rebuilds", "seeds", "the paper's claims", "our ablations"], rows)
-    missing = [name for name in specs if name not in have]
+        rows.append([link, s["title"], f"`{data}`", seeds, verdicts["paper"], verdicts["ablation"]])
+    out = markdown(["page", "what it rebuilds", "data", "seeds", "the paper's claims", "our ablations"], rows)
+    tables = {t for t, _ in have}
+    missing = [name for name in specs if name not in tables]
     if missing:
         out += f"\nNo page yet: {', '.join(f'`{n}`' for n in missing)}.\n"
+    paper = [name for name, spec in specs.items() if spec is not None and spec.has_paper_data
+             and name not in missing and (name, "paper") not in have]
+    if paper:
+        out += f"\nNo page on the paper's data (`--data paper`) yet: {', '.join(f'`{n}`' for n in paper)}.\n"
     return out
 
 
@@ -480,8 +511,7 @@ def build_html(res: Results, date: Optional[str] = None, mach: Optional[str] = N
              f"<style>{CSS}</style></head><body>", f"<h1>{esc(spec.title)}</h1>",
              f"<p class='sub'>{esc(paper['authors'])}, “{esc(paper['title'])}”, {esc(paper['venue'])}: "
              f"{esc(paper['table'])}. Paper's setting: {esc(paper['setting'])}</p>",
-             f"<p>Ours: {esc(spec.dataset)}, scale <code>{p.scale}</code>."
-             + (f" Substitute: {esc(spec.substitute)}." if spec.substitute else "") + "</p>",
+             f"<p>Ours: {esc(spec.dataset)}, scale <code>{p.scale}</code>. {esc(data_lines(spec))}</p>",
              f"<p>{esc(seeds_line(res))}</p>", f"<pre>{esc(command_line(p))}</pre>",
              f"<p class='note'>Made by <code>protofl reproduce</code> on {date}; machine: {esc(mach)}.</p>"]
     notes = spec.scales[p.scale].notes
@@ -494,7 +524,7 @@ def build_html(res: Results, date: Optional[str] = None, mach: Optional[str] = N
         parts += ([f"<h3>{esc(title)}</h3>"] if title else []) + [_table(header, rows)]
     parts += [f"<p class='note'>Each cell: ours, mean ± sample std over the seeds above (%), and the paper's value "
               f"in parentheses ({esc(_paper_col_text(res))}).</p>"]
-    for line in extras_lines(res):
+    for line in splits_lines(res) + extras_lines(res):
         parts.append(f"<p class='note'>{esc(line)}</p>")
     rl = ranking_lines(res)
     if rl:
@@ -524,10 +554,12 @@ def build_html(res: Results, date: Optional[str] = None, mach: Optional[str] = N
         ms = [k for k in keys if k in available and k != "gm_per_class"][:4]
         if not ms:
             continue
+        reports = [f"{sp.setting.id}/{pt.split.id}" if pt.split else sp.setting.id for pt in sp.parts]
         parts += [f"<h2>Learning curves: {esc(sp.setting.label)}</h2>",
                   _img(plots.curves_figure(groups, ms, ncols=min(3, len(ms))), f"curves {sp.setting.label}"),
-                  f"<p class='note'>Mean over the seeds above, ± 1 sample std shaded. Every run of this setting: "
-                  f"<a href='{esc(sp.setting.id)}/report.html'>{esc(sp.setting.id)}/report.html</a>.</p>"]
+                  f"<p class='note'>Mean over the seeds above{' and the splits' if len(sp.parts) > 1 else ''}, "
+                  f"± 1 sample std shaded. Every run of this setting: "
+                  + ", ".join(f"<a href='{esc(r)}/report.html'>{esc(r)}/report.html</a>" for r in reports) + ".</p>"]
     if spec.notes:
         parts += ["<h2>Notes</h2>", f"<p>{esc(spec.notes.strip())}</p>"]
     if res.missing:
@@ -541,7 +573,7 @@ def build_html(res: Results, date: Optional[str] = None, mach: Optional[str] = N
 
 def write_all(res: Results, date: Optional[str] = None) -> list[Path]:
     out = res.plan.out
-    out.mkdir(parents=True, exist_ok=True)
+    claim_out(res.plan)  # never over the pages of the other data
     mach = machine()
     md = out / "table.md"
     md.write_text(markdown_page(res, date, mach))
@@ -553,10 +585,14 @@ def write_all(res: Results, date: Optional[str] = None) -> list[Path]:
 
 
 def list_text(specs: dict[str, TableSpec]) -> str:
-    """``protofl reproduce list``: one block per table."""
+    """``protofl reproduce list``: one row per table; runs "n" for a table with one
+    variant, "substitute / paper data" for one with two."""
     rows = []
     for name, s in specs.items():
+        paper = s.variant("paper")
+        runs = [str(s.runs(sc)) + (f" / {paper.runs(sc)}" if s.has_paper_data else "")
+                for sc in ("smoke", "cpu", "paper")]
         rows.append([name, f"{s.paper['short'] or s.paper['title']}, {s.paper['table']}", s.dataset,
-                     s.substitute or "–", *(str(s.runs(sc)) for sc in ("smoke", "cpu", "paper"))])
-    return markdown(["table", "paper", "ours", "substitute for the paper's data", "runs smoke", "runs cpu",
-                     "runs paper"], rows)
+                     paper.dataset if s.has_paper_data else "the same", *runs])
+    return markdown(["table", "paper", "--data substitute", "--data paper", "runs smoke", "runs cpu", "runs paper"],
+                    rows)

@@ -1,12 +1,26 @@
 """Plan, run and collect a reproduction: every (setting x method x seed) of a table.
 
 The runs go through the sweep machinery (:func:`protofl.sweeps.sweep`), one sweep per
-setting, so a reproduction resumes cut runs, skips finished ones (by the fingerprint of
-the whole config) and runs several at once (``jobs``). Its folder::
+setting (per split of a setting with splits), so a reproduction resumes cut runs, skips
+finished ones (by the fingerprint of the whole config) and runs several at once
+(``jobs``). Its folder::
 
     <out>/<setting id>/<method>-s<seed>-<fingerprint>/   the runs (a sweep folder each,
                                                         with sweep.md and report.html)
+    <out>/<setting id>/<split id>/...                   the same, per split
     <out>/table.md, table.csv, report.html              written by reproduce/render.py
+    <out>/reproduce.json                                which table and data the folder holds
+
+The default ``<out>`` is ``<output.dir>/reproduce/<table>/<scale>`` on the substitute
+data (as it always was) and ``<output.dir>/reproduce/<table>/paper-data/<scale>`` on the
+paper's: the two variants' runs differ in their configs, so in their run folders, and
+their pages never share a folder (``reproduce.json`` refuses a folder of the other).
+
+Data. ``--data paper`` runs the paper's own datasets, models and augmentation; every
+catalog dataset its runs read is fetched (and verified) before the first run when it is
+missing, unless downloads are off (the catalog's one-line error then says how to place
+it). Without ``--data``, :func:`default_data` picks the paper's data when all of it is
+present under the data root, else the substitute, and says so in one line.
 
 Every config of the plan is built and validated before the first run starts, so a typo
 in an override costs seconds.
@@ -19,6 +33,7 @@ exploratory: they never enter a cell or a verdict.
 """
 from __future__ import annotations
 
+import json
 import math
 import re
 from dataclasses import dataclass, field
@@ -29,22 +44,36 @@ import numpy as np
 
 from ..api import is_complete
 from ..config import check_here, Config, load_config, parse_override
-from ..data.build import build_federated
-from ..errors import ConfigError, InputError
+from ..data.build import build_federated, datasets_read
+from ..data.datasets import resolve_root
+from ..errors import ConfigError, InputError, one_line
 from ..report.plots import read_metrics
 from ..report.tables import mean_std, select_value
 from ..sweeps import plan as sweep_plan, sweep
 from . import stats
-from .spec import _METRIC_KEY, Claim, Metric, SCALES, Setting, TableSpec
+from .spec import _METRIC_KEY, Claim, Metric, SCALES, Setting, Split, TableSpec
+
+
+@dataclass
+class Part:
+    """One sweep of a setting: the whole setting, or one of its splits."""
+    split: Optional[Split]
+    cfg: Config  # the base of the sweep
+    out: Path
+    runs: list = field(default_factory=list)  # sweeps.SweepRun, one per (method, seed)
 
 
 @dataclass
 class SettingPlan:
     setting: Setting
-    cfg: Config  # the setting's config at this scale (the base of its sweep)
+    cfg: Config  # the setting's config at this scale (its first split's with splits)
     methods: dict[str, dict]  # label -> {"algorithm": {...}, "config": {...}} (api.parse_methods form)
     out: Path
-    runs: list = field(default_factory=list)  # sweeps.SweepRun, one per (method, seed)
+    runs: list = field(default_factory=list)  # sweeps.SweepRun, one per (method, seed, split)
+    parts: list[Part] = field(default_factory=list)  # one sweep each, in the order of the splits
+
+    def part_of(self, run) -> Part:
+        return next(pt for pt in self.parts if any(r is run for r in pt.runs))
 
 
 @dataclass
@@ -100,18 +129,135 @@ def plan(spec: TableSpec, scale: str = "cpu", seeds: Optional[list[int]] = None,
     overrides = list(overrides or [])
     user = dict(parse_override(o) for o in overrides)
     base = load_config(spec.base)
-    out = Path(out) if out is not None else Path(base.replace(**user).output.dir) / "reproduce" / spec.name / scale
+    out = Path(out) if out is not None else default_out(spec, scale, Path(base.replace(**user).output.dir))
     settings = []
     for s in spec.settings_at(scale):
-        changes = {**spec.config, **s.config, **sc.config, **s.scales.get(scale, {}), **user}
-        try:
-            cfg = base.replace(**changes)
-        except ConfigError as e:
-            raise ConfigError(e.key, e.value, f"{e.allowed} (table {spec.name}, setting {s.id}, scale {scale})") from None
-        sp = SettingPlan(s, cfg, method_specs(spec, s, scale), out / s.id)
-        sp.runs = sweep_plan(cfg, {}, seeds, sp.out, sp.methods)
+        methods = method_specs(spec, s, scale)
+        sp = SettingPlan(s, None, methods, out / s.id)
+        for split in s.splits or [None]:
+            changes = {**spec.config, **s.config, **sc.config, **s.scales.get(scale, {}),
+                       **(split.config if split else {}), **user}
+            where = f"table {spec.name}, setting {s.id}" + (f", split {split.id}" if split else "") + f", scale {scale}"
+            try:
+                cfg = base.replace(**changes)
+            except ConfigError as e:
+                raise ConfigError(e.key, e.value, f"{e.allowed} ({where})") from None
+            folder = sp.out / split.id if split else sp.out
+            pt = Part(split, cfg, folder, sweep_plan(cfg, {}, seeds, folder, methods))
+            sp.parts.append(pt)
+            sp.runs += pt.runs
+        sp.cfg = sp.parts[0].cfg
         settings.append(sp)
     return Plan(spec, scale, seeds, overrides, out, settings)
+
+
+def default_out(spec: TableSpec, scale: str, output_dir: Path) -> Path:
+    """``<output.dir>/reproduce/<table>/<scale>``; on the paper's data of a table whose two
+    variants differ, ``.../<table>/paper-data/<scale>`` (the substitute keeps the folder
+    it always had, so its finished runs are found again)."""
+    folder = Path(output_dir) / "reproduce" / spec.name
+    return folder / "paper-data" / scale if spec.data == "paper" and spec.has_paper_data else folder / scale
+
+
+# ---------------------------------------------------------------------------------------
+# which data: present, fetched, or the substitute
+# ---------------------------------------------------------------------------------------
+def data_needed(p: Plan) -> list[tuple[str, Path, Config]]:
+    """Every catalog dataset the plan's runs read: (name, data root, a config reading it)."""
+    from ..data.catalog import CATALOG
+
+    out, seen = [], set()
+    for sp in p.settings:
+        for pt in sp.parts:
+            root = resolve_root(pt.cfg.data.root)
+            for name in datasets_read(pt.cfg):
+                if name in CATALOG and (name, root) not in seen:
+                    seen.add((name, root))
+                    out.append((name, root, pt.cfg))
+    return out
+
+
+def data_missing(p: Plan) -> list[tuple[str, Path, Config]]:
+    """The datasets of :func:`data_needed` not present under their data root. Present:
+    what ``protofl data list`` calls present (the published files or a hand-placed copy),
+    or, failing that, what the loader finds without the network (a layout the catalog does
+    not list; a missing file fails at once)."""
+    from ..data.catalog import CATALOG
+    from ..data.datasets import load_dataset, MissingDataError
+    from ..data.fetch import status
+
+    def present(name: str, root: Path) -> bool:
+        if status(CATALOG[name], root).present in ("yes", "hand-placed"):
+            return True
+        try:
+            load_dataset(name, root, download=False)
+        except MissingDataError:
+            return False
+        except InputError:  # there but damaged: the run says so
+            return True
+        return True
+
+    return [(n, root, cfg) for n, root, cfg in data_needed(p) if not present(n, root)]
+
+
+def default_data(spec: TableSpec, scale: str, overrides: Optional[list[str]] = None) -> tuple[str, str]:
+    """``--data`` when it is not given: (data, one line saying why, or "").
+
+    The paper's data when every catalog dataset its runs read at ``scale`` is present
+    under the data root, else the substitute, with a line that says so and how to get
+    the paper's data. A table without paper_data has one variant: "paper" if it has no
+    substitute."""
+    if not spec.has_paper_data:
+        return ("substitute" if spec.substitute else "paper"), ""
+    paper = spec.variant("paper")
+    try:
+        missing = data_missing(plan(paper, scale, overrides=overrides))
+    except ConfigError as e:  # an override for the substitute's config that the paper's does not take
+        return "substitute", f"protofl: {spec.name} runs on the substitute data: with --data paper, {one_line(e)}"
+    if not missing:
+        return "paper", ""
+    names = [n for n, _, _ in missing]
+    roots = sorted({str(root) for _, root, _ in missing})
+    return "substitute", (f"protofl: {spec.name} runs on the substitute data ({spec.variant('substitute').dataset}): "
+                          f"the paper's {', '.join(names)} {'is' if len(names) == 1 else 'are'} not under "
+                          f"{', '.join(roots)}; `--data paper` fetches {'it' if len(names) == 1 else 'them'} on "
+                          f"first use (or first `protofl data fetch {' '.join(names)}`)")
+
+
+def ensure_data(p: Plan) -> None:
+    """Fetch every catalog dataset the runs read that is missing, once, before the first
+    run (offline: the catalog's one-line error, how to place it by hand)."""
+    from ..data.catalog import CATALOG
+    from ..data.fetch import fetch
+
+    for name, root, cfg in data_missing(p):
+        fetch(CATALOG[name], root, mirrors=tuple(cfg.data.mirrors), download=cfg.data.download)
+
+
+FOLDER_RECORD = "reproduce.json"
+
+
+def claim_out(p: Plan) -> None:
+    """Mark ``p.out`` as this table's on this data; refuse a folder that holds the pages of
+    the other data (or of another table): a ConfigError naming both. A folder with a
+    table.md from before pages named their data holds the substitute's."""
+    from .render import page_data, read_summary
+
+    want = {"table": p.spec.name, "data": p.spec.runs_on}
+    have = None
+    try:
+        have = json.loads((p.out / FOLDER_RECORD).read_text())
+    except (OSError, ValueError):
+        page = p.out / "table.md"
+        if page.is_file():
+            s = read_summary(page) or {}
+            have = {"table": s.get("table", p.spec.name), "data": page_data(s, p.spec)}
+    if isinstance(have, dict) and (have.get("table"), have.get("data")) != (want["table"], want["data"]):
+        raise ConfigError("--out", str(p.out), f"holds {have.get('table')} on the {have.get('data')} data; "
+                          f"{want['table']} on the {want['data']} data needs a folder of its own (leave --out "
+                          f"out for the default)")
+    p.out.mkdir(parents=True, exist_ok=True)
+    (p.out / FOLDER_RECORD).write_text(json.dumps(want) + "\n")
 
 
 def row_labels(p: Plan, text: str) -> list[str]:
@@ -139,22 +285,37 @@ def execute(p: Plan, jobs: Optional[int] = None, log: Callable[[str], None] = pr
             raise ConfigError("--methods", ",".join(methods),
                               f"rows of {p.spec.name}: {', '.join(sorted(known, key=str.lower))}")
     for sp in p.settings:
-        check_here(sp.cfg)
+        for pt in sp.parts:
+            check_here(pt.cfg)
+    claim_out(p)
+    ensure_data(p)
     failed = []
     for i, sp in enumerate(p.settings, start=1):
         chosen = {k: v for k, v in sp.methods.items() if methods is None or k in methods}
         if not chosen:
             continue
         log(f"[reproduce {p.spec.name}] setting {i}/{len(p.settings)}: {sp.setting.label} "
-            f"({len(chosen) * len(p.seeds)} runs) -> {sp.out}")
-        _, _, bad = sweep(sp.cfg, {}, p.seeds, sp.out, methods=chosen, jobs=jobs, log=log)
-        failed += bad
+            f"({len(chosen) * len(p.seeds) * len(sp.parts)} runs) -> {sp.out}")
+        for pt in sp.parts:
+            if pt.split is not None:
+                log(f"[reproduce {p.spec.name}] {sp.setting.label}, split {pt.split.label} -> {pt.out}")
+            _, _, bad = sweep(pt.cfg, {}, p.seeds, pt.out, methods=chosen, jobs=jobs, log=log)
+            failed += bad
     return failed
 
 
 # ---------------------------------------------------------------------------------------
 # collecting the values
 # ---------------------------------------------------------------------------------------
+def parts_value(parts: list[list[dict]], metric: Metric) -> Optional[float]:
+    """The metric of one (method, seed): its run's value, or with splits the mean over
+    the splits' runs (None when one of them lacks it)."""
+    vals = [run_value(rows, metric) for rows in parts]
+    if any(v is None for v in vals):
+        return None
+    return vals[0] if len(vals) == 1 else float(np.mean(vals))
+
+
 def run_value(rows: list[dict], metric: Metric) -> Optional[float]:
     """The metric's selected value of one run, in percent (None: the run never logged it).
     ``spread:K``: the sample std of its last K evaluations (None with fewer than two)."""
@@ -210,23 +371,26 @@ class OneSample:
         return lambda: self.points(metric)
 
     def points(self, metric: Metric) -> Optional[float]:
+        """With splits: the largest over them too (a mean over splits moves by less than
+        one sample of a split only where every split moves by less)."""
         out = []
         for seed in self.seeds:
-            fed = self._data(seed)
-            n = None if fed is None else sample_count(metric.key, fed)
-            if not n:
-                return None
-            out.append(100.0 / n)
+            for i in range(len(self.sp.parts)):
+                fed = self._data(seed, i)
+                n = None if fed is None else sample_count(metric.key, fed)
+                if not n:
+                    return None
+                out.append(100.0 / n)
         return max(out) if out else None
 
-    def _data(self, seed: int):
-        if seed not in self._fed:
-            run = next(r for r in self.sp.runs if r.seed == seed)
+    def _data(self, seed: int, part: int = 0):
+        if (seed, part) not in self._fed:
+            run = next(r for r in self.sp.parts[part].runs if r.seed == seed)
             try:
-                self._fed[seed] = build_federated(run.cfg)
+                self._fed[(seed, part)] = build_federated(run.cfg)
             except (InputError, OSError):  # data gone: a constant difference then counts for nothing
-                self._fed[seed] = None
-        return self._fed[seed]
+                self._fed[(seed, part)] = None
+        return self._fed[(seed, part)]
 
 
 @dataclass
@@ -282,27 +446,33 @@ def collect(p: Plan) -> Results:
     verdicts: dict[tuple[str, str], stats.Verdict] = {}
     for sp in p.settings:
         s = sp.setting
-        rows_of = {}
-        for r in sp.runs:
-            if is_complete(r.dir, r.cfg.rounds):
-                rows_of[(r.label, r.seed)] = read_metrics(r.dir)
-            else:
-                (res.missing if r.seed in p.planned else res.explore_missing).append(
-                    f"{s.id} / {r.label} / seed {r.seed}")
+        # (label, seed) -> the metrics rows of its run, one list per split: only when the
+        # runs of every split finished
+        rows_of, cut = {}, set()
+        for pt in sp.parts:
+            for r in pt.runs:
+                if is_complete(r.dir, r.cfg.rounds):
+                    rows_of.setdefault((r.label, r.seed), []).append(read_metrics(r.dir))
+                else:
+                    cut.add((r.label, r.seed))
+                    split = f" / {pt.split.id}" if pt.split else ""
+                    (res.missing if r.seed in p.planned else res.explore_missing).append(
+                        f"{s.id}{split} / {r.label} / seed {r.seed}")
+        rows_of = {k: v for k, v in rows_of.items() if k not in cut}
         labels = [m.label for m in spec.methods_of(s)]
         shared = [seed for seed in p.planned if all((lab, seed) in rows_of for lab in labels)]
         res.seeds[s.id] = shared
         per: dict[str, dict[str, Cell]] = {}
         for m in spec.methods_of(s):
-            per[m.label] = {met.id: Cell({seed: run_value(rows_of[(m.label, seed)], met) for seed in shared},
+            per[m.label] = {met.id: Cell({seed: parts_value(rows_of[(m.label, seed)], met) for seed in shared},
                                          spec.paper_value(s, m, met), _paper_std(spec, s, m, met))
                             for met in p.metrics}
             other = [seed for seed in p.seeds if seed not in shared and (m.label, seed) in rows_of]
             if other:
                 res.explore.setdefault(s.id, {})[m.label] = {
-                    met.id: {seed: run_value(rows_of[(m.label, seed)], met) for seed in other} for met in p.metrics}
+                    met.id: {seed: parts_value(rows_of[(m.label, seed)], met) for seed in other} for met in p.metrics}
             # clustering methods: the final purity against the scenario's known groups
-            pur = [rows_of[(m.label, seed)][-1].get("cluster_purity") for seed in shared if rows_of[(m.label, seed)]]
+            pur = [rows[-1].get("cluster_purity") for seed in shared for rows in rows_of[(m.label, seed)] if rows]
             pur = [x for x in pur if isinstance(x, (int, float))]
             if pur:
                 res.extras.setdefault(s.id, {}).setdefault(m.label, {})["cluster_purity"] = pur
@@ -388,6 +558,8 @@ def judge(claim: Claim, cells: dict[str, dict[str, Cell]], step: stats.Step = No
 def command_line(p: Plan) -> str:
     """The command that rebuilds this table (a data folder shows as DATA, never a path)."""
     parts = ["protofl", "reproduce", p.spec.name, "--scale", p.scale]
+    if p.spec.has_paper_data:
+        parts += ["--data", p.spec.data]
     if p.extra:
         parts += ["--seeds", ",".join(map(str, p.extra))]
     has_root = False

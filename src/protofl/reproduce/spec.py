@@ -38,6 +38,21 @@ Schema (every key is checked when the file is loaded; unknown keys are errors)::
       seeds: fixed before any run; every verdict uses exactly these (at least 3 at cpu and
              paper); `--seeds` adds exploratory ones, shown apart and never in a verdict
     changes: what changed since the last published page (optional)
+    left_out: what of the paper's table no variant runs, and why (optional; shown on the page)
+    paper_data: {dataset, title, left_out, base, config, settings, metrics, scales, notes,
+                 changes, claims: {claim id: {scope, settings}}}   # see below
+
+Two variants of a table: ``substitute`` (the file as read: the data that needs no
+download beyond what it always ran on, e.g. Fashion-MNIST in place of CIFAR-10) and
+``paper`` (the paper's own datasets, models and augmentation). ``paper_data`` holds the
+paper variant as changes to the file: each key it gives replaces the file's key of that
+name, except ``config`` (applied on top of the file's ``config``), ``scales`` (per scale,
+each key given replaces that key of the file's scale) and ``claims`` (a new ``scope`` or
+``settings`` per claim id). ``substitute`` is null in the paper variant. A table without
+``paper_data`` runs the paper's own data already (its ``substitute`` must be null): both
+variants are then the same runs. A setting may hold ``splits: [{id, label, config}]``:
+its cells are then, per seed, the mean over the splits' runs (a paper's cell that
+averages several partitions, e.g. FedGELA's Table 4).
 """
 from __future__ import annotations
 
@@ -58,6 +73,7 @@ TABLES_DIR = Path(__file__).resolve().parent / "tables"
 SCALES = ("smoke", "cpu", "paper")
 KINDS = ("greater", "best", "equal", "not_worse", "smaller_std", "steadier")
 ROLES = ("paper", "ablation", "extra")
+DATA = ("paper", "substitute")  # the two variants of a table (``--data``)
 _METRIC_KEY = re.compile(r"^([\w@:.\-]+)(?:\[(\d+)\])?$")
 _SPREAD = re.compile(r"^spread:(\d+)$")
 
@@ -74,6 +90,14 @@ class Method:
 
 
 @dataclass
+class Split:
+    """One of the partitions a setting's cells average over (its config after the setting's)."""
+    id: str
+    label: str
+    config: dict = field(default_factory=dict)
+
+
+@dataclass
 class Setting:
     id: str
     label: str
@@ -82,6 +106,7 @@ class Setting:
     methods: Optional[list[str]] = None  # None: every method
     note: str = ""
     scales: dict = field(default_factory=dict)  # scale -> {dotted: value}, after the scale's own config
+    splits: list[Split] = field(default_factory=list)  # empty: one run per (method, seed)
 
 
 @dataclass
@@ -148,6 +173,46 @@ class TableSpec:
     path: Path
     notes: str = ""
     changes: str = ""  # what changed since the last published page
+    left_out: str = ""  # what of the paper's table this variant does not run, and why
+    data: str = "substitute"  # which variant this is (``--data``)
+    paper_variant: Optional["TableSpec"] = field(default=None, repr=False)  # from paper_data
+    substitute_variant: Optional["TableSpec"] = field(default=None, repr=False)  # in a paper variant
+
+    # -- the two variants -----------------------------------------------------------------
+    @property
+    def has_paper_data(self) -> bool:
+        """The two variants differ (the file has ``paper_data``)."""
+        return self.paper_variant is not None or self.substitute_variant is not None
+
+    @property
+    def runs_on(self) -> str:
+        """The data its page says it ran on: the variant of a table with two, "paper" for
+        a table with one (it runs the paper's own data; a substitute needs paper_data)."""
+        return self.data if self.has_paper_data else "paper"
+
+    def data_text(self) -> str:
+        """One sentence for the page: which data this variant runs, and the other's."""
+        if not self.has_paper_data:
+            return "Data: the paper's own."
+        if self.data == "paper":
+            return "Data: the paper's own (`--data paper`)."
+        paper = self.variant("paper").dataset
+        if self.substitute:
+            return (f"Data: a substitute (`--data substitute`): {self.substitute}. `--data paper` runs the "
+                    f"paper's: {paper}.")
+        return (f"Data: `--data substitute`, the paper's own data for these columns only. `--data paper` runs the "
+                f"paper's: {paper}.")
+
+    def variant(self, data: str) -> "TableSpec":
+        """The table on ``data`` (paper | substitute). A table without ``paper_data``
+        runs the paper's own data already: both are the table itself."""
+        if data not in DATA:
+            raise ConfigError("--data", data, f"expected one of {', '.join(DATA)}")
+        if data == "paper" and self.paper_variant is not None:
+            return self.paper_variant
+        if data == "substitute" and self.substitute_variant is not None:
+            return self.substitute_variant
+        return self
 
     # -- look-ups -------------------------------------------------------------------------
     def method(self, label: str) -> Method:
@@ -179,7 +244,7 @@ class TableSpec:
 
     def runs(self, scale: str, seeds: Optional[list[int]] = None) -> int:
         n = len(seeds if seeds is not None else self.scales[scale].seeds)
-        return sum(len(self.methods_of(s)) for s in self.settings_at(scale)) * n
+        return sum(len(self.methods_of(s)) * max(1, len(s.splits)) for s in self.settings_at(scale)) * n
 
     def source(self) -> str:
         p = self.paper
@@ -211,10 +276,48 @@ def _dotted(d: Any, where: str) -> dict:
     return dict(d)
 
 
-def parse_spec(raw: dict, path: Path) -> TableSpec:
-    w = path.name
+PAPER_DATA_KEYS = {"title": None, "left_out": None, "base": None, "config": {}, "settings": None, "metrics": None,
+                   "scales": {}, "notes": None, "changes": "", "claims": {}}
+
+
+def paper_data_raw(raw: dict, w: str) -> dict:
+    """The table file as its paper variant: ``paper_data``'s keys in place of the file's
+    (``config`` on top of the file's, ``scales`` key by key, ``claims`` a new scope or
+    settings per id); ``substitute`` null; ``changes`` only the paper variant's own."""
+    pd = _take(raw["paper_data"], f"{w}: paper_data", ("dataset",), PAPER_DATA_KEYS)
+    out = {k: v for k, v in raw.items() if k not in ("paper_data", "changes")}
+    config = {**_dotted(raw.get("config"), f"{w}: config"), **_dotted(pd["config"], f"{w}: paper_data.config")}
+    out.update(substitute=None, dataset=pd["dataset"], changes=pd["changes"] or "", config=config)
+    for key in ("title", "left_out", "base", "settings", "metrics", "notes"):
+        if pd[key] is not None:
+            out[key] = pd[key]
+    scales = dict(raw.get("scales") or {})
+    for name, patch in (pd["scales"] or {}).items():
+        if name not in SCALES:
+            raise ConfigError(f"{w}: paper_data.scales", name, f"unknown scale; scales: {', '.join(SCALES)}")
+        if not isinstance(patch, dict):
+            raise ConfigError(f"{w}: paper_data.scales.{name}", patch, "expected a mapping")
+        scales[name] = {**(scales.get(name) or {}), **patch}
+    out["scales"] = scales
+    claims = [dict(c) if isinstance(c, dict) else c for c in raw.get("claims") or []]
+    ids = [c.get("id") for c in claims if isinstance(c, dict)]
+    for cid, patch in (pd["claims"] or {}).items():
+        if cid not in ids:
+            raise ConfigError(f"{w}: paper_data.claims", cid, f"not a claim id ({', '.join(map(str, ids))})")
+        patch = _take(patch, f"{w}: paper_data.claims.{cid}", (), {"scope": None, "settings": None})
+        claims[ids.index(cid)].update({k: v for k, v in patch.items() if v is not None})
+    out["claims"] = claims
+    return out
+
+
+def parse_spec(raw: dict, path: Path, data: str = "substitute") -> TableSpec:
+    w = path.name if data == "substitute" else f"{path.name} (paper_data)"
     t = _take(raw, w, ("name", "title", "paper", "dataset", "base", "settings", "methods", "metrics", "scales"),
-              {"substitute": None, "config": {}, "rank": None, "claims": [], "notes": "", "changes": ""})
+              {"substitute": None, "config": {}, "rank": None, "claims": [], "notes": "", "changes": "",
+               "left_out": "", "paper_data": None})
+    if t["substitute"] and t["paper_data"] is None:
+        raise ConfigError(f"{w}: paper_data", None, "a table on a substitute says how it runs on the paper's own "
+                          "data (paper_data), or, where that cannot be had, says so there")
     paper = _take(t["paper"], f"{w}: paper", ("title", "authors", "venue", "table", "setting"),
                   {"page": None, "where": "", "numbers": {}, "url": None, "short": None})
     methods = []
@@ -230,7 +333,7 @@ def parse_spec(raw: dict, path: Path) -> TableSpec:
     settings = []
     for i, s in enumerate(t["settings"]):
         s = _take(s, f"{w}: settings[{i}]", ("id", "label"),
-                  {"paper": None, "config": {}, "methods": None, "note": "", "scales": {}})
+                  {"paper": None, "config": {}, "methods": None, "note": "", "scales": {}, "splits": []})
         for sc in s["scales"] or {}:
             if sc not in SCALES:
                 raise ConfigError(f"{w}: settings[{i}].scales", sc, f"unknown scale; scales: {', '.join(SCALES)}")
@@ -243,7 +346,8 @@ def parse_spec(raw: dict, path: Path) -> TableSpec:
                               f"not a column of paper.numbers ({', '.join(paper['numbers']) or 'none'})")
         settings.append(Setting(str(s["id"]), s["label"], s["paper"], _dotted(s["config"], f"{w}: settings[{i}].config"),
                                 s["methods"], s["note"],
-                                {k: _dotted(v, f"{w}: settings[{i}].scales.{k}") for k, v in (s["scales"] or {}).items()}))
+                                {k: _dotted(v, f"{w}: settings[{i}].scales.{k}") for k, v in (s["scales"] or {}).items()},
+                                _splits(s["splits"], f"{w}: settings[{i}].splits")))
     _unique([s.id for s in settings], f"{w}: settings")
     metrics = []
     for i, m in enumerate(t["metrics"]):
@@ -304,9 +408,27 @@ def parse_spec(raw: dict, path: Path) -> TableSpec:
     extra = set(t["scales"]) - set(SCALES)
     if extra:
         raise ConfigError(f"{w}: scales", sorted(extra)[0], f"unknown scale; scales: {', '.join(SCALES)}")
-    return TableSpec(t["name"], t["title"], paper, t["dataset"], t["substitute"], t["base"],
+    spec = TableSpec(t["name"], t["title"], paper, t["dataset"], t["substitute"], t["base"],
                      _dotted(t["config"], f"{w}: config"), settings, methods, metrics, t["rank"], claims, scales,
-                     path, t["notes"], t["changes"] or "")
+                     path, t["notes"], t["changes"] or "", str(t["left_out"] or "").strip(), data)
+    if t["paper_data"] is not None:
+        spec.paper_variant = parse_spec(paper_data_raw(raw, path.name), path, data="paper")
+        spec.paper_variant.substitute_variant = spec
+    return spec
+
+
+def _splits(raw: Any, where: str) -> list[Split]:
+    if not isinstance(raw, list):
+        raise ConfigError(where, raw, "expected a list of {id, label, config}")
+    out = []
+    for j, sp in enumerate(raw):
+        sp = _take(sp, f"{where}[{j}]", ("id", "label"), {"config": {}})
+        check_path_component(f"{where}[{j}].id", str(sp["id"]))  # a folder of the setting's runs
+        out.append(Split(str(sp["id"]), str(sp["label"]), _dotted(sp["config"], f"{where}[{j}].config")))
+    _unique([x.id for x in out], where)
+    if len(out) == 1:
+        raise ConfigError(where, raw, "a mean over one split is that split: give its config to the setting")
+    return out
 
 
 def _check_claim(c: dict, where: str, mids: list[str], labels: list[str], metrics: list[Metric]) -> None:
@@ -374,9 +496,10 @@ def all_specs() -> dict[str, TableSpec]:
     return {s.name: s for s in specs}
 
 
-def get_spec(name: str) -> TableSpec:
+def get_spec(name: str, data: str = "substitute") -> TableSpec:
+    """The shipped table ``name`` on ``data`` (paper | substitute)."""
     specs = all_specs()
     if name not in specs:
         raise ConfigError("TABLE", name, "no reproducible table of that name; `protofl reproduce list` shows them: "
                           + ", ".join(specs))
-    return specs[name]
+    return specs[name].variant(data)

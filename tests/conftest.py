@@ -1,3 +1,4 @@
+import json
 import os
 from pathlib import Path
 
@@ -81,6 +82,21 @@ def StopAfter(rnd):
                 raise KeyboardInterrupt
 
     return _StopAfter()
+
+
+def kill_and_resume(cfg, tmp_path, after: int):
+    """(full, resumed): ``cfg`` run uninterrupted into ``tmp_path/full``, and the same run
+    killed after round ``after`` in ``tmp_path/killed`` (its summary says "interrupted"),
+    then resumed there from its last checkpoint."""
+    from protofl import run
+    from protofl.engine.simulation import Simulation
+
+    full = run(cfg, run_dir=tmp_path / "full")
+    d = tmp_path / "killed"
+    with pytest.raises(KeyboardInterrupt):
+        Simulation(cfg, callbacks=[StopAfter(after)], run_dir=d).run()
+    assert json.loads((d / "summary.json").read_text())["status"] == "interrupted"
+    return full, Simulation(cfg, run_dir=d).run(resume=True)
 
 
 def worker_path_executor(sim, workers: int = 2):

@@ -122,20 +122,10 @@ def test_bad_hyper_parameters_are_one_line_errors(digits_cfg):
 def test_resume_after_kill_is_bit_identical(name, digits_cfg, tmp_path):
     """The calibrated model and w_t's own head are server state: a resumed run evaluates
     the same numbers (``gm``, ``gm@uncalibrated``) as an uninterrupted one."""
-    import json
-
-    from protofl import run
-    from protofl.engine.simulation import Simulation
-
-    from conftest import StopAfter, strip_timing
+    from conftest import kill_and_resume, strip_timing
 
     cfg = digits_cfg(f"algorithm.name={name}", "rounds=3", "output.checkpoint_every=1", "training.epochs=1",
                      "eval.personal=false")
-    full = run(cfg, run_dir=tmp_path / "full")
-    d = tmp_path / "killed"
-    with pytest.raises(KeyboardInterrupt):
-        Simulation(cfg, callbacks=[StopAfter(2)], run_dir=d).run()
-    assert json.loads((d / "summary.json").read_text())["status"] == "interrupted"
-    resumed = Simulation(cfg, run_dir=d).run(resume=True)
+    full, resumed = kill_and_resume(cfg, tmp_path, after=2)
     assert strip_timing(resumed.rows) == strip_timing(full.rows)
     assert "gm@uncalibrated" in full.rows[-1]

@@ -11,7 +11,7 @@ from protofl.engine.simulation import Simulation
 from protofl.engine.train import NonFiniteLossError
 from protofl.models import num_params
 
-from conftest import StopAfter, strip_timing
+from conftest import kill_and_resume, strip_timing
 
 
 def same_weights(a, b):
@@ -40,15 +40,10 @@ def test_stateful_method_identical_with_workers(digits_cfg, tmp_path):
 @pytest.mark.parametrize("method", ["fedavg", "local"])
 def test_resume_after_kill_is_bit_identical(digits_cfg, tmp_path, method):
     cfg = digits_cfg("rounds=5", "output.checkpoint_every=2", f"algorithm.name={method}")
-    full = run(cfg, run_dir=tmp_path / "full")
-    d = tmp_path / "killed"
-    with pytest.raises(KeyboardInterrupt):  # dies after round 3; last checkpoint: round 2
-        Simulation(cfg, callbacks=[StopAfter(3)], run_dir=d).run()
-    assert json.loads((d / "summary.json").read_text())["status"] == "interrupted"
-    resumed = Simulation(cfg, run_dir=d).run(resume=True)
+    full, resumed = kill_and_resume(cfg, tmp_path, after=3)  # last checkpoint: round 2
     assert [r["round"] for r in resumed.rows] == [1, 2, 3, 4, 5]
     assert strip_timing(resumed.rows) == strip_timing(full.rows)
-    lines = (d / "metrics.jsonl").read_text().splitlines()
+    lines = (tmp_path / "killed" / "metrics.jsonl").read_text().splitlines()
     assert [json.loads(x)["round"] for x in lines] == [1, 2, 3, 4, 5]
     if method == "fedavg":
         assert same_weights(resumed.server_state.weights, full.server_state.weights)

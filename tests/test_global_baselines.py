@@ -1,6 +1,5 @@
 """SCAFFOLD, FedDyn, MOON, CReFF, FedGen: the defining math on tiny hand-computed cases,
 plus resume and worker-count determinism of the five on digits."""
-import json
 import math
 
 import numpy as np
@@ -18,12 +17,11 @@ from protofl.algorithms.fedgen import generator_objective
 from protofl.algorithms.moon import MOON, MOONHyper, model_contrastive_loss
 from protofl.algorithms.scaffold import Scaffold, ScaffoldHyper, ScaffoldState
 from protofl.engine.client import run_update
-from protofl.engine.simulation import Simulation
 from protofl.engine.train import TrainSettings, fit
 from protofl.messages import Record
 from protofl.models import build_model
 
-from conftest import strip_timing
+from conftest import kill_and_resume, strip_timing
 
 
 # ---------------------------------------------------------------------------------------
@@ -346,16 +344,11 @@ FAST = {"creff": ["algorithm.retrain_epochs=3", "algorithm.match_steps=3"],
 
 @pytest.mark.parametrize("name", ["scaffold", "feddyn", "moon", "creff", "fedgen"])
 def test_resume_after_kill_is_bit_identical(name, digits_cfg, tmp_path):
-    from conftest import StopAfter
+
 
     cfg = digits_cfg(f"algorithm.name={name}", "rounds=3", "output.checkpoint_every=1", "training.epochs=1",
                      "eval.personal=false", *FAST.get(name, []))
-    full = run(cfg, run_dir=tmp_path / "full")
-    d = tmp_path / "killed"
-    with pytest.raises(KeyboardInterrupt):
-        Simulation(cfg, callbacks=[StopAfter(2)], run_dir=d).run()
-    assert json.loads((d / "summary.json").read_text())["status"] == "interrupted"
-    resumed = Simulation(cfg, run_dir=d).run(resume=True)
+    full, resumed = kill_and_resume(cfg, tmp_path, after=2)
     assert strip_timing(resumed.rows) == strip_timing(full.rows)
 
 

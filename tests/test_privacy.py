@@ -27,7 +27,7 @@ from protofl.nn.privacy import clip_rows, private_class_means, private_gradient,
 from protofl.nn.prototypes import class_means  # noqa: E402
 from protofl.rng import torch_gen  # noqa: E402
 
-from conftest import DIGITS, StopAfter, strip_timing  # noqa: E402
+from conftest import DIGITS, kill_and_resume, strip_timing  # noqa: E402
 
 PRIVACY_KEYS = {"epsilon", "privacy_clip", "privacy_unclipped"}
 
@@ -241,10 +241,7 @@ def test_resume_after_kill_is_bit_identical(mode, digits_cfg, tmp_path):
     cfg = digits_cfg(f"privacy.mode={mode}", "privacy.clip=0.5", "privacy.noise_multiplier=0.6", "rounds=4",
                      "output.checkpoint_every=2", *(("privacy.adaptive_clip=true", "privacy.count_noise=1.0",
                                                      "participation.sampling=poisson") if mode == "client" else ()))
-    full = run(cfg, run_dir=tmp_path / "full")
-    with pytest.raises(KeyboardInterrupt):  # dies after round 3; last checkpoint: round 2
-        Simulation(cfg, callbacks=[StopAfter(3)], run_dir=tmp_path / "killed").run()
-    resumed = Simulation(cfg, run_dir=tmp_path / "killed").run(resume=True)
+    full, resumed = kill_and_resume(cfg, tmp_path, after=3)  # last checkpoint: round 2
     assert strip_timing(resumed.rows) == strip_timing(full.rows)
     if mode == "sample":
         return

@@ -1,7 +1,6 @@
 """The server optimizers (algorithm.server_opt; FedAvgM, FedAdam, FedYogi, FedAdagrad): their
 steps by hand on tiny tensors, `none` leaving every method as it was, the moments in the
 server state of every method with one global model, and a bit-identical resume."""
-import json
 
 import pytest
 import torch
@@ -13,11 +12,10 @@ from protofl.algorithms.base import GlobalModel, weighted_mean, WeightsState
 from protofl.algorithms.fedavg import FedAvg, FedAvgHyper
 from protofl.algorithms.serveropt import ServerOptHyper
 from protofl.config import check_dataclass
-from protofl.engine.simulation import Simulation
 from protofl.errors import ConfigError
 from protofl.messages import Record
 
-from conftest import StopAfter, strip_timing
+from conftest import kill_and_resume, strip_timing
 
 
 class Tiny(nn.Module):
@@ -175,12 +173,7 @@ def test_every_global_model_method_keeps_the_moments_in_its_state(name, digits_c
 
 def test_resume_with_a_server_optimizer_is_bit_identical(digits_cfg, tmp_path):
     cfg = digits_cfg("algorithm.name=fedyogi", "rounds=4", "output.checkpoint_every=2")
-    full = run(cfg, run_dir=tmp_path / "full")
-    d = tmp_path / "killed"
-    with pytest.raises(KeyboardInterrupt):  # dies after round 3; last checkpoint: round 2
-        Simulation(cfg, callbacks=[StopAfter(3)], run_dir=d).run()
-    assert json.loads((d / "summary.json").read_text())["status"] == "interrupted"
-    resumed = Simulation(cfg, run_dir=d).run(resume=True)
+    full, resumed = kill_and_resume(cfg, tmp_path, after=3)  # last checkpoint: round 2
     assert strip_timing(resumed.rows) == strip_timing(full.rows)
     a, b = full.server_state, resumed.server_state
     assert all(torch.equal(a.weights[k], b.weights[k]) for k in a.weights)

@@ -1025,8 +1025,12 @@ def load_digit5(root: Path, seed: int, train_per_domain: Optional[int] = None,
                 test_per_domain: Optional[int] = None, size: int = 32) -> Dataset:
     """Digit-5: MNIST, SVHN, USPS, SynthDigits and MNIST-M pooled, each resized to
     size x size RGB, the same number of samples from each (``pool_digit5``); every
-    domain is a catalog dataset of its own (fetched and verified on its own)."""
-    return pool_digit5([load_dataset(n, root, seed) for n in DIGIT5], seed, train_per_domain, test_per_domain, size)
+    domain is a catalog dataset of its own (fetched and verified on its own). The
+    signature is what ``data.params`` are checked against; the loading is
+    :func:`load_dataset`'s for every ``COMPOSITE`` dataset, which passes its download
+    settings on to the parts."""
+    return load_dataset("digit5", root, seed, train_per_domain=train_per_domain, test_per_domain=test_per_domain,
+                        size=size)
 
 
 # datasets assembled from other catalog datasets, each fetched and verified on its own:

@@ -212,19 +212,19 @@ def cmd_list(args) -> int:
 def cmd_data(args) -> int:
     from .data import fetch as F
     from .data.catalog import CATALOG
-    from .data.datasets import COMPOSITE, DATASETS, resolve_root
+    from .data.datasets import COMPOSITE, dataset_parts, DATASETS, resolve_root
 
     root = resolve_root(args.root)
     what = args.data_command
     # a composite dataset (digit5) is its parts, each fetched and verified on its own
-    args.names = [part for n in getattr(args, "names", None) or [] for part in COMPOSITE.get(n, ((n,), None))[0]]
+    args.names = [part for n in getattr(args, "names", None) or [] for part in dataset_parts(n)]
     if what == "list":
         print(f"data root: {root} (--root, ${'PROTOFL_DATA'}, else ~/.cache/protofl/data)")
         for name in [*CATALOG, *[n for n in DATASETS.names() if n not in CATALOG]]:
             src = CATALOG.get(name)
             if name in COMPOSITE:
-                parts = COMPOSITE[name][0]
-                have = sum(F.status(CATALOG[n], root).present in ("yes", "hand-placed") for n in parts)
+                parts = dataset_parts(name)
+                have = sum(F.status(CATALOG[n], root).readable for n in parts)
                 print(f"{name}: {', '.join(parts)} pooled; each fetched and verified on its own (`protofl data fetch "
                       f"{name}` fetches them all); present: {have} of {len(parts)}")
                 continue

@@ -44,13 +44,13 @@ def build_federated(cfg, dataset: Optional[Dataset] = None) -> FederatedData:
 def datasets_read(cfg) -> list[str]:
     """The registered datasets a config's runs read, a composite one (``digit5``) as its
     parts: what must be under the data root (or be fetched) before they start."""
-    from .datasets import COMPOSITE
+    from .datasets import dataset_parts
 
     scenario = make_scenario(cfg.features.name, cfg.features.params)
     names = scenario.datasets(cfg) if scenario is not None and scenario.builds_dataset else [cfg.data.name]
     out: list[str] = []
     for n in names:
-        for part in COMPOSITE.get(n, ((n,), None))[0]:
+        for part in dataset_parts(n):
             if part not in out:
                 out.append(part)
     return out

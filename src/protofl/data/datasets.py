@@ -1036,3 +1036,8 @@ def load_digit5(root: Path, seed: int, train_per_domain: Optional[int] = None,
 # datasets assembled from other catalog datasets, each fetched and verified on its own:
 # name -> (the parts, pool(parts, seed, **options))
 COMPOSITE = {"digit5": (DIGIT5, pool_digit5)}
+
+
+def dataset_parts(name: str) -> tuple[str, ...]:
+    """The datasets whose files ``name`` reads: its parts for a composite one, else itself."""
+    return COMPOSITE[name][0] if name in COMPOSITE else (name,)

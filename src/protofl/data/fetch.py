@@ -144,9 +144,14 @@ def recorded_ok(folder: Path, f: RemoteFile, record: dict) -> bool:
 # ---------------------------------------------------------------------------------------
 @dataclass
 class Status:
-    present: str  # "yes", "partly (k of n files)", "no", "hand-placed (other layout)"
+    present: str  # "yes", "partly (k of n files)", "no", "hand-placed" (another layout)
     checksums: str  # "verified", "MISMATCH: ...", "not checked (run protofl data verify NAME)", "-"
     ok: Optional[bool]  # True verified, False a mismatch, None not known
+
+    @property
+    def readable(self) -> bool:
+        """Whole: every published file, or a copy placed by hand in another layout."""
+        return self.present in ("yes", "hand-placed")
 
 
 def status(source: Source, root: Path, recheck: bool = False) -> Status:

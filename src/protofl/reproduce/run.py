@@ -187,7 +187,7 @@ def data_missing(p: Plan) -> list[tuple[str, Path, Config]]:
     from ..data.fetch import status
 
     def present(name: str, root: Path) -> bool:
-        if status(CATALOG[name], root).present in ("yes", "hand-placed"):
+        if status(CATALOG[name], root).readable:
             return True
         try:
             load_dataset(name, root, download=False)

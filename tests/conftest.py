@@ -84,6 +84,22 @@ def StopAfter(rnd):
     return _StopAfter()
 
 
+def recorded_update(sim, cid, rnd, msg, state, evaluating: bool = False):
+    """Drive the method's ``client_update`` for client ``cid`` in round ``rnd``, keeping
+    every (request, result) it awaited: (the client's result, those pairs)."""
+    from protofl.engine.client import ClientContext, drive
+
+    ctx = ClientContext(sim.runtime, cid, rnd, evaluating=evaluating)
+    fits = []
+
+    def execute(req):
+        out = ctx.execute(req)
+        fits.append((req, out))
+        return out
+
+    return drive(sim.algorithm.client_update(msg, state, ctx), execute), fits
+
+
 def kill_and_resume(cfg, tmp_path, after: int):
     """(full, resumed): ``cfg`` run uninterrupted into ``tmp_path/full``, and the same run
     killed after round ``after`` in ``tmp_path/killed`` (its summary says "interrupted"),

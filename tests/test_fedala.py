@@ -7,11 +7,10 @@ import torch
 from torch import nn
 
 from protofl.algorithms.fedala import FedALA, FedALAHyper, local_aggregation
-from protofl.engine.client import ClientContext, drive
 from protofl.models.base import FLModel
 
 from method_checks import assert_bad_value_exits_2
-from conftest import record_run
+from conftest import record_run, recorded_update
 
 
 def test_local_aggregation_element_wise():
@@ -40,18 +39,6 @@ def test_one_weight_step_is_projected_gradient_descent_by_hand(eta, expected):
         W = model.head.weight - eta * model.head.weight.grad
     assert math.isclose(2 * (1 - p0), 0.2384058, rel_tol=1e-5)
     assert torch.allclose(W, torch.tensor([[expected, 0.5], [expected, 0.5]]), atol=1e-6)
-
-
-def recorded_update(sim, cid, rnd, msg, state):
-    ctx = ClientContext(sim.runtime, cid, rnd)
-    fits = []
-
-    def execute(req):
-        out = ctx.execute(req)
-        fits.append((req, out))
-        return out
-
-    return drive(sim.algorithm.client_update(msg, state, ctx), execute), fits
 
 
 def test_rounds_skip_then_start_phase_then_one_epoch(digits_cfg, tmp_path):

@@ -15,6 +15,7 @@ from protofl.models.base import FLModel
 from protofl.nn.inner import split_batch, with_gradient
 
 from method_checks import assert_bad_value_exits_2
+from conftest import recorded_update
 
 
 def test_split_batch_cuts_by_size_only():
@@ -77,15 +78,7 @@ def test_personalized_model_is_one_sgd_step_of_size_alpha_from_w_t(digits_cfg, t
     sim = Simulation(digits_cfg("algorithm.name=perfedavg", "algorithm.alpha=0.2"), run_dir=tmp_path / "r")
     algo = sim.algorithm
     msg = algo.configure(algo.server_init(sim.server), 1, sim.server)
-    ctx = ClientContext(sim.runtime, 0, 1, evaluating=True)
-    fits = []
-
-    def execute(req):
-        out = ctx.execute(req)
-        fits.append((req, out))
-        return out
-
-    result = drive(algo.client_update(msg, None, ctx), execute)
+    result, fits = recorded_update(sim, 0, 1, msg, None, evaluating=True)
     (train, _), (adapt, step) = fits
     assert train.settings == {"batch_size": 2 * 32}  # D and D' from one minibatch of 2 B
     assert adapt.weights is msg.weights and step.stats.steps == 1

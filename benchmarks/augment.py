@@ -40,16 +40,7 @@ from gpu import generated32  # noqa: E402,F401 - registers the generated32 datas
 
 from protofl.config import from_dict  # noqa: E402
 from protofl.data.datasets import load_dataset  # noqa: E402
-from protofl.engine.callbacks import Callback  # noqa: E402
 from protofl.engine.simulation import Simulation  # noqa: E402
-
-
-class Rows(Callback):
-    def __init__(self) -> None:
-        self.rows: list[dict] = []
-
-    def on_round(self, row: dict) -> None:
-        self.rows.append(row)
 
 
 def config(model: str, executor: str, augment: bool, device: str, train: int, rounds: int, out: str) -> dict:
@@ -69,9 +60,8 @@ def config(model: str, executor: str, augment: bool, device: str, train: int, ro
 
 
 def samples_per_s(cfg: dict) -> float:
-    rows = Rows()
-    Simulation(from_dict(cfg), callbacks=[rows], run_dir=Path(cfg["output"]["dir"]) / f"r{time.time_ns()}").run()
-    rates = [r["train_samples"] / r["train_s"] for r in rows.rows[1:]]
+    rows = Simulation(from_dict(cfg), run_dir=Path(cfg["output"]["dir"]) / f"r{time.time_ns()}").run().rows
+    rates = [r["train_samples"] / r["train_s"] for r in rows[1:]]
     return statistics.median(rates)
 
 

@@ -59,6 +59,7 @@ from torch.func import functional_call
 
 from ..errors import ConfigError, require
 from ..messages import Record
+from ..nn.modes import eval_mode
 from .base import ClientResult, register, WeightsState
 from .fedavg import FedAvg
 from .serveropt import ServerOptHyper
@@ -240,9 +241,7 @@ class CReFF(FedAvg):
         grads = {k: torch.zeros((C, *v.shape), device=v.device) for k, v in head.items()}
         mask = torch.zeros(C, dtype=torch.int64)
         params = {k: v.detach().clone().requires_grad_(True) for k, v in head.items()}
-        was = model.training
-        model.eval()
-        try:
+        with eval_mode(model):
             for c in torch.unique(y).tolist():
                 idx_c = torch.nonzero(y == c).flatten().cpu().numpy()
                 for _ in range(hp.repeats):
@@ -255,8 +254,6 @@ class CReFF(FedAvg):
                     for k, g in class_gradient(model.head, params, h, c).items():
                         grads[k][c] += g / hp.repeats
                 mask[c] = 1
-        finally:
-            model.train(was)
         return grads, mask
 
     async def client_update(self, msg: Record, state: Optional[Record], ctx) -> ClientResult:

@@ -42,6 +42,7 @@ from torch import nn
 from torch.func import functional_call
 
 from ..errors import require
+from ..nn.modes import eval_mode
 from .base import register
 from .fedavg import FedAvg, FedAvgHyper
 
@@ -73,13 +74,8 @@ def not_true_distillation(z: torch.Tensor, z_g: torch.Tensor, y: torch.Tensor, t
 
 def frozen_logits(model: nn.Module, weights: dict[str, torch.Tensor], x: torch.Tensor) -> torch.Tensor:
     """f_{w_t}(x): the model with the global weights, in eval mode, no gradient."""
-    was = model.training
-    model.eval()
-    try:
-        with torch.no_grad():
-            return functional_call(model, weights, (x,))
-    finally:
-        model.train(was)
+    with eval_mode(model), torch.no_grad():
+        return functional_call(model, weights, (x,))
 
 
 @register

@@ -43,6 +43,7 @@ from torch.func import functional_call
 from ..errors import require
 from ..messages import Record
 from ..models.base import FLModel
+from ..nn.modes import eval_mode
 from .base import ClientResult, register
 from .fedavg import FedAvg
 from .serveropt import ServerOptHyper
@@ -72,13 +73,8 @@ def model_contrastive_loss(z: torch.Tensor, z_glob: torch.Tensor, z_prev: torch.
 
 def representation(model: nn.Module, weights: dict[str, torch.Tensor], x: torch.Tensor) -> torch.Tensor:
     """z = R_w(x) of a frozen model: ``model.body`` with other weights, in eval mode, no grad."""
-    was = model.body.training
-    model.body.eval()
-    try:
-        with torch.no_grad():
-            return functional_call(model.body, weights, (x,))
-    finally:
-        model.body.train(was)
+    with eval_mode(model.body), torch.no_grad():
+        return functional_call(model.body, weights, (x,))
 
 
 @register

@@ -29,6 +29,7 @@ from urllib.parse import urlparse
 import torch
 
 from ..errors import ConfigError, one_line
+from ..nn.modes import eval_mode
 from ..registry import UnknownNameError
 from .base import FLModel
 from .pretrained import read_state_dict
@@ -172,15 +173,11 @@ def check_forward(model: FLModel, name: str, input_shape: tuple) -> None:
     """One forward of two zero inputs in eval mode (no state changes, no random draws):
     the body must take ``input_shape`` and give (B, feature_dim)."""
     shape = tuple(input_shape)
-    was = model.training
-    model.eval()
     try:
-        with torch.no_grad():
+        with eval_mode(model), torch.no_grad():
             h = model.body(torch.zeros(2, *shape))
     except (RuntimeError, ValueError, IndexError, AssertionError) as e:  # channels, a minimum or fixed size
         raise ValueError(f"torchvision's {name} cannot take inputs of shape {shape}: {one_line(e, 200)}") from None
-    finally:
-        model.train(was)
     if tuple(h.shape) != (2, model.feature_dim):
         raise ValueError(f"torchvision's {name}: its body gives features of shape {tuple(h.shape[1:])}, "
                          f"not ({model.feature_dim},), for inputs of shape {shape}")

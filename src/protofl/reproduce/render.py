@@ -23,18 +23,18 @@ from typing import Optional
 
 import torch
 
-from ..errors import ConfigError, InputError
+from ..errors import ConfigError
 from ..report import plots
 from ..report.html import _img, _table, CSS
 from ..report.tables import markdown, parse_select
 from . import stats
+from .pages import page_data, read_summary, SUMMARY
 from .run import Cell, claim_out, command_line, Results
 from .spec import Claim, TableSpec
 
 LABEL = {stats.SHOWN: "shown", stats.NOT_SHOWN: "not shown", stats.CONTRADICTED: "contradicted",
          stats.NOT_COMPARABLE: "not comparable"}
 EQUAL_LABEL = {stats.SHOWN: "shown equal", stats.CONTRADICTED: "shown different"}
-SUMMARY = "protofl-reproduce"  # the marker of the page's machine-readable verdicts
 
 
 def machine() -> str:
@@ -398,26 +398,7 @@ def summary_comment(res: Results) -> str:
     return f"<!-- {SUMMARY} {text} -->"
 
 
-def read_summary(page: Path) -> Optional[dict]:
-    """The verdicts a page carries (None: a page made before pages carried them)."""
-    m = re.search(rf"<!-- {SUMMARY} (\{{.*\}}) -->", page.read_text(encoding="utf-8"))
-    if m is None:
-        return None
-    try:
-        return json.loads(m.group(1))
-    except json.JSONDecodeError as e:
-        raise InputError(f"{page}: its {SUMMARY} summary is not valid JSON ({e.msg}); regenerate the page") from None
-
-
 INDEX_START, INDEX_END = "<!-- reproduce-index: start -->", "<!-- reproduce-index: end -->"
-
-
-def page_data(s: dict, spec: Optional[TableSpec]) -> str:
-    """The data a page ran on; a page from before pages named it ran on what is now
-    ``--data substitute`` (the paper's own for a table with one variant)."""
-    if s.get("data"):
-        return s["data"]
-    return "paper" if spec is not None and not spec.has_paper_data else "substitute"
 
 
 def index_text(pages: Path, specs: dict[str, TableSpec], relative_to: Path) -> str:

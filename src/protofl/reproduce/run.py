@@ -51,6 +51,7 @@ from ..report.plots import read_metrics
 from ..report.tables import mean_std, select_value
 from ..sweeps import plan as sweep_plan, sweep
 from . import stats
+from .pages import page_data, read_summary
 from .spec import _METRIC_KEY, Claim, Metric, SCALES, Setting, Split, TableSpec
 
 
@@ -241,8 +242,6 @@ def claim_out(p: Plan) -> None:
     """Mark ``p.out`` as this table's on this data; refuse a folder that holds the pages of
     the other data (or of another table): a ConfigError naming both. A folder with a
     table.md from before pages named their data holds the substitute's."""
-    from .render import page_data, read_summary
-
     want = {"table": p.spec.name, "data": p.spec.runs_on}
     have = None
     try:

@@ -12,6 +12,12 @@ from typing import Optional, Sequence
 import numpy as np
 import torch
 
+from ..errors import InputError
+
+
+class MissingDataError(InputError, FileNotFoundError):
+    """Raised when a dataset's files are not where we looked; says what and where."""
+
 
 @dataclass
 class Dataset:
@@ -72,3 +78,20 @@ class Dataset:
             f"Dataset({self.name!r}, train={tuple(self.x_train.shape)} {self.x_train.dtype}, "
             f"test={tuple(self.x_test.shape)}, classes={self.num_classes})"
         )
+
+
+def channel_stats(x: np.ndarray) -> tuple[tuple[float, ...], tuple[float, ...]]:
+    """Per-channel mean and std of uint8 (N, C, H, W) images, on the [0, 1] scale
+    (measured on the training split at load time, so no constant can be stale)."""
+    if not len(x):
+        return (0.0,) * x.shape[1], (1.0,) * x.shape[1]
+    c = x.shape[1]
+    s1, s2 = np.zeros(c), np.zeros(c)
+    for start in range(0, len(x), 4096):  # float64 sums over bounded chunks: exact enough, little memory
+        chunk = x[start:start + 4096].astype(np.float64) / 255.0
+        s1 += chunk.sum(axis=(0, 2, 3))
+        s2 += (chunk * chunk).sum(axis=(0, 2, 3))
+    n = x.shape[0] * x.shape[2] * x.shape[3]
+    mean = s1 / n
+    std = np.sqrt(np.maximum(s2 / n - mean * mean, 1e-12))
+    return tuple(round(float(v), 4) for v in mean), tuple(round(float(v), 4) for v in std)

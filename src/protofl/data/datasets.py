@@ -33,14 +33,10 @@ import torch
 
 from ..errors import DataFileError, InputError, one_line
 from ..registry import Registry
-from .dataset import Dataset
+from .dataset import channel_stats, Dataset, MissingDataError
 
 DATASETS: Registry = Registry("dataset", "protofl.datasets")
 HF_PREFIX = "hf:"  # data.name: hf:<repo> loads a Hugging Face dataset (protofl.data.hf)
-
-
-class MissingDataError(InputError, FileNotFoundError):
-    """Raised when a dataset's files are not where we looked; says what and where."""
 
 
 # MD5 of the published files (MNIST: LeCun's site; Fashion-MNIST: Zalando's release),
@@ -723,23 +719,6 @@ def load_svhn(root: Path, seed: int) -> Dataset:
         class_names=[str(i) for i in range(10)],
         info={"source": str(d)},
     )
-
-
-def channel_stats(x: np.ndarray) -> tuple[tuple[float, ...], tuple[float, ...]]:
-    """Per-channel mean and std of uint8 (N, C, H, W) images, on the [0, 1] scale
-    (measured on the training split at load time, so no constant can be stale)."""
-    if not len(x):
-        return (0.0,) * x.shape[1], (1.0,) * x.shape[1]
-    c = x.shape[1]
-    s1, s2 = np.zeros(c), np.zeros(c)
-    for start in range(0, len(x), 4096):  # float64 sums over bounded chunks: exact enough, little memory
-        chunk = x[start:start + 4096].astype(np.float64) / 255.0
-        s1 += chunk.sum(axis=(0, 2, 3))
-        s2 += (chunk * chunk).sum(axis=(0, 2, 3))
-    n = x.shape[0] * x.shape[2] * x.shape[3]
-    mean = s1 / n
-    std = np.sqrt(np.maximum(s2 / n - mean * mean, 1e-12))
-    return tuple(round(float(v), 4) for v in mean), tuple(round(float(v), 4) for v in std)
 
 
 def _image_dataset(name, xtr, ytr, xte, yte, num_classes, source, class_names=None, **info) -> Dataset:

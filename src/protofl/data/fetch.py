@@ -327,13 +327,13 @@ def fetch(source: Source, root: Path, *, mirrors: Sequence[str] = (), download: 
     """Make every file of ``source`` present and verified under ``root/<folder>``; returns the folder.
 
     Files already there with the published checksum are kept as they are. Raises
-    :class:`~protofl.data.datasets.MissingDataError` when the network may not be used or the
+    :class:`~protofl.data.dataset.MissingDataError` when the network may not be used or the
     dataset cannot be fetched, :class:`FetchError` when no URL gave the right bytes, and
     ``OSError`` when a file cannot be written (a full disk: the partial file is kept).
     """
     from filelock import FileLock, Timeout
 
-    from .datasets import MissingDataError
+    from .dataset import MissingDataError
 
     say = say or (lambda m: print(m, file=sys.stderr))
     folder = Path(root) / source.folder

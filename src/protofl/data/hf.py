@@ -52,7 +52,7 @@ def from_columns(repo: str, train: dict[str, list], test: dict[str, list], image
                  class_names: Optional[list[str]] = None) -> Dataset:
     """The train and test splits' columns -> a :class:`Dataset` (images as uint8, scaled to [0, 1]
     and normalized by the training split's per-channel statistics; other features as float32)."""
-    from .datasets import channel_stats
+    from .dataset import channel_stats
 
     xs = [to_array(split[image], repo) for split in (train, test)]
     ys = []

@@ -105,14 +105,14 @@ def checkpoint_types() -> list:
     dataclass is allowed without a list to edit: for each method class, the modules of
     the classes in its MRO, and in each the dataclasses and named tuples it defines or
     imports from its own top-level package (so ``from .states import MyState`` counts and
-    a third-party import does not). Plus :class:`~protofl.messages.Record`, the store's
-    :class:`~protofl.engine.store.Spilled`, numpy arrays and :func:`allow_in_checkpoints`.
+    a third-party import does not). Plus :class:`~protofl.messages.Record`, numpy arrays
+    and the types of :func:`allow_in_checkpoints` (the store's
+    :class:`~protofl.engine.store.Spilled` among them).
     """
     from ..algorithms import ALGORITHMS
     from ..messages import Record
-    from .store import Spilled
 
-    found: set = {Record, Spilled, *_ALLOWED}
+    found: set = {Record, *_ALLOWED}
     for name in ALGORITHMS.names():  # every method that loaded (a broken plugin is left out)
         for klass in getattr(ALGORITHMS.get(name), "__mro__", ()):
             module = sys.modules.get(getattr(klass, "__module__", ""))

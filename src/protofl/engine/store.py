@@ -21,6 +21,7 @@ from typing import NamedTuple, Optional, Union
 
 from ..errors import CheckpointError
 from ..messages import Record
+from .checkpoint import allow_in_checkpoints, load_torch, save_torch
 
 
 class ClientStateStore:
@@ -85,6 +86,7 @@ class MemoryStore(ClientStateStore):
                 "disk_clients": 0, "disk_bytes": 0, "budget_bytes": None}
 
 
+@allow_in_checkpoints  # a checkpoint's snapshot names them
 class Spilled(NamedTuple):
     """A client state on disk: a file under the store's folder (in a checkpoint's snapshot)."""
 
@@ -98,16 +100,12 @@ STATE_TYPES = (Record,)  # what a client-state file holds besides tensors and pl
 
 def _write(path: Path, state: Record) -> None:
     """Atomically, without a sync of its own (a checkpoint syncs the files it names)."""
-    from .checkpoint import save_torch
-
     save_torch(path, state, sync=False)
 
 
 def _read(path: Path) -> Record:
     """A state file, loaded as checkpoints are: a file that holds anything but a Record's
     tensors and values (it could run code) is refused, not loaded."""
-    from .checkpoint import load_torch
-
     return load_torch(path, STATE_TYPES)
 
 

@@ -24,6 +24,8 @@ class _Finder(importlib.abc.MetaPathFinder):
         import torch
 
         spec = importlib.util.find_spec("torchvision")
+        if spec is None or not spec.submodule_search_locations:  # absent, or a one-file stand-in
+            return spec
         lib = os.path.join(list(spec.submodule_search_locations)[0], "_C.so")
         try:
             ctypes.CDLL(lib)

@@ -1,0 +1,121 @@
+"""Where a round's time goes on the GPU: one round of a ``benchmarks/gpu.py`` setting under
+``torch.profiler`` (CPU and CUDA activity), after a warm-up round.
+
+Reports the round's wall time, the summed time of its device kernels (one stream: their
+sum over the wall time is the share of the round the GPU was computing), the number of
+kernels, and the operators that take the most device time and the most host time. A
+round whose kernels fill a small share of its wall time is bound by the host: by the
+Python and dispatch cost of launching them, not by the GPU's arithmetic.
+
+    python benchmarks/gpu_profile.py --data-dir DATA --setting 1 --method fedavg --out prof.md
+    python benchmarks/gpu_profile.py --device cpu --smoke --setting 1   # a check of the script
+
+Not part of the test suite.
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+import gpu  # noqa: E402  (its settings and configs; registers the generated 32x32 data)
+from harness import emit, header  # noqa: E402
+
+from protofl.config import from_dict  # noqa: E402
+from protofl.engine.backends import EXECUTORS  # noqa: E402
+from protofl.engine.simulation import Simulation  # noqa: E402
+
+
+class Traced:
+    """An executor that runs its ``run`` of round ``at`` under the profiler."""
+
+    def __init__(self, inner, at: int, cuda: bool) -> None:
+        self.inner, self.at, self.cuda, self.calls = inner, at, cuda, 0
+        self.prof = None
+        self.wall = self.samples = 0
+
+    def _sync(self) -> None:
+        if self.cuda:
+            torch.cuda.synchronize()
+
+    def run(self, tasks):
+        self.calls += 1
+        if self.calls != self.at:
+            return self.inner.run(tasks)
+        acts = [torch.profiler.ProfilerActivity.CPU] + ([torch.profiler.ProfilerActivity.CUDA] if self.cuda else [])
+        self._sync()
+        t0 = time.perf_counter()
+        with torch.profiler.profile(activities=acts) as prof:
+            outs = self.inner.run(tasks)
+            self._sync()
+        self.wall = time.perf_counter() - t0
+        self.prof = prof
+        self.samples = sum(o.train.get("samples", 0) for o in outs if o is not None)
+        return outs
+
+    def __getattr__(self, name):
+        return getattr(self.inner, name)
+
+
+def device_us(e) -> float:
+    attr = "self_device_time_total" if hasattr(e, "self_device_time_total") else "self_cuda_time_total"
+    return float(getattr(e, attr, 0.0))
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--data-dir", default=os.environ.get("PROTOFL_DATA", "../shared/data"))
+    p.add_argument("--device", default="cuda")
+    p.add_argument("--setting", type=int, default=1, help="gpu.py's setting number (1-based)")
+    p.add_argument("--method", default="fedavg")
+    p.add_argument("--executor", default="batched")
+    p.add_argument("--smoke", action="store_true", help="gpu.py's small settings")
+    p.add_argument("--top", type=int, default=12)
+    p.add_argument("--out", default=None)
+    args = p.parse_args()
+
+    cuda = torch.device(args.device).type == "cuda"
+    s = gpu.settings(args.smoke)[args.setting - 1]
+    with tempfile.TemporaryDirectory(prefix="protofl-prof-") as tmp:
+        cfg = from_dict(gpu.config(s, args.executor, args.device, args.data_dir, 2, tmp, args.smoke, 0, args.method))
+        box: dict = {}
+
+        def factory(sim):
+            box["ex"] = Traced(EXECUTORS.get(cfg.execution.backend)(sim), at=2, cuda=cuda)
+            return box["ex"]
+
+        Simulation(cfg, run_dir=Path(tmp) / "run", executor_factory=factory).run()
+    ex = box["ex"]
+    ka = ex.prof.key_averages()
+    kernels = [e for e in ex.prof.events() if device_us(e) > 0 and e.device_type != torch.autograd.DeviceType.CPU]
+    busy = sum(device_us(e) for e in kernels) / 1e6
+    name = torch.cuda.get_device_name() if cuda else "CPU"
+    lines = [f"#### {name}: setting {args.setting} ({s['name']}, {s['m']}/round), {args.method}, {args.executor}", "",
+             header("One round (the second) under torch.profiler (CPU + CUDA activity); the profiler's own cost "
+                    "inflates the wall time."), "", "```",
+             "python " + " ".join(["benchmarks/gpu_profile.py", *sys.argv[1:]]), "```", "",
+             f"round wall {ex.wall:.2f} s, {ex.samples:,} samples ({ex.samples / ex.wall:,.0f} samples/s under the "
+             f"profiler); device kernels {len(kernels):,}, summed {busy:.2f} s = "
+             f"{100 * busy / ex.wall:.0f} % of the wall time" if cuda else
+             f"round wall {ex.wall:.2f} s, {ex.samples:,} samples", ""]
+    for title, key, fn in (("device time", "self device ms", device_us),
+                           ("host time", "self CPU ms", lambda e: float(e.self_cpu_time_total))):
+        rows = sorted((e for e in ka if fn(e) > 0), key=fn, reverse=True)[:args.top]
+        if not rows:
+            continue
+        lines += [f"Top operators by {title}:", "", f"| operator | calls | {key} |", "|---|---|---|"]
+        lines += [f"| `{e.key[:80]}` | {e.count:,} | {fn(e) / 1e3:,.1f} |" for e in rows]
+        lines.append("")
+    emit(lines, args.out)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,187 @@
+"""Every method of protofl side by side: GM, PM(V), PA, GA and s/round under label skew.
+
+    python benchmarks/comparison/family.py --data-dir DATA                  # scale cpu -> fmnist.md
+    python benchmarks/comparison/family.py --data-dir DATA --no-run         # the table from the runs made so far
+    python benchmarks/comparison/family.py --data-dir DATA --scale smoke    # a check of the script (minutes)
+    python benchmarks/comparison/family.py --data-dir DATA --methods fedavg,fednh,fedetf --settings p50c2
+
+Two settings, both on configs/fednh_fmnist.yaml (Fashion-MNIST, cnn_fmnist, FedNH's
+recipe for every method: SGD lr 0.01, momentum 0.9, weight decay 1e-5, lr decay 0.99 a
+round, gradient clip 10, 5 local epochs, batch 64):
+
+* ``dir0.3``: 100 clients, Dirichlet(0.3), 10 per round (FedNH's Table 1 split);
+* ``p50c2``: 50 clients of exactly 2 classes (each class held by 10 clients), 10 per round
+  (FedGELA's Table 5 split).
+
+Scale ``cpu``: 20 rounds; a seeded 20,000 of the 60,000 training images (200 a client on
+average in dir0.3, 400 in p50c2); evaluation after rounds 10 and 20; PM(V) and PA over
+the 10 clients of the last round. Seeds 0, 1 and 2, fixed before any run and the same for
+every method and setting. Every method with its defaults (its paper's; docs/methods).
+Scale ``smoke``: 2 rounds on 2,000 images over fewer clients, one seed, one epoch: it
+checks the script and says nothing about the methods.
+
+Each setting is one ``protofl sweep`` (its runs under ``--runs``, default
+runs/comparison/SCALE/SETTING): a finished run is reused and an interrupted one resumes,
+so the table can be built over several sittings. The page lists every registered method
+by family; a cell that lacks some of its seeds shows how many it has, and a method with
+no finished run shows "–". Fashion-MNIST is none of the papers' datasets, so no paper
+number sits beside ours here; the papers' own tables are rebuilt by ``protofl reproduce``.
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import time
+from datetime import date
+from pathlib import Path
+
+from protofl import api
+from protofl.algorithms import ALGORITHMS
+from protofl.algorithms.base import by_family
+from protofl.config import load_config
+from protofl.report import tables
+from protofl.sweeps import plan, sweep
+
+HERE = Path(__file__).resolve().parent
+SETTINGS = {
+    "dir0.3": ("Dir(0.3): 100 clients, Dirichlet(0.3), 10 per round", {}),
+    "p50c2": ("P50C2: 50 clients of 2 classes, 10 per round",
+              {"partition.name": "pathological", "partition.classes_per_client": 2, "partition.num_clients": 50,
+               "participation.clients_per_round": 10}),
+}
+SCALES = {
+    "cpu": ([0, 1, 2], {"rounds": 20, "data.train_size": 20_000, "eval.every": 10, "eval.personal_every": 20,
+                        "eval.final_all_clients": False}),
+    "smoke": ([0], {"rounds": 2, "data.train_size": 2_000, "training.epochs": 1, "eval.every": 2,
+                    "eval.personal_every": 2, "eval.final_all_clients": False, "output.checkpoint_every": 0}),
+}
+# at scale smoke, fewer clients (2,000 images cannot give 100 Dirichlet(0.3) clients 10 each)
+SMALLER = {"smoke": {"dir0.3": {"partition.num_clients": 20, "participation.fraction": 0.25},
+                     "p50c2": {"partition.num_clients": 10, "participation.clients_per_round": 5}}}
+DESCRIPTION = {
+    "cpu": ("Fashion-MNIST, cnn_fmnist and FedNH's recipe for every method (SGD lr 0.01, momentum 0.9, weight "
+            "decay 1e-5, lr decay 0.99 a round, gradient clip 10, 5 local epochs, batch 64), each method with its "
+            "defaults (its paper's; docs/methods). 20 rounds; a seeded 20,000 of the 60,000 training images; "
+            "evaluation after rounds 10 and 20. Fashion-MNIST is none of the papers' datasets, so no paper "
+            "number sits beside ours; the papers' own tables are rebuilt by `protofl reproduce` "
+            "(benchmarks/RESULTS.md). 20 rounds rank the methods early in training: an ordering here is not "
+            "a paper's ordering after 100-200 rounds."),
+    "smoke": "SMOKE scale: 2 rounds on 2,000 images (20 Dirichlet clients, 5 a round; 10 two-class clients, 5 a "
+             "round), one local epoch, one seed; it checks the script and says nothing about the methods.",
+}
+METRICS = ("gm", "pm_v", "pa", "ga")
+
+
+def setting_config(setting: str, scale: str, data_dir: str | None):
+    overrides = {**SCALES[scale][1], **SETTINGS[setting][1], **(SMALLER.get(scale, {}).get(setting, {})),
+                 "execution.workers": 0, "execution.threads": 1, "output.progress": False}
+    if data_dir:
+        overrides["data.root"] = data_dir
+    return load_config("fednh_fmnist", [f"{k}={v}" for k, v in overrides.items()])
+
+
+def cell(row: dict, m: str, seeds: int) -> str:
+    mean, std = row[m]
+    n = row["count"][m]
+    if n == 0:
+        return "–"
+    text = tables.pct(mean, std)
+    return text if n == seeds else f"{text} ({n} of {seeds} seeds)"
+
+
+def shown_args(argv: list[str]) -> list[str]:
+    """The command line as the page shows it: the data and runs folders as placeholders."""
+    out, hide = [], {"--data-dir": "DATA", "--runs": "RUNS"}
+    for i, a in enumerate(argv):
+        key = a.split("=", 1)[0]
+        if key in hide and "=" in a:
+            out.append(f"{key}={hide[key]}")
+        elif i and argv[i - 1] in hide:
+            out.append(hide[argv[i - 1]])
+        else:
+            out.append(a)
+    return out
+
+
+def page(names: list[str], scale: str, done: dict[str, dict[str, list[Path]]], wall: float) -> str:
+    seeds = len(SCALES[scale][0])
+    lines = [f"# Every method side by side: Fashion-MNIST, scale {scale}", "",
+             f"Measured {date.today().isoformat()}; {len(names)} methods x {len(SETTINGS)} settings x seeds "
+             f"{', '.join(map(str, SCALES[scale][0]))}. Written by:", "", "```",
+             "python " + " ".join(["benchmarks/comparison/family.py", *shown_args(sys.argv[1:])]), "```", "",
+             DESCRIPTION[scale], ""]
+    for setting, (label, _) in SETTINGS.items():
+        groups = done.get(setting, {})
+        rows = {r["method"]: r for r in tables.compare_rows(groups, metrics=METRICS)} if groups else {}
+        have = sum(len(v) for v in groups.values())
+        lines += [f"## {label}", "", f"{have} of {len(names) * seeds} runs finished.", "",
+                  "| family | method | GM | PM(V) | PA | GA | s/round |", "|---|---|---|---|---|---|---|"]
+        for family, members in by_family(names).items():
+            for name in members:
+                r = rows.get(name)
+                if r is None:
+                    lines.append(f"| {family} | {name} | – | – | – | – | – |")
+                    continue
+                ga = cell(r, "ga", seeds) if not r.get("global_model", True) else "= GM"
+                lines.append(f"| {family} | {name} | {cell(r, 'gm', seeds)} | {cell(r, 'pm_v', seeds)} | "
+                             f"{cell(r, 'pa', seeds)} | {ga} | {tables.number(r['s_per_round'])} |")
+        lines.append("")
+    lines += ["GM: the global model on the balanced test set (– for a method without one). PM(V): each "
+              "client's model on its share of the test set, the same class mix as its training data; PA: "
+              "on its own held-out data; both over the clients of the last round (docs/metrics.md). GA: "
+              "for a method without a global model, the mean of the last round's personalized models on "
+              "the balanced test set; = GM otherwise. Mean ± std over the seeds. s/round: mean seconds a "
+              "round (training and evaluation; one thread a run, as many runs at once as cores), without "
+              "the first round.", "",
+              f"Wall time of this invocation: {wall / 60:.1f} min (finished runs are reused)."]
+    return "\n".join(lines) + "\n"
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--data-dir", default=os.environ.get("PROTOFL_DATA"))
+    p.add_argument("--scale", choices=sorted(SCALES), default="cpu")
+    p.add_argument("--settings", default=",".join(SETTINGS))
+    p.add_argument("--methods", default="", help="comma-separated method names (default: every registered one)")
+    p.add_argument("--runs", default=None, help="runs folder (default runs/comparison/SCALE)")
+    p.add_argument("--jobs", type=int, default=None, help="runs at once (default: one per core)")
+    p.add_argument("--no-run", action="store_true", help="only the table, from the runs finished so far")
+    p.add_argument("--out", default=None, help="the page (default benchmarks/comparison/fmnist.md at scale cpu)")
+    args = p.parse_args()
+
+    names = [n for n in args.methods.split(",") if n] or ALGORITHMS.names()
+    unknown = [n for n in names if n not in ALGORITHMS.names()]
+    if unknown:
+        p.error(f"unknown methods: {', '.join(unknown)} (protofl list)")
+    settings = [s for s in args.settings.split(",") if s]
+    bad = [s for s in settings if s not in SETTINGS]
+    if bad:
+        p.error(f"unknown settings: {', '.join(bad)}; settings: {', '.join(SETTINGS)}")
+    runs_root = Path(args.runs or f"runs/comparison/{args.scale}")
+    seeds = SCALES[args.scale][0]
+    methods = api.parse_methods(",".join(names))
+    t0 = time.perf_counter()
+    done: dict[str, dict[str, list[Path]]] = {}
+    for setting in settings:
+        cfg = setting_config(setting, args.scale, args.data_dir)
+        out = runs_root / setting
+        if not args.no_run:
+            print(f"[comparison] {setting}: {len(names)} methods x {len(seeds)} seeds -> {out}", flush=True)
+            sweep(cfg, {}, seeds, out, methods, jobs=args.jobs, log=lambda m: print(m, flush=True))
+        groups: dict[str, list[Path]] = {}
+        for r in plan(cfg, {}, seeds, out, methods):
+            if api.is_complete(r.dir, r.cfg.rounds):
+                groups.setdefault(r.label, []).append(r.dir)
+        done[setting] = groups
+    text = page(names, args.scale, done, time.perf_counter() - t0)
+    dest = Path(args.out) if args.out else (HERE / "fmnist.md" if args.scale == "cpu" else None)
+    print(text)
+    if dest is not None:
+        dest.write_text(text)
+        print(f"page: {dest}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

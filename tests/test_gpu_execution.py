@@ -273,6 +273,39 @@ def test_compiled_stack_step_equals_eager(tmp_path):
     assert_close_runs(eager, compiled)
 
 
+def test_compiled_stacks_keep_their_slot_count_across_rounds(tmp_path, monkeypatch):
+    """A compiled step is compiled for one slot count. With execution.compile a signature's
+    stacks keep the most slots chosen so far (as many as have clients), so later rounds reuse
+    the compiled step where the eager stacks' count moves from round to round. torch.compile
+    is the identity here: what is tested is the slot count the executor asks for."""
+    from pathlib import Path
+
+    from protofl.engine.backends import EXECUTORS
+    from protofl.engine.simulation import Simulation
+
+    def slots(compile_step: bool) -> list[int]:
+        cfg = load_config(DIGITS, [f"output.dir={tmp_path}", "output.progress=false", "execution.threads=1",
+                                   "rounds=6", "partition.num_clients=12", "partition.beta=0.2",
+                                   "training.batch_size=8", "participation.fraction=0.5", "eval.every=100",
+                                   "eval.final_all_clients=false", "output.checkpoint_every=0",
+                                   "execution.executor=batched", f"execution.compile={compile_step}"])
+        box = {}
+
+        def factory(sim):
+            box["ex"] = EXECUTORS.get(cfg.execution.backend)(sim)
+            return box["ex"]
+
+        Simulation(cfg, run_dir=Path(tmp_path) / str(compile_step), executor_factory=factory).run()
+        return box["ex"].stats.slots
+
+    compiled: list[dict] = []
+    monkeypatch.setattr(torch, "compile", lambda fn, **kw: compiled.append(kw) or fn)
+    eager, kept = slots(False), slots(True)
+    assert eager == [4, 6, 5, 5, 4, 5]  # chosen per round from the sampled clients' sizes
+    assert kept == [4, 6, 6, 6, 6, 6]  # the most so far: two shapes in six rounds
+    assert compiled and all(kw["dynamic"] is False for kw in compiled)
+
+
 # ---------------------------------------------------------------------------------------
 # the slot schedule (engine/batched.py): pure functions on step counts
 # ---------------------------------------------------------------------------------------

@@ -360,6 +360,7 @@ class BatchedExecutor(Executor):
         self.slots = slots
         self.compile = compile
         self._compiled: dict[tuple, Any] = {}
+        self._compiled_slots: dict[tuple, int] = {}  # per signature: the most slots chosen so far
         self.sequential = SequentialExecutor(runtime, threads)
         self.reason = why_not_batched(runtime)
         self.stats = StackStats()
@@ -566,6 +567,13 @@ class BatchedExecutor(Executor):
             return answers
 
         S = self._slots(totals, model, B, data, per_sample=settings.dp_clip is not None)
+        if self.compile and self.slots == 0:
+            # a compiled step is compiled for one slot count: keep each signature's stacks at
+            # the most slots chosen so far (as many as have clients), so that the next rounds
+            # reuse the compiled step instead of compiling it again for a count that moved
+            key = self._signature(jobs[0])
+            self._compiled_slots[key] = S = max(S, self._compiled_slots.get(key, 0))
+            S = min(S, sum(t > 0 for t in totals))
         plan = plan_stack(totals, sizes, rows, S, aug)
         self.stats.busy += plan.busy
         self.stats.slot_steps += plan.slot_steps

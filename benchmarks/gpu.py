@@ -34,6 +34,10 @@ the MNIST files (no internet).
     python benchmarks/gpu.py --data-dir DATA --out benchmarks/results/gpu.md
     python benchmarks/gpu.py --data-dir DATA --methods fedavg,fednh,fedgela,fedproto,mpfedcl,rebafl
     python benchmarks/gpu.py --device cpu --smoke   # any machine: the CPU figures of occupancy and launches
+    python benchmarks/gpu.py --data-dir DATA --pfllib PFLLIB --pfllib-python python3 \\
+        --methods fedavg,fednh,fedgela,fedproto,mpfedcl,rebafl --sequential-at 1 --no-launches
+        # the whole table in one invocation: about 9 minutes of an H200 (the five invocations of
+        # 2026-11-26, which ran the same work, took 8.7), the sequential executor at 10 a round only
 
 Not part of the test suite.
 """
@@ -305,6 +309,9 @@ def main() -> int:
     p.add_argument("--only", default="", help="comma-separated setting numbers (1-based) to run")
     p.add_argument("--methods", default="fedavg", help="comma-separated protofl methods, e.g. fedavg,fednh,rebafl")
     p.add_argument("--executors", default="sequential,batched")
+    p.add_argument("--sequential-at", default="",
+                   help="comma-separated setting numbers where the sequential executor runs too (default: every "
+                        "setting; its rounds at 100 clients a round or more take minutes on a GPU)")
     p.add_argument("--batch-clients", type=int, default=0, help="execution.batch_clients (0 = chosen per round)")
     p.add_argument("--compile", action="store_true", help="execution.compile for the batched rows (torch.compile "
                                                           "of the stack's step; CUDA graphs on a GPU)")
@@ -322,6 +329,7 @@ def main() -> int:
     all_settings = settings(args.smoke)
     chosen = [int(i) for i in args.only.split(",") if i] or list(range(1, len(all_settings) + 1))
     executors = [e for e in args.executors.split(",") if e]
+    sequential_at = {int(i) for i in args.sequential_at.split(",") if i} or set(chosen)
     methods = [m for m in args.methods.split(",") if m]
     tmp = tempfile.mkdtemp(prefix="protofl-gpu-")
     table = []
@@ -335,6 +343,8 @@ def main() -> int:
             for method in methods:
                 got = {}
                 for ex in executors:  # interleaved per setting
+                    if ex == "sequential" and i not in sequential_at:
+                        continue
                     got[ex] = measure(config(s, ex, args.device, args.data_dir, args.rounds, tmp, args.smoke,
                                              args.batch_clients, method, args.compile), args.device,
                                       not args.no_launches)

@@ -36,8 +36,9 @@ the MNIST files (no internet).
     python benchmarks/gpu.py --device cpu --smoke   # any machine: the CPU figures of occupancy and launches
     python benchmarks/gpu.py --data-dir DATA --pfllib PFLLIB --pfllib-python python3 \\
         --methods fedavg,fednh,fedgela,fedproto,mpfedcl,rebafl --sequential-at 1 --no-launches
-        # the whole table in one invocation: about 9 minutes of an H200 (the five invocations of
-        # 2026-11-26, which ran the same work, took 8.7), the sequential executor at 10 a round only
+        # the whole table in one invocation, the sequential executor at 10 a round only: under
+        # 8.7 minutes of an H200 (the five invocations of 2026-11-26, which also ran FedAvg's
+        # sequential executor at 100 a round, took 8.7)
 
 Not part of the test suite.
 """

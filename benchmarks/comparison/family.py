@@ -147,14 +147,14 @@ STEP = {"gm": 100 / 10_000, "ga": 100 / 10_000}
 
 
 def per_seed(dirs: list[Path], metric: str, seeds: list[int]) -> dict[int, float]:
-    """A method's final value of ``metric`` in each of its runs of the planned ``seeds``."""
+    """A method's final value of ``metric`` (in %) in each of its runs of the planned ``seeds``."""
     out = {}
     for d in dirs:
         seed = tables.load_summary(d).get("seed")
         if seed in seeds:
             v = tables.select_value(tables.load_rows(d), metric, "final")
             if v is not None:
-                out[seed] = v
+                out[seed] = 100 * v  # the metrics hold fractions, the verdicts work in points
     return out
 
 
@@ -167,16 +167,19 @@ def claim_lines(done: dict[str, dict[str, list[Path]]], seeds: list[int], rounds
              "protofl.reproduce.stats: *shown* at p < 0.05, *contradicted* when the opposite is, *not shown* "
              f"otherwise; fewer than 3 seeds: *not comparable*). A verdict here is about {rounds} rounds on "
              "Fashion-MNIST, not about the paper's setting.", "",
-             "| claim | paper's words | setting | verdict | on what |", "|---|---|---|---|---|"]
+             "| claim | paper's words | " + " | ".join(SETTINGS) + " |",
+             "|---|---|" + "---|" * len(SETTINGS)]
     for c in CLAIMS:
+        cells = []
         for setting in SETTINGS:
             groups = done.get(setting, {})
             a = per_seed(groups.get(c.a, []), c.metric, seeds)
             b = per_seed(groups.get(c.b, []), c.metric, seeds)
             v = stats.greater(a, b, STEP.get(c.metric))
-            words = c.text.replace("|", "\\|")
-            lines.append(f"| {c.paper}: {c.a} above {c.b} in {c.metric.upper()} | \"{words}\" ({c.source}) | "
-                         f"{setting} | **{v.verdict}** | {v.detail} |")
+            cells.append(f"**{v.verdict}**: " + (v.tests[0].line() if v.tests else v.detail))
+        words = c.text.replace("|", "\\|")
+        lines.append(f"| {c.paper}: {c.a} above {c.b} in {c.metric.upper()} | \"{words}\" ({c.source}) | "
+                     + " | ".join(cells) + " |")
     lines += [""] + [f"* {c.paper}, {c.a} above {c.b}: {c.scope}" for c in CLAIMS] + [""]
     return lines
 

@@ -1,0 +1,50 @@
+"""benchmarks/comparison/family.py: the papers' claims tested on run folders, in points,
+over the planned seeds only, one row per claim with a verdict per setting."""
+import importlib.util
+import json
+import sys
+from pathlib import Path
+
+import pytest
+
+FAMILY = Path(__file__).resolve().parents[1] / "benchmarks" / "comparison" / "family.py"
+
+
+@pytest.fixture(scope="module")
+def family():
+    spec = importlib.util.spec_from_file_location("comparison_family", FAMILY)
+    mod = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = mod  # its dataclass looks its module up there
+    spec.loader.exec_module(mod)
+    yield mod
+    del sys.modules[spec.name]
+
+
+def fake_run(root: Path, name: str, seed: int, gm: list[float]) -> Path:
+    d = root / f"{name}-s{seed}"
+    d.mkdir(parents=True)
+    (d / "summary.json").write_text(json.dumps({"status": "complete", "seed": seed, "rounds_completed": len(gm)}))
+    (d / "metrics.jsonl").write_text("".join(json.dumps({"round": r + 1, "gm": g}) + "\n" for r, g in enumerate(gm)))
+    return d
+
+
+def test_per_seed_is_the_final_value_in_points_for_the_planned_seeds(family, tmp_path):
+    dirs = [fake_run(tmp_path, "a", s, [0.5, 0.70 + s / 100]) for s in (0, 1, 2, 7)]
+    assert family.per_seed(dirs, "gm", [0, 1, 2]) == pytest.approx({0: 70.0, 1: 71.0, 2: 72.0})
+
+
+def test_a_claim_gets_a_verdict_per_setting(family, tmp_path, monkeypatch):
+    claim = family.Claim("x", "X (2023)", "X | beats FedAvg", "abstract", "scope", "gm", "x", "fedavg")
+    monkeypatch.setattr(family, "CLAIMS", [claim])
+    # dir0.3: x above FedAvg by 2, 3 and 4 points; p50c2: only two seeds of x
+    dir03 = {"x": [fake_run(tmp_path / "d", "x", s, [0.80 + (2 + s) / 100]) for s in (0, 1, 2)],
+             "fedavg": [fake_run(tmp_path / "d", "fedavg", s, [0.80]) for s in (0, 1, 2)]}
+    p50 = {"x": [fake_run(tmp_path / "p", "x", s, [0.9]) for s in (0, 1)],
+           "fedavg": [fake_run(tmp_path / "p", "fedavg", s, [0.8]) for s in (0, 1, 2)]}
+    lines = family.claim_lines({"dir0.3": dir03, "p50c2": p50}, [0, 1, 2], 20)
+    row = next(line for line in lines if line.startswith("| X (2023)"))
+    cells = [c.strip() for c in row.split(" | ")]
+    assert '"X \\| beats FedAvg" (abstract)' in cells[1]  # a | in the paper's words is escaped
+    assert cells[2].startswith("**shown**: +3.00 pts")
+    assert cells[3].startswith("**not comparable**: 2 paired seed(s)")
+    assert "20 rounds" in " ".join(lines) and "* X (2023), x above fedavg: scope" in lines

@@ -40,10 +40,9 @@ import argparse
 import os
 import sys
 import time
+from dataclasses import dataclass
 from datetime import date
 from pathlib import Path
-
-from dataclasses import dataclass
 
 from protofl import api
 from protofl.algorithms import ALGORITHMS
@@ -51,6 +50,8 @@ from protofl.algorithms.base import by_family
 from protofl.config import load_config
 from protofl.report import tables
 from protofl.reproduce import stats
+from protofl.reproduce.run import run_value
+from protofl.reproduce.spec import Metric
 from protofl.sweeps import plan, sweep
 
 HERE = Path(__file__).resolve().parent
@@ -150,14 +151,16 @@ STEP = {"gm": 100 / 10_000, "ga": 100 / 10_000}
 
 
 def per_seed(dirs: list[Path], metric: str, seeds: list[int]) -> dict[int, float]:
-    """A method's final value of ``metric`` (in %) in each of its runs of the planned ``seeds``."""
+    """A method's final value of ``metric`` (in %, as the reproduce pages take it) in each of
+    its runs of the planned ``seeds``."""
+    final = Metric(metric, metric, metric)
     out = {}
     for d in dirs:
         seed = tables.load_summary(d).get("seed")
         if seed in seeds:
-            v = tables.select_value(tables.load_rows(d), metric, "final")
+            v = run_value(tables.load_rows(d), final)
             if v is not None:
-                out[seed] = 100 * v  # the metrics hold fractions, the verdicts work in points
+                out[seed] = v
     return out
 
 

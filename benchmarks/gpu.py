@@ -161,19 +161,31 @@ def count_launches(prof) -> int:
 
 
 class Profiled:
-    """An executor that profiles its ``run`` of round ``at``: operator launches and samples."""
+    """An executor that runs its ``run`` of round ``at`` under ``torch.profiler`` (CPU activity;
+    with ``cuda`` CUDA activity too, the device synchronized around it) and keeps the
+    profile, its wall time and the samples trained."""
 
-    def __init__(self, inner, at: int) -> None:
-        self.inner, self.at, self.calls = inner, at, 0
-        self.launches = self.samples = 0
+    def __init__(self, inner, at: int, cuda: bool = False) -> None:
+        self.inner, self.at, self.cuda, self.calls = inner, at, cuda, 0
+        self.prof = None
+        self.wall = self.samples = 0
+
+    def _sync(self) -> None:
+        if self.cuda:
+            torch.cuda.synchronize()
 
     def run(self, tasks):
         self.calls += 1
         if self.calls != self.at:
             return self.inner.run(tasks)
-        with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
+        acts = [torch.profiler.ProfilerActivity.CPU] + ([torch.profiler.ProfilerActivity.CUDA] if self.cuda else [])
+        self._sync()
+        t0 = time.perf_counter()
+        with torch.profiler.profile(activities=acts) as prof:
             outs = self.inner.run(tasks)
-        self.launches = count_launches(prof)
+            self._sync()
+        self.wall = time.perf_counter() - t0
+        self.prof = prof
         self.samples = sum(o.train.get("samples", 0) for o in outs if o is not None)
         return outs
 
@@ -181,18 +193,23 @@ class Profiled:
         return getattr(self.inner, name)
 
 
-def launches_per_sample(cfg_dict: dict) -> float:
-    """Operator launches per training sample in the second round of a 2-round run."""
-    cfg = from_dict({**cfg_dict, "rounds": 2})
+def profiled_round(cfg_dict: dict, at: int = 2, cuda: bool = False) -> Profiled:
+    """A run of ``at`` rounds of ``cfg_dict`` whose last round trains under the profiler."""
+    cfg = from_dict({**cfg_dict, "rounds": at})
     box: dict = {}
 
     def factory(sim):
-        box["ex"] = Profiled(EXECUTORS.get(cfg.execution.backend)(sim), at=2)
+        box["ex"] = Profiled(EXECUTORS.get(cfg.execution.backend)(sim), at, cuda)
         return box["ex"]
 
-    Simulation(cfg, run_dir=Path(cfg.output.dir) / f"launches-{time.time_ns()}", executor_factory=factory).run()
-    ex = box["ex"]
-    return ex.launches / ex.samples if ex.samples else float("nan")
+    Simulation(cfg, run_dir=Path(cfg.output.dir) / f"profiled-{time.time_ns()}", executor_factory=factory).run()
+    return box["ex"]
+
+
+def launches_per_sample(cfg_dict: dict) -> float:
+    """Operator launches per training sample in the second round of a 2-round run."""
+    ex = profiled_round(cfg_dict)
+    return count_launches(ex.prof) / ex.samples if ex.samples else float("nan")
 
 
 class Rows(Callback):

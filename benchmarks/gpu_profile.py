@@ -1,5 +1,5 @@
 """Where a round's time goes on the GPU: one round of a ``benchmarks/gpu.py`` setting under
-``torch.profiler`` (CPU and CUDA activity), after a warm-up round.
+``torch.profiler`` (CPU and CUDA activity), after a warm-up round (``gpu.py``'s ``profiled_round``).
 
 Reports the round's wall time, the summed time of its device kernels (one stream: their
 sum over the wall time is the share of the round the GPU was computing), the number of
@@ -18,7 +18,6 @@ import argparse
 import os
 import sys
 import tempfile
-import time
 from pathlib import Path
 
 import torch
@@ -27,41 +26,6 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import gpu  # noqa: E402  (its settings and configs; registers the generated 32x32 data)
 from harness import emit, header  # noqa: E402
-
-from protofl.config import from_dict  # noqa: E402
-from protofl.engine.backends import EXECUTORS  # noqa: E402
-from protofl.engine.simulation import Simulation  # noqa: E402
-
-
-class Traced:
-    """An executor that runs its ``run`` of round ``at`` under the profiler."""
-
-    def __init__(self, inner, at: int, cuda: bool) -> None:
-        self.inner, self.at, self.cuda, self.calls = inner, at, cuda, 0
-        self.prof = None
-        self.wall = self.samples = 0
-
-    def _sync(self) -> None:
-        if self.cuda:
-            torch.cuda.synchronize()
-
-    def run(self, tasks):
-        self.calls += 1
-        if self.calls != self.at:
-            return self.inner.run(tasks)
-        acts = [torch.profiler.ProfilerActivity.CPU] + ([torch.profiler.ProfilerActivity.CUDA] if self.cuda else [])
-        self._sync()
-        t0 = time.perf_counter()
-        with torch.profiler.profile(activities=acts) as prof:
-            outs = self.inner.run(tasks)
-            self._sync()
-        self.wall = time.perf_counter() - t0
-        self.prof = prof
-        self.samples = sum(o.train.get("samples", 0) for o in outs if o is not None)
-        return outs
-
-    def __getattr__(self, name):
-        return getattr(self.inner, name)
 
 
 def device_us(e) -> float:
@@ -84,15 +48,8 @@ def main() -> int:
     cuda = torch.device(args.device).type == "cuda"
     s = gpu.settings(args.smoke)[args.setting - 1]
     with tempfile.TemporaryDirectory(prefix="protofl-prof-") as tmp:
-        cfg = from_dict(gpu.config(s, args.executor, args.device, args.data_dir, 2, tmp, args.smoke, 0, args.method))
-        box: dict = {}
-
-        def factory(sim):
-            box["ex"] = Traced(EXECUTORS.get(cfg.execution.backend)(sim), at=2, cuda=cuda)
-            return box["ex"]
-
-        Simulation(cfg, run_dir=Path(tmp) / "run", executor_factory=factory).run()
-    ex = box["ex"]
+        ex = gpu.profiled_round(gpu.config(s, args.executor, args.device, args.data_dir, 2, tmp, args.smoke, 0,
+                                           args.method), at=2, cuda=cuda)
     ka = ex.prof.key_averages()
     kernels = [e for e in ex.prof.events() if device_us(e) > 0 and e.device_type != torch.autograd.DeviceType.CPU]
     busy = sum(device_us(e) for e in kernels) / 1e6

@@ -566,14 +566,7 @@ class BatchedExecutor(Executor):
         if not any(totals):
             return answers
 
-        S = self._slots(totals, model, B, data, per_sample=settings.dp_clip is not None)
-        if self.compile and self.slots == 0:
-            # a compiled step is compiled for one slot count: keep each signature's stacks at
-            # the most slots chosen so far (as many as have clients), so that the next rounds
-            # reuse the compiled step instead of compiling it again for a count that moved
-            key = self._signature(jobs[0])
-            self._compiled_slots[key] = S = max(S, self._compiled_slots.get(key, 0))
-            S = min(S, sum(t > 0 for t in totals))
+        S = self._slots(totals, model, B, data, jobs[0], per_sample=settings.dp_clip is not None)
         plan = plan_stack(totals, sizes, rows, S, aug)
         self.stats.busy += plan.busy
         self.stats.slot_steps += plan.slot_steps
@@ -643,9 +636,12 @@ class BatchedExecutor(Executor):
                 answers[i] = e
         return answers
 
-    def _slots(self, totals: list[int], model: nn.Module, B: int, data, per_sample: bool = False) -> int:
+    def _slots(self, totals: list[int], model: nn.Module, B: int, data, job: _Job,
+               per_sample: bool = False) -> int:
         """The stack's slot count: ``execution.batch_clients``, else the fewest that finish in
-        about the longest client's time, within what fits in memory."""
+        about the longest client's time, within what fits in memory. A compiled step serves
+        one slot count, so with ``compile`` a signature's stacks keep the most slots chosen so
+        far, so that later rounds reuse it instead of compiling again for a count that moved."""
         if self.slots > 0:
             S = self.slots
         else:
@@ -654,7 +650,13 @@ class BatchedExecutor(Executor):
                 sample = next(x for x, _ in data if len(x))
                 self._cap[key] = slot_memory_cap(model, B, self.runtime.device, sample, per_sample)
             S = choose_slots(totals, self._cap[key])
-        return max(1, min(S, sum(t > 0 for t in totals)))
+        busy = sum(t > 0 for t in totals)
+        S = max(1, min(S, busy))
+        if self.compile and self.slots == 0:
+            key = self._signature(job)
+            self._compiled_slots[key] = S = max(S, self._compiled_slots.get(key, 0))
+            S = max(1, min(S, busy))
+        return S
 
     def _per_step(self, fits: list[Fit], sizes: list[list[int]], totals: list[int]) -> Optional[dict]:
         """The clients' per-step extras (``step_extras``) as (J, steps, B, ...) tensors."""

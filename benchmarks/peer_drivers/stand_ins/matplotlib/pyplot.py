@@ -1,8 +1,4 @@
 """Stand-in for matplotlib.pyplot (see the package's docstring)."""
+from _stand_in import missing
 
-
-def __getattr__(name):
-    if name.startswith("__"):
-        raise AttributeError(name)
-    raise NotImplementedError(f"matplotlib.pyplot.{name}: matplotlib is not installed here (a stand-in for "
-                              "PFLlib's FedAvg benchmark)")
+__getattr__ = missing("matplotlib.pyplot")

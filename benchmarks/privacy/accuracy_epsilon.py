@@ -22,17 +22,34 @@ FedProto has none: the mean accuracy of its clients' models on the global test s
 at the last evaluation, mean ± std over seeds, and the epsilon spent; the figure plots GA
 against epsilon.
 
-    python benchmarks/privacy/accuracy_epsilon.py --data-dir DATA                 # full: 3 seeds
-    python benchmarks/privacy/accuracy_epsilon.py --data-dir DATA --smoke         # minutes
+Scales (``--scale``; seeds and epsilons fixed here, before any run):
 
-Results: ``accuracy_epsilon.md`` and ``accuracy_epsilon.png`` in --results (default this
-folder; with --smoke: <runs>/smoke).
+* ``full``: the config's 200 rounds on all 60,000 training images; seeds 0, 1, 2; epsilon
+  1, 2, 4, 8. About 40-50 hours on 2 CPU cores (README.md).
+* ``cpu``: the scale of protofl's comparison page (benchmarks/comparison/family.py): 20
+  rounds, a seeded 20,000 of the training images (200 a client on average), evaluation
+  after rounds 10 and 20; seeds 0, 1, 2; epsilon 1, 2, 4, 8.
+* ``smoke``: 3 rounds, 20 clients, 1 epoch, seed 0, epsilon 8: checks that the script works.
+
+    python benchmarks/privacy/accuracy_epsilon.py --data-dir DATA --scale cpu --jobs 2 \
+        execution.workers=0 execution.threads=1                                  # 2 runs at once
+    python benchmarks/privacy/accuracy_epsilon.py --data-dir DATA --scale smoke   # minutes
+
+Results: ``accuracy_epsilon.md`` / ``.png`` (scale full) or ``accuracy_epsilon_cpu.md`` /
+``.png`` in --results (default this folder; scale smoke: <runs>/smoke). Runs go to
+<runs>/<scale>.
 """
 from __future__ import annotations
 
 import argparse
+import multiprocessing as mp
+import os
+import platform
+import shlex
 import sys
 import time
+from concurrent.futures import ProcessPoolExecutor
+from datetime import date
 from pathlib import Path
 
 import numpy as np
@@ -52,7 +69,13 @@ MECHANISMS = {  # label: (method, privacy overrides; None: the reference without
     "FedNH": ("fednh", None),
     "FedNH, private prototypes": ("fednh", ["privacy.mode=prototype", "privacy.clip=1.0"]),
 }
-SMOKE = ["rounds=3", "partition.num_clients=20", "participation.fraction=0.2", "training.epochs=1", "eval.every=1"]
+SCALES = {  # scale: (seeds, epsilons, overrides)
+    "full": ([0, 1, 2], [1.0, 2.0, 4.0, 8.0], []),
+    "cpu": ([0, 1, 2], [1.0, 2.0, 4.0, 8.0], ["rounds=20", "data.train_size=20000", "eval.every=10",
+                                              "eval.personal_every=20", "eval.final_all_clients=false"]),
+    "smoke": ([0], [8.0], ["rounds=3", "partition.num_clients=20", "participation.fraction=0.2",
+                           "training.epochs=1", "eval.every=1"]),
+}
 
 
 def final(rows: list[dict], key: str) -> float:
@@ -60,97 +83,133 @@ def final(rows: list[dict], key: str) -> float:
     return float(v[-1]) if v else float("nan")
 
 
-def main() -> None:
+def one_run(over: list[str], eps: float | None, out: Path, name: str) -> None:
+    """One point of the page, unless complete in ``out/name``: sigma calibrated to ``eps``
+    on the run's own planned participation (``eps`` None: no privacy), then the run."""
     from protofl import run
     from protofl.api import check_task, is_complete
     from protofl.config import load_config
     from protofl.engine.privacy import noise_for_epsilon
+
+    if is_complete(out / name, load_config(CONFIG, over).rounds):
+        return
+    if eps is not None:
+        cfg = load_config(CONFIG, over)
+        task = check_task(cfg)
+        sigma = noise_for_epsilon(cfg, eps, task.algorithm, [len(i) for i in task.fed.train_idx])
+        over = [*over, f"privacy.noise_multiplier={sigma:.6g}"]
+    print(f"[run] {name}", flush=True)
+    run(load_config(CONFIG, [*over, f"output.dir={out}", f"output.name={name}"]), resume=True)
+
+
+def main() -> None:
+    from protofl.config import load_config
     from protofl.engine.simulation import read_rows
     from protofl.report.plots import _save, accuracy_epsilon_figure
     from protofl.report.tables import markdown, pct
+    from protofl.reproduce import stats
+    import torch
 
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--data-dir", help="folder holding fashion-mnist/ (default: $PROTOFL_DATA)")
-    p.add_argument("--seeds", default="0,1,2")
-    p.add_argument("--epsilons", default="1,2,4,8")
-    p.add_argument("--rounds", type=int, help="default: the config's (200)")
+    p.add_argument("--scale", choices=sorted(SCALES), default="full")
+    p.add_argument("--seeds", help="comma-separated (default: the scale's)")
+    p.add_argument("--epsilons", help="comma-separated (default: the scale's)")
+    p.add_argument("--rounds", type=int, help="default: the scale's")
     p.add_argument("--mechanisms", default=";".join(MECHANISMS), help="labels, separated by ';'")
-    p.add_argument("--smoke", action="store_true", help="3 rounds, 20 clients, 1 epoch, seed 0, epsilon 8")
+    p.add_argument("--jobs", type=int, default=1, help="runs at once, each in its own process (default 1)")
     p.add_argument("--runs", default="runs/privacy/accuracy_epsilon")
-    p.add_argument("--results", help="default: this folder (with --smoke: <runs>/smoke)")
+    p.add_argument("--results", help="default: this folder (scale smoke: <runs>/smoke)")
     p.add_argument("overrides", nargs="*", help="dotted overrides for every run, e.g. execution.workers=2")
     args = p.parse_args()
-    seeds = [int(s) for s in ("0" if args.smoke else args.seeds).split(",")]
-    epsilons = [float(e) for e in ("8" if args.smoke else args.epsilons).split(",")]
-    base = (SMOKE if args.smoke else []) + [*(["data.root=" + args.data_dir] if args.data_dir else []),
-                                            *([f"rounds={args.rounds}"] if args.rounds else []),
-                                            "output.progress=false",
-                                            # a client whose model the noise sent to NaN loses its reply
-                                            # (an honest outcome of strong noise), not the whole run
-                                            "training.on_nonfinite=drop", *args.overrides]
-    out = Path(args.runs) / ("smoke" if args.smoke else "")
-    results = Path(args.results) if args.results else (out if args.smoke else HERE)
+    scale_seeds, scale_eps, scale_over = SCALES[args.scale]
+    seeds = [int(s) for s in args.seeds.split(",")] if args.seeds else scale_seeds
+    epsilons = [float(e) for e in args.epsilons.split(",")] if args.epsilons else scale_eps
+    base = [*scale_over, *(["data.root=" + args.data_dir] if args.data_dir else []),
+            *([f"rounds={args.rounds}"] if args.rounds else []),
+            "output.progress=false",
+            # a client whose model the noise sent to NaN loses its reply
+            # (an honest outcome of strong noise), not the whole run
+            "training.on_nonfinite=drop", *args.overrides]
+    out = Path(args.runs) / args.scale
+    results = Path(args.results) if args.results else (out if args.scale == "smoke" else HERE)
+    stem = "accuracy_epsilon" + ("" if args.scale == "full" else f"_{args.scale}")
     labels = [m.strip() for m in args.mechanisms.split(";")]
     t0 = time.perf_counter()
-    points: dict[str, list] = {}
-    references: dict[str, float] = {}
-    table = []
+    points_of = []  # (label, eps or None, [(seed, run name)])
+    jobs = []
     for label in labels:
         method, privacy = MECHANISMS[label]
         for eps in ([None] if privacy is None else epsilons):
-            per_seed = []
-            for seed in seeds:
-                over = [*base, f"seed={seed}", f"algorithm.name={method}", *(privacy or [])]
-                slug = label.lower().replace(", ", "-").replace(" ", "_")
-                name = f"{slug}-s{seed}" if privacy is None else f"{slug}-eps{eps:g}-s{seed}"
-                run_dir = out / name
-                if not is_complete(run_dir, load_config(CONFIG, over).rounds):
-                    cfg = load_config(CONFIG, over)
-                    if privacy is not None:
-                        task = check_task(cfg)
-                        sigma = noise_for_epsilon(cfg, eps, task.algorithm, [len(i) for i in task.fed.train_idx])
-                        over.append(f"privacy.noise_multiplier={sigma:.6g}")
-                    print(f"[run] {name}", flush=True)
-                    run(load_config(CONFIG, [*over, f"output.dir={out}", f"output.name={name}"]), resume=True)
-                rows = read_rows(run_dir / "metrics.jsonl")
-                cfg = yaml.safe_load((run_dir / "config.yaml").read_text())
-                per_seed.append((final(rows, "ga"), final(rows, "pa"), final(rows, "epsilon"),
-                                 (cfg.get("privacy") or {}).get("noise_multiplier", 0.0)))
-            ga, pa, spent, sigma = (np.array(v, dtype=np.float64) for v in zip(*per_seed))
-            sd = (lambda v: float(v.std(ddof=1)) if len(v) > 1 else float("nan"))
-            table.append([label, "–" if privacy is None else f"{eps:g}",
-                          "–" if privacy is None else f"{np.mean(spent):.2f}",
-                          "–" if privacy is None else f"{np.mean(sigma):.3g}",
-                          pct(float(ga.mean()), sd(ga)), pct(float(pa.mean()), sd(pa)), str(len(seeds))])
+            slug = label.lower().replace(", ", "-").replace(" ", "_")
+            names = [(seed, f"{slug}-s{seed}" if privacy is None else f"{slug}-eps{eps:g}-s{seed}") for seed in seeds]
+            points_of.append((label, eps, names))
+            jobs += [([*base, f"seed={seed}", f"algorithm.name={method}", *(privacy or [])], eps, out, name)
+                     for seed, name in names]
+    if args.jobs > 1:
+        with ProcessPoolExecutor(args.jobs, mp_context=mp.get_context("spawn")) as pool:
+            for f in [pool.submit(one_run, *j) for j in jobs]:
+                f.result()
+    else:
+        for j in jobs:
+            one_run(*j)
+    points: dict[str, list] = {}
+    references: dict[str, float] = {}
+    ga_at: dict[float, dict[str, dict[int, float]]] = {}  # epsilon -> mechanism -> seed -> GA (points)
+    table = []
+    for label, eps, names in points_of:
+        privacy = MECHANISMS[label][1]
+        per_seed = []
+        for seed, name in names:
+            rows = read_rows(out / name / "metrics.jsonl")
+            cfg = yaml.safe_load((out / name / "config.yaml").read_text())
+            per_seed.append((final(rows, "ga"), final(rows, "pa"), final(rows, "epsilon"),
+                             (cfg.get("privacy") or {}).get("noise_multiplier", 0.0)))
             if privacy is not None:
-                points.setdefault(label, []).append((float(np.mean(spent)), float(ga.mean()), sd(ga)))
-            else:
-                references[label] = float(ga.mean())
+                ga_at.setdefault(eps, {}).setdefault(label, {})[seed] = 100 * per_seed[-1][0]
+        ga, pa, spent, sigma = (np.array(v, dtype=np.float64) for v in zip(*per_seed))
+        sd = (lambda v: float(v.std(ddof=1)) if len(v) > 1 else float("nan"))
+        table.append([label, "–" if privacy is None else f"{eps:g}",
+                      "–" if privacy is None else f"{np.mean(spent):.2f}",
+                      "–" if privacy is None else f"{np.mean(sigma):.3g}",
+                      pct(float(ga.mean()), sd(ga)), pct(float(pa.mean()), sd(pa)), str(len(seeds))])
+        if privacy is not None:
+            points.setdefault(label, []).append((float(np.mean(spent)), float(ga.mean()), sd(ga)))
+        else:
+            references[label] = float(ga.mean())
     cfg = load_config(CONFIG, base)
     head = ["mechanism", "target ε", "ε spent", "noise σ", "GA (%)", "PA (%)", "seeds"]
     best = []
-    for eps in epsilons:
-        at = [(r[4], r[0]) for r in table if r[1] == f"{eps:g}"]
-        if at:
-            acc, who = max(at, key=lambda a: float(a[0].split(" ")[0]) if a[0] != "–" else -1)
-            best.append(f"at ε = {eps:g}, {who} keeps the most accuracy (GA {acc} %)")
+    for eps, by in ga_at.items():
+        top = max(by, key=lambda m: np.nanmean(list(by[m].values())))
+        others = {m: v for m, v in by.items() if m != top}
+        v = stats.best(by[top], others, step=None)
+        caveat = " (its weights travel unprotected)" if MECHANISMS[top][0] == "fednh" else ""
+        best.append(f"at ε = {eps:g}, {top}{caveat} keeps the most GA ({np.nanmean(list(by[top].values())):.2f} %); "
+                    f"above each other mechanism (paired over seeds, one-sided 5 %): **{v.verdict}** ({v.detail})")
+    shown = shlex.join("DATA" if a == args.data_dir else a.replace(args.data_dir or "\0", "DATA") for a in sys.argv[1:])
+    images = f"{cfg.data.train_size:,} of the training images" if cfg.data.train_size else "all training images"
     text = (f"## Accuracy against ε: Fashion-MNIST, {cfg.partition.num_clients} clients, "
             f"Dir({cfg.partition.params['beta']}), {cfg.participation.fraction:.0%} per round, {cfg.training.epochs} "
-            f"local epochs, {cfg.model.name}, {cfg.rounds} rounds, δ = {cfg.privacy.delta:g}\n\n"
+            f"local epochs, {cfg.model.name}, {cfg.rounds} rounds, {images}, δ = {cfg.privacy.delta:g} "
+            f"(scale {args.scale})\n\n"
+            f"{date.today()}, {platform.machine()}, {os.cpu_count()} CPU cores, torch {torch.__version__}; written by "
+            f"`python benchmarks/privacy/accuracy_epsilon.py {shown}`; seeds {', '.join(map(str, seeds))} and "
+            f"ε {', '.join(f'{e:g}' for e in epsilons)} fixed before any run.\n\n"
             + markdown(head, table)
             + "\nGA, PA at the last evaluation, mean ± sample std over seeds. ε spent: by the end of the run "
               "(client-level: one client's participation; prototypes and DP-SGD: one training sample of the most "
               "exposed client); noise σ: calibrated before the run to the target. FedNH's private-prototype rows "
               "protect its prototypes only (its weights travel without protection).\n\n"
-            + ("This run: " + "; ".join(best) + ".\n" if best else "")
+            + "".join(f"* {b}\n" for b in best)
             + f"\nWall time of this invocation: {(time.perf_counter() - t0) / 60:.1f} min (complete runs reused).\n")
     results.mkdir(parents=True, exist_ok=True)
-    (results / "accuracy_epsilon.md").write_text(text)
+    (results / f"{stem}.md").write_text(text)
     if points:
         _save(accuracy_epsilon_figure(points, title="GA against ε (mean ± std over seeds)", references=references),
-              results / "accuracy_epsilon.png")
+              results / f"{stem}.png")
     print(text)
-    print(f"-> {results / 'accuracy_epsilon.md'}")
+    print(f"-> {results / (stem + '.md')}")
 
 
 if __name__ == "__main__":

@@ -48,3 +48,21 @@ def test_a_claim_gets_a_verdict_per_setting(family, tmp_path, monkeypatch):
     assert cells[2].startswith("**shown**: +3.00 pts")
     assert cells[3].startswith("**not comparable**: 2 paired seed(s)")
     assert "20 rounds" in " ".join(lines) and "* X (2023), x above fedavg: scope" in lines
+
+
+def test_exploratory_runs_are_shown_apart_without_a_verdict(family, tmp_path, monkeypatch):
+    e = family.Exploratory("x-strong=x(beta=6.2)", "fedavg", "gm", "asked after the verdict")
+    monkeypatch.setattr(family, "EXPLORATORY", [e])
+    assert family.exploratory_lines({"dir0.3": {}, "p50c2": {}}, [0, 1, 2]) == []  # none run: no section
+    # x-strong above FedAvg by 1, 2 and 3 points on dir0.3; nothing on p50c2
+    dir03 = {"x-strong": [fake_run(tmp_path, "x-strong", s, [0.80 + (1 + s) / 100]) for s in (0, 1, 2)],
+             "fedavg": [fake_run(tmp_path, "fedavg", s, [0.80]) for s in (0, 1, 2)]}
+    lines = family.exploratory_lines({"dir0.3": dir03, "p50c2": {}}, [0, 1, 2])
+    assert lines[0] == "## Exploratory (outside the plan: no verdicts)"
+    row = next(line for line in lines if line.startswith("| `x-strong=x(beta=6.2)`"))
+    cells = [c.strip() for c in row.split(" | ")]
+    assert cells[1] == "fedavg"
+    assert cells[2].startswith("GM 82.00; vs fedavg: +2.00 pts (90 % CI")
+    assert cells[3].startswith("GM –; vs fedavg: 0 paired seed(s)")
+    assert "**" not in row  # no verdict words in bold, unlike a claim's row
+    assert "* `x-strong=x(beta=6.2)`: asked after the verdict" in lines

@@ -5,6 +5,7 @@
     python benchmarks/comparison/family.py --data-dir DATA --scale smoke    # a check of the script (minutes)
     python benchmarks/comparison/family.py --data-dir DATA --methods fedavg,fednh,fedetf --settings p50c2
     python benchmarks/comparison/family.py --data-dir DATA --claim-methods   # the runs the claims need
+    python benchmarks/comparison/family.py --data-dir DATA --exploratory     # the runs outside the plan
 
 Two settings, both on configs/fednh_fmnist.yaml (Fashion-MNIST, cnn_fmnist, FedNH's
 recipe for every method: SGD lr 0.01, momentum 0.9, weight decay 1e-5, lr decay 0.99 a
@@ -33,6 +34,10 @@ above another (FedETF, SphereFed, CCVR and FedDecorr above FedAvg in GM; FedTGP 
 FedProto in PA), the page tests it on both settings over the planned seeds with the paired
 t-tests of ``protofl.reproduce.stats`` (shown / not shown / contradicted), the paper's words
 and scope beside the verdict.
+
+Exploratory runs (``EXPLORATORY``): a method at other settings, asked after a verdict was
+read (e.g. FedDecorr at its authors' code's strength). They run on the planned seeds, sit
+in their own section beside their reference method, paired, and give no verdict.
 """
 from __future__ import annotations
 
@@ -145,6 +150,25 @@ CLAIMS: list[Claim] = [
           "pa", "fedtgp", "fedproto"),
 ]
 
+@dataclass(frozen=True)
+class Exploratory:
+    """A run outside the plan: a method at other settings, asked after a verdict above. Its
+    runs use the planned seeds; its numbers are shown beside its reference method's, paired,
+    but they give no verdict and change none."""
+
+    spec: str  # protofl compare syntax, label=name(params)
+    against: str  # the reference method
+    metric: str
+    why: str
+
+
+EXPLORATORY: list[Exploratory] = [
+    Exploratory("feddecorr-beta6.2=feddecorr(beta=6.2)", "fedavg", "gm",
+                "FedDecorr at the strength of its authors' code: their beta = 0.1 on their scaling of the term "
+                "is beta = 6.2 on the paper's term, which protofl's feddecorr computes "
+                "(docs/methods/global_baselines.md). Asked after the claim's verdict (beta = 0.1) was read."),
+]
+
 # the accuracy one test image is worth, for a metric over the whole balanced test set
 # (Fashion-MNIST's 10,000); None for the per-client metrics (reproduce/stats.py)
 STEP = {"gm": 100 / 10_000, "ga": 100 / 10_000}
@@ -187,6 +211,30 @@ def claim_lines(done: dict[str, dict[str, list[Path]]], seeds: list[int], rounds
         lines.append(f"| {c.paper}: {c.a} above {c.b} in {c.metric.upper()} | \"{words}\" ({c.source}) | "
                      + " | ".join(cells) + " |")
     lines += [""] + [f"* {c.paper}, {c.a} above {c.b}: {c.scope}" for c in CLAIMS] + ["", LEFT_OUT, ""]
+    return lines
+
+
+def exploratory_lines(done: dict[str, dict[str, list[Path]]], seeds: list[int]) -> list[str]:
+    labels = {e.spec: next(iter(api.parse_methods(e.spec))) for e in EXPLORATORY}
+    if not any(labels[e.spec] in done.get(s, {}) for e in EXPLORATORY for s in SETTINGS):
+        return []
+    lines = ["## Exploratory (outside the plan: no verdicts)", "",
+             "Runs asked after the verdicts above were read, on the same seeds. The paired difference to "
+             "the reference is shown (90 % CI, one-sided p) for what it suggests; it is no verdict and "
+             "changes none: a claim's verdict stays the planned run's.", "",
+             "| run | against | " + " | ".join(SETTINGS) + " |", "|---|---|" + "---|" * len(SETTINGS)]
+    for e in EXPLORATORY:
+        cells = []
+        for setting in SETTINGS:
+            groups = done.get(setting, {})
+            a = per_seed(groups.get(labels[e.spec], []), e.metric, seeds)
+            b = per_seed(groups.get(e.against, []), e.metric, seeds)
+            v = stats.greater(a, b, STEP.get(e.metric))
+            mean = f"{sum(a.values()) / len(a):.2f}" if a else "–"
+            cells.append(f"{e.metric.upper()} {mean}; vs {e.against}: "
+                         + (v.tests[0].line() if v.tests else v.detail))
+        lines.append(f"| `{e.spec}` | {e.against} | " + " | ".join(cells) + " |")
+    lines += [""] + [f"* `{e.spec}`: {e.why}" for e in EXPLORATORY] + [""]
     return lines
 
 
@@ -245,6 +293,7 @@ def page(names: list[str], scale: str, done: dict[str, dict[str, list[Path]]], w
                              f"{cell(r, 'pa', seeds)} | {ga} | {tables.number(r['s_per_round'])} |")
         lines.append("")
     lines += claim_lines(done, SCALES[scale][0], SCALES[scale][1]["rounds"])
+    lines += exploratory_lines(done, SCALES[scale][0])
     lines += ["GM: the global model on the balanced test set (– for a method without one). PM(V): each "
               "client's model on its share of the test set, the same class mix as its training data; PA: "
               "on its own held-out data; both over the clients of the last round (docs/metrics.md). GA: "
@@ -266,6 +315,8 @@ def main() -> int:
                    help="only the methods the papers' claims compare (CLAIMS), in place of --methods")
     p.add_argument("--runs", default=None, help="runs folder (default runs/comparison/SCALE)")
     p.add_argument("--jobs", type=int, default=None, help="runs at once (default: one per core)")
+    p.add_argument("--exploratory", action="store_true",
+                   help="run only the exploratory entries (EXPLORATORY), in place of --methods")
     p.add_argument("--no-run", action="store_true", help="only the table, from the runs finished so far")
     p.add_argument("--out", default=None, help="the page (default benchmarks/comparison/fmnist.md at scale cpu)")
     args = p.parse_args()
@@ -284,6 +335,7 @@ def main() -> int:
     runs_root = Path(args.runs or f"runs/comparison/{args.scale}")
     seeds = SCALES[args.scale][0]
     methods = api.parse_methods(",".join(names))
+    extra = api.parse_methods(",".join(e.spec for e in EXPLORATORY))
     t0 = time.perf_counter()
     done: dict[str, dict[str, list[Path]]] = {}
     for setting in settings:
@@ -291,9 +343,10 @@ def main() -> int:
         out = runs_root / setting
         if not args.no_run:
             print(f"[comparison] {setting}: {len(names)} methods x {len(seeds)} seeds -> {out}", flush=True)
-            sweep(cfg, {}, seeds, out, methods, jobs=args.jobs, log=lambda m: print(m, flush=True))
+            todo = extra if args.exploratory else methods
+            sweep(cfg, {}, seeds, out, todo, jobs=args.jobs, log=lambda m: print(m, flush=True))
         groups: dict[str, list[Path]] = {}
-        for r in plan(cfg, {}, seeds, out, methods):
+        for r in plan(cfg, {}, seeds, out, {**methods, **extra}):
             if api.is_complete(r.dir, r.cfg.rounds):
                 groups.setdefault(r.label, []).append(r.dir)
         done[setting] = groups

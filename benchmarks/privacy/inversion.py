@@ -1,0 +1,203 @@
+"""What a prototype leaks: inverting class prototypes of a few samples, with and without DP.
+
+A server that knows the feature map a client used (FedNH, MP-FedCL and ReBaFL send their
+weights beside their prototypes) receives the client's class prototype: the mean feature of
+its n samples of a class. How much of those n images can it rebuild? The probe
+(``protofl.nn.inversion.invert_features``: feature matching with a total-variation prior,
+Mahendran & Vedaldi, CVPR 2015) inverts each prototype and compares the result with
+
+* the mean image of the n samples behind the prototype ("own"), and
+* the mean image of n other samples of the same class ("other"): what knowing the class
+  alone would give.
+
+The leak is the gap: corr(x^, own) - corr(x^, other) (Pearson correlation over pixels),
+paired over the cases. A prototype made private as ``privacy.mode: prototype`` makes it
+(``protofl.nn.privacy.private_class_means``: features clipped to C, Gaussian noise on the
+class's sum and count) at a noise multiplier sigma calibrated so that this *one* release
+spends epsilon at delta 1e-5 (dp-accounting's RDP accountant, as the engine's). A run
+releases once a round, so its sigma at the same total epsilon is larger: one release is
+the attacker's best case.
+
+Setting: Fashion-MNIST; cnn_fmnist trained centrally for one epoch on the training images
+(SGD lr 0.01, momentum 0.9, batch 64; the "global model" the server knows); the victim's
+samples from the test images (never trained on). Two feature maps: FedProto's (the body's
+raw ReLU features, clip 5) and FedNH's (unit-normalized features, clip 1). Per feature map,
+epsilon (none, 8, 1) and n (1, 4, 16, 64): 10 classes x ``--trials`` draws.
+
+    python benchmarks/privacy/inversion.py --data-dir DATA     # inversion.md, inversion.png
+
+Results: ``inversion.md`` and ``inversion.png`` in --results (default this folder).
+"""
+from __future__ import annotations
+
+import argparse
+import math
+import os
+import platform
+import shlex
+import sys
+import time
+from datetime import date
+from pathlib import Path
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+HERE = Path(__file__).resolve().parent
+DELTA = 1e-5
+MAPS = {  # label: (features of the body's output, clip C of privacy.mode: prototype)
+    "FedProto (raw features, C = 5)": (lambda z: z, 5.0),
+    "FedNH (unit features, C = 1)": (lambda z: F.normalize(z, dim=1), 1.0),
+}
+
+
+def sigma_for(epsilon: float, delta: float = DELTA) -> float:
+    """The noise multiplier of one Gaussian release that spends ``epsilon`` at ``delta``."""
+    from protofl.engine.privacy import Accountant
+
+    acc = Accountant("rdp", delta)
+    lo, hi = 0.05, 1.0
+    while acc.epsilon({("gaussian", hi): 1}) > epsilon:
+        lo, hi = hi, 2 * hi
+    while hi / lo > 1.001:
+        mid = math.sqrt(lo * hi)
+        lo, hi = (mid, hi) if acc.epsilon({("gaussian", mid): 1}) > epsilon else (lo, mid)
+    return hi
+
+
+def corr(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """Row-wise Pearson correlation of (B, ...) a and b over their entries."""
+    a, b = a.flatten(1), b.flatten(1)
+    a, b = a - a.mean(1, keepdim=True), b - b.mean(1, keepdim=True)
+    return (a * b).sum(1) / (a.norm(dim=1) * b.norm(dim=1)).clamp(min=1e-12)
+
+
+def train_body(ds, seed: int, epochs: int):
+    from protofl.models.zoo import build_model
+
+    torch.manual_seed(seed)
+    model = build_model("cnn_fmnist", tuple(ds.x_train.shape[1:]), ds.num_classes)
+    opt = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
+    g = torch.Generator().manual_seed(seed)
+    model.train()
+    for _ in range(epochs):
+        order = torch.randperm(len(ds.y_train), generator=g)
+        for i in range(0, len(order), 64):
+            idx = order[i:i + 64]
+            opt.zero_grad()
+            F.cross_entropy(model(ds.normalize(ds.x_train[idx])), ds.y_train[idx]).backward()
+            opt.step()
+    model.eval()
+    with torch.no_grad():
+        acc = (model(ds.normalize(ds.x_test)).argmax(1) == ds.y_test).float().mean().item()
+    return model, acc
+
+
+def main() -> int:
+    from protofl.data.datasets import load_dataset
+    from protofl.nn.inversion import invert_features
+    from protofl.nn.privacy import private_class_means
+    from protofl.report.plots import _plt, _save
+    from protofl.report.tables import markdown
+    from protofl.reproduce import stats
+
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--data-dir", default=os.environ.get("PROTOFL_DATA"), help="folder holding fashion-mnist/")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--trials", type=int, default=5, help="draws per class and size")
+    p.add_argument("--sizes", default="1,4,16,64", help="samples behind a prototype")
+    p.add_argument("--epsilons", default="8,1", help="one release's epsilon (besides no noise)")
+    p.add_argument("--epochs", type=int, default=1, help="central training epochs of the feature map")
+    p.add_argument("--steps", type=int, default=300)
+    p.add_argument("--lr", type=float, default=0.05)
+    p.add_argument("--tv", type=float, default=0.05, help="weight of the total-variation prior")
+    p.add_argument("--results", default=str(HERE))
+    args = p.parse_args()
+    sizes = [int(s) for s in args.sizes.split(",")]
+    epsilons = [math.inf] + [float(e) for e in args.epsilons.split(",")]
+    t0 = time.perf_counter()
+    torch.set_num_threads(1)
+
+    ds = load_dataset("fmnist", args.data_dir, args.seed)
+    model, test_acc = train_body(ds, args.seed, args.epochs)
+    x_all = ds.normalize(ds.x_test)
+    low, high = float(x_all.min()), float(x_all.max())
+    rng = np.random.default_rng(args.seed)
+    by_class = [np.flatnonzero(ds.y_test.numpy() == c) for c in range(ds.num_classes)]
+    # the cases: (size, class, trial) -> n own samples and n other samples of that class
+    cases = [(n, c, t) for n in sizes for c in range(ds.num_classes) for t in range(args.trials)]
+    own, other = [], []
+    for n, c, _ in cases:
+        pick = rng.choice(by_class[c], 2 * n, replace=False)
+        own.append(torch.as_tensor(pick[:n]))
+        other.append(torch.as_tensor(pick[n:]))
+    own_mean = torch.stack([x_all[i].mean(0) for i in own])
+    other_mean = torch.stack([x_all[i].mean(0) for i in other])
+    groups = torch.cat([torch.full((len(i),), k) for k, i in enumerate(own)])
+    samples = torch.cat(own)
+    with torch.no_grad():
+        z_raw = model.body(x_all[samples])
+
+    head = ["features", "ε (one release)", "σ", "n", "corr(x^, own)", "corr(x^, other)", "leak: the gap",
+            "gap > 0: p"]
+    table, shown = [], {}
+    for label, (feat, clip) in MAPS.items():
+        z = feat(z_raw)
+        for eps in epsilons:
+            sigma = 0.0 if math.isinf(eps) else sigma_for(eps)
+            gen = torch.Generator().manual_seed(args.seed)
+            protos, _ = private_class_means(z, groups, len(cases), clip if sigma else math.inf, sigma, gen)
+            x_hat = invert_features(lambda x: feat(model.body(x)), protos, torch.zeros_like(own_mean),
+                                    steps=args.steps, lr=args.lr, tv=args.tv, low=low, high=high,
+                                    modules=(model,))
+            r_own, r_other = corr(x_hat, own_mean), corr(x_hat, other_mean)
+            shown[(label, eps)] = x_hat
+            for n in sizes:
+                rows = [k for k, case in enumerate(cases) if case[0] == n]
+                a, b = r_own[rows].numpy(), r_other[rows].numpy()
+                d = stats.paired((a - b).astype(np.float64))
+                table.append([label, "none" if math.isinf(eps) else f"{eps:g}", f"{sigma:.3g}", str(n),
+                              f"{a.mean():.3f} ± {a.std(ddof=1):.3f}", f"{b.mean():.3f} ± {b.std(ddof=1):.3f}",
+                              f"{d.mean:+.3f} (90 % CI {d.ci90[0]:+.3f} to {d.ci90[1]:+.3f})", f"{d.p_for:.2g}"])
+    # the figure: FedNH's map, one case per class at n = 1 (trial 0): own image, then x^ per epsilon
+    nh = list(MAPS)[1]
+    picks = [k for k, (n, _, t) in enumerate(cases) if n == min(sizes) and t == 0]
+    plt = _plt()
+    rows = [("own", own_mean)] + [("x^, " + ("no DP" if math.isinf(e) else f"ε = {e:g}"), shown[(nh, e)])
+                                  for e in epsilons]
+    fig, axes = plt.subplots(len(rows), len(picks), figsize=(1.2 * len(picks), 1.3 * len(rows)))
+    for i, (name, imgs) in enumerate(rows):
+        for j, k in enumerate(picks):
+            ax = axes[i][j]
+            ax.imshow(imgs[k, 0].numpy(), cmap="gray", vmin=low, vmax=high)
+            ax.set_xticks([])
+            ax.set_yticks([])
+            if j == 0:
+                ax.set_ylabel(name, fontsize=7)
+    fig.suptitle(f"{nh}: one sample's prototype inverted (n = {min(sizes)})", fontsize=8)
+    results = Path(args.results)
+    results.mkdir(parents=True, exist_ok=True)
+    _save(fig, results / "inversion.png")
+
+    shown_args = shlex.join("DATA" if a == args.data_dir else a for a in sys.argv[1:])
+    text = (f"## What a prototype leaks: inversion with and without DP (Fashion-MNIST, cnn_fmnist)\n\n"
+            f"{date.today()}, {platform.machine()}, {os.cpu_count()} CPU cores, torch {torch.__version__}; "
+            f"written by `python benchmarks/privacy/inversion.py {shown_args}` in "
+            f"{(time.perf_counter() - t0) / 60:.1f} min. The feature map: cnn_fmnist after {args.epochs} "
+            f"central epoch(s), test accuracy {100 * test_acc:.2f} %. Inversion: {args.steps} Adam steps, "
+            f"lr {args.lr:g}, TV weight {args.tv:g}, from the mean image; {args.trials} draws x "
+            f"{ds.num_classes} classes per row, seed {args.seed}.\n\n"
+            + markdown(head, table)
+            + "\nown: the mean image of the n samples behind the prototype; other: of n other samples of "
+              "the same class. The gap (paired over the cases, one-sided t-test p) is what the prototype "
+              "tells about its own samples beyond their class. σ: the noise multiplier that spends the "
+              "ε in one release (δ = 1e-5); a run releases every round, so its σ at the same total ε is "
+              "larger. Figure: inversion.png.\n")
+    (results / "inversion.md").write_text(text)
+    print(text)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -66,3 +66,14 @@ def test_exploratory_runs_are_shown_apart_without_a_verdict(family, tmp_path, mo
     assert cells[3].startswith("GM –; vs fedavg: 0 paired seed(s)")
     assert "**" not in row  # no verdict words in bold, unlike a claim's row
     assert "* `x-strong=x(beta=6.2)`: asked after the verdict" in lines
+
+
+def test_the_page_counts_only_the_planned_runs(family, tmp_path, monkeypatch):
+    e = family.Exploratory("x-strong=fedavg(lr=1)", "fedavg", "gm", "asked after the verdict")
+    monkeypatch.setattr(family, "EXPLORATORY", [e])
+    monkeypatch.setattr(family, "CLAIMS", [])
+    dir03 = {"fedavg": [fake_run(tmp_path, "fedavg", s, [0.80]) for s in (0, 1, 2)],
+             "x-strong": [fake_run(tmp_path, "x-strong", s, [0.81]) for s in (0, 1, 2)]}
+    text = family.page(["fedavg"], "cpu", {"dir0.3": dir03, "p50c2": {}}, 0.0)
+    assert "3 of 3 runs finished." in text and "0 of 3 runs finished." in text
+    assert "## Exploratory (outside the plan: no verdicts)" in text

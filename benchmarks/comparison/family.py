@@ -279,7 +279,7 @@ def page(names: list[str], scale: str, done: dict[str, dict[str, list[Path]]], w
     for setting, (label, _) in SETTINGS.items():
         groups = done.get(setting, {})
         rows = {r["method"]: r for r in tables.compare_rows(groups, metrics=METRICS)} if groups else {}
-        have = sum(len(v) for v in groups.values())
+        have = sum(len(v) for label, v in groups.items() if label in names)  # the exploratory runs apart
         lines += [f"## {label}", "", f"{have} of {len(names) * seeds} runs finished.", "",
                   "| family | method | GM | PM(V) | PA | GA | s/round |", "|---|---|---|---|---|---|---|"]
         for family, members in by_family(names).items():

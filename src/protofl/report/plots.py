@@ -413,7 +413,14 @@ def accuracy_epsilon_figure(points: dict[str, Sequence[tuple[float, float, float
     for i, (label, acc) in enumerate((references or {}).items()):
         ax.axhline(100 * acc, ls="--", lw=1, color=colors[(len(points) + i) % len(colors)], label=f"{label} (no DP)")
     if spent and max(spent) > 3 * min(spent):
+        from matplotlib.ticker import NullFormatter, ScalarFormatter
+
         ax.set_xscale("log")
+        ticks = sorted({float(f"{e:.2g}") for e in spent})  # the epsilons as plain numbers, not 2 x 10^0
+        if len(ticks) <= 8:
+            ax.set_xticks(ticks)
+            ax.xaxis.set_major_formatter(ScalarFormatter())
+            ax.xaxis.set_minor_formatter(NullFormatter())
     ax.set_xlabel("epsilon (at the runs' delta)")
     ax.set_ylabel(axis_label(metric))
     ax.grid(alpha=0.3, which="both")

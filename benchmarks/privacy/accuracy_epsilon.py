@@ -1,6 +1,6 @@
 """Accuracy against epsilon: weights vs prototypes under differential privacy.
 
-Setting (configs/fednh_fmnist.yaml, the "cpu" scale of protofl's Fashion-MNIST benchmarks):
+Setting (configs/fednh_fmnist.yaml, protofl's Fashion-MNIST benchmark setting):
 100 clients with Dirichlet(0.3) label skew, 10 % of them per round, 5 local epochs, batch
 64, SGD lr 0.01 momentum 0.9, cnn_fmnist. Mechanisms (docs/privacy.md):
 
@@ -217,7 +217,9 @@ def main() -> None:
             f"(scale {args.scale})\n\n"
             f"{date.today()}, {platform.machine()}, {os.cpu_count()} CPU cores, torch {torch.__version__}; written by "
             f"`python benchmarks/privacy/accuracy_epsilon.py {shown}`; seeds {', '.join(map(str, seeds))} and "
-            f"ε {', '.join(f'{e:g}' for e in epsilons)} fixed before any run.\n\n"
+            f"ε {', '.join(f'{e:g}' for e in epsilons)} "
+            + ("chosen on the command line: exploratory, not the scale's plan.\n\n" if args.seeds or args.epsilons
+               else "fixed in the script for this scale before any run.\n\n")
             + markdown(head, table)
             + "\nGA, PA at the last evaluation, mean ± sample std over seeds. ε spent: by the end of the run "
               "(client-level: one client's participation; prototypes and DP-SGD: one training sample of the most "

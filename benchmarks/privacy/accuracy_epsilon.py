@@ -228,7 +228,7 @@ def main() -> None:
             + "\nWhich mechanism keeps the most accuracy at each ε: the leader's verdict is its paired one-sided "
               "test (5 %) above each other mechanism at that ε (intersection-union; protofl.reproduce.stats). "
               f"{', '.join(PARTIAL)} protect{'s' if len(PARTIAL) == 1 else ''} the prototypes only, "
-              "so the second and fourth columns leave it out.\n\n"
+              "so the columns \"all it sends protected\" leave it out.\n\n"
             + markdown(leaders_head, leaders)
             + "\n" + "".join(f"* {t}\n" for t in tests)
             + f"\nThe runs' rounds took {run_seconds / 3600:.2f} hours in all (one thread a run, as many runs at "

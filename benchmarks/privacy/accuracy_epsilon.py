@@ -162,10 +162,13 @@ def main() -> None:
     for label, eps, names in points_of:
         privacy = MECHANISMS[label][1]
         per_seed = []
+        rejected = replies = 0  # replies the server rejected (a non-finite loss: the noise), over the seeds
         for seed, name in names:
             rows = read_rows(out / name / "metrics.jsonl")
             cfg = yaml.safe_load((out / name / "config.yaml").read_text())
             run_seconds += sum(r.get("wall_s", 0.0) for r in rows)
+            rejected += sum(r.get("rejected", 0) for r in rows)
+            replies += sum(r.get("arrived", 0) + r.get("rejected", 0) for r in rows)
             per_seed.append((final(rows, "ga"), final(rows, "pa"), final(rows, "epsilon"),
                              (cfg.get("privacy") or {}).get("noise_multiplier", 0.0)))
             if privacy is not None:
@@ -176,13 +179,14 @@ def main() -> None:
         table.append([label, "–" if privacy is None else f"{eps:g}",
                       "–" if privacy is None else f"{np.mean(spent):.2f}",
                       "–" if privacy is None else f"{np.mean(sigma):.3g}",
-                      pct(float(ga.mean()), sd(ga)), pct(float(pa.mean()), sd(pa)), str(len(seeds))])
+                      pct(float(ga.mean()), sd(ga)), pct(float(pa.mean()), sd(pa)),
+                      f"{100 * rejected / replies:.1f}" if replies else "–", str(len(seeds))])
         if privacy is not None:
             points.setdefault(label, []).append((float(np.mean(spent)), float(ga.mean()), sd(ga)))
         else:
             references[label] = float(ga.mean())
     cfg = load_config(CONFIG, base)
-    head = ["mechanism", "target ε", "ε spent", "noise σ", "GA (%)", "PA (%)", "seeds"]
+    head = ["mechanism", "target ε", "ε spent", "noise σ", "GA (%)", "PA (%)", "replies rejected (%)", "seeds"]
     # at each epsilon: the mechanism with the most GA / PA, among all and among those that
     # protect everything they send, tested against each of the others (paired over seeds)
     leaders, tests = [], []
@@ -223,7 +227,9 @@ def main() -> None:
             + markdown(head, table)
             + "\nGA, PA at the last evaluation, mean ± sample std over seeds. ε spent: by the end of the run "
               "(client-level: one client's participation; prototypes and DP-SGD: one training sample of the most "
-              "exposed client); noise σ: calibrated before the run to the target. FedNH's private-prototype rows "
+              "exposed client); noise σ: calibrated before the run to the target. Replies rejected: the share of the "
+              "clients' replies the server dropped for a non-finite training loss (training.on_nonfinite: drop), "
+              "the noise having driven their training to NaN, over every round and seed. FedNH's private-prototype rows "
               "protect its prototypes only (its weights travel without protection).\n\n"
             + "\nWhich mechanism keeps the most accuracy at each ε: the leader's verdict is its paired one-sided "
               "test (5 %) above each other mechanism at that ε (intersection-union; protofl.reproduce.stats). "

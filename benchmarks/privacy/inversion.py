@@ -1,7 +1,8 @@
 """What a prototype leaks: inverting class prototypes of a few samples, with and without DP.
 
 A server that knows the feature map a client used (FedNH, MP-FedCL and ReBaFL send their
-weights beside their prototypes) receives the client's class prototype: the mean feature of
+weights beside their prototypes; FedProto does not, so its rows assume an attacker who holds
+the map anyway) receives the client's class prototype: the mean feature of
 its n samples of a class. How much of those n images can it rebuild? The probe
 (``protofl.nn.inversion.invert_features``: feature matching with a total-variation prior,
 Mahendran & Vedaldi, CVPR 2015) inverts each prototype and compares the result with

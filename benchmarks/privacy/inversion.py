@@ -34,11 +34,8 @@ from __future__ import annotations
 import argparse
 import math
 import os
-import platform
-import shlex
 import sys
 import time
-from datetime import date
 from pathlib import Path
 
 import numpy as np
@@ -46,6 +43,9 @@ import torch
 import torch.nn.functional as F
 
 HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE.parent))
+from harness import header, shown_command  # noqa: E402
+
 DELTA = 1e-5
 MAPS = {  # label: (features of the body's output, clip C of privacy.mode: prototype)
     "FedProto (raw features, C = 5)": (lambda z: z, 5.0),
@@ -55,16 +55,10 @@ MAPS = {  # label: (features of the body's output, clip C of privacy.mode: proto
 
 def sigma_for(epsilon: float, delta: float = DELTA) -> float:
     """The noise multiplier of one Gaussian release that spends ``epsilon`` at ``delta``."""
-    from protofl.engine.privacy import Accountant
+    from protofl.engine.privacy import Accountant, smallest_sigma
 
     acc = Accountant("rdp", delta)
-    lo, hi = 0.05, 1.0
-    while acc.epsilon({("gaussian", hi): 1}) > epsilon:
-        lo, hi = hi, 2 * hi
-    while hi / lo > 1.001:
-        mid = math.sqrt(lo * hi)
-        lo, hi = (mid, hi) if acc.epsilon({("gaussian", mid): 1}) > epsilon else (lo, mid)
-    return hi
+    return smallest_sigma(lambda sigma: acc.epsilon({("gaussian", sigma): 1}), epsilon, rel=0.001)
 
 
 def corr(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
@@ -181,14 +175,14 @@ def main() -> int:
     results.mkdir(parents=True, exist_ok=True)
     _save(fig, results / "inversion.png")
 
-    shown_args = shlex.join("DATA" if a == args.data_dir else a for a in sys.argv[1:])
+    shown = shown_command("benchmarks/privacy/inversion.py", sys.argv[1:],
+                          {"--data-dir": "DATA", "--results": "RESULTS"})
     text = (f"## What a prototype leaks: inversion with and without DP (Fashion-MNIST, cnn_fmnist)\n\n"
-            f"{date.today()}, {platform.machine()}, {os.cpu_count()} CPU cores, torch {torch.__version__}; "
-            f"written by `python benchmarks/privacy/inversion.py {shown_args}` in "
-            f"{(time.perf_counter() - t0) / 60:.1f} min. The feature map: cnn_fmnist after {args.epochs} "
-            f"central epoch(s), test accuracy {100 * test_acc:.2f} %. Inversion: {args.steps} Adam steps, "
-            f"lr {args.lr:g}, TV weight {args.tv:g}, from the mean image; {args.trials} draws x "
-            f"{ds.num_classes} classes per row, seed {args.seed}.\n\n"
+            + header(f"Written by `{shown}` in {(time.perf_counter() - t0) / 60:.1f} min. The feature map: "
+                     f"cnn_fmnist after {args.epochs} central epoch(s), test accuracy {100 * test_acc:.2f} %. "
+                     f"Inversion: {args.steps} Adam steps, lr {args.lr:g}, TV weight {args.tv:g}, from the mean "
+                     f"image; {args.trials} draws x {ds.num_classes} classes per row, seed {args.seed}.")
+            + "\n\n"
             + markdown(head, table)
             + "\nown: the mean image of the n samples behind the prototype; other: of n other samples of "
               "the same class. The gap (paired over the cases, one-sided t-test p) is what the prototype "

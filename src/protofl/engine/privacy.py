@@ -43,7 +43,7 @@ from __future__ import annotations
 
 import logging
 import math
-from typing import Any, Mapping, Optional, Sequence
+from typing import Any, Callable, Mapping, Optional, Sequence
 
 import torch
 from torch import nn
@@ -457,6 +457,13 @@ def noise_for_epsilon(cfg: Config, epsilon: float, algorithm: Any, client_sizes:
                            "privacy.adaptive_clip": False})
         return ServerPrivacy(c, algorithm, part, client_sizes).predicted(1, cfg.rounds)
 
+    return smallest_sigma(spent, epsilon, rel)
+
+
+def smallest_sigma(spent: Callable[[float], float], epsilon: float, rel: float = 0.005) -> float:
+    """The noise multiplier at which ``spent(sigma)`` (the epsilon a mechanism spends, which
+    only falls as sigma grows) reaches ``epsilon``, to ``rel``: a geometric bisection from
+    [0.05, 1], the upper end doubled until it is private enough (at most 1e4)."""
     lo, hi = 0.05, 1.0
     while spent(hi) > epsilon:
         lo, hi = hi, hi * 2

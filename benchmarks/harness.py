@@ -15,13 +15,14 @@ from __future__ import annotations
 import multiprocessing as mp
 import os
 import platform
+import shlex
 import statistics
 import time
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass, field
 from datetime import date
 from pathlib import Path
-from typing import Optional
+from typing import Optional, Sequence
 
 import torch
 
@@ -183,3 +184,19 @@ def emit(lines: "list[str] | str", out: Optional[str]) -> None:
 def header(extra: str = "") -> str:
     return (f"Measured {date.today().isoformat()} on {platform.machine()} Linux, {os.cpu_count()} CPU cores, "
             f"torch {torch.__version__}, Python {platform.python_version()}. {extra}")
+
+
+def shown_command(script: str, argv: Sequence[str], hide: dict[str, str]) -> str:
+    """``python SCRIPT ARGS`` as a page shows it, shell-quoted: the value of each flag in
+    ``hide`` (``--flag value`` or ``--flag=value``; a folder of the machine it ran on) replaced
+    by the flag's placeholder, e.g. {"--data-dir": "DATA"}."""
+    out = []
+    for i, a in enumerate(argv):
+        key, eq, _ = a.partition("=")
+        if eq and key in hide:
+            out.append(f"{key}={hide[key]}")
+        elif i and argv[i - 1] in hide:
+            out.append(hide[argv[i - 1]])
+        else:
+            out.append(a)
+    return "python " + shlex.join([script, *out])

@@ -49,17 +49,20 @@ from dataclasses import dataclass
 from datetime import date
 from pathlib import Path
 
-from protofl import api
-from protofl.algorithms import ALGORITHMS
-from protofl.algorithms.base import by_family
-from protofl.config import load_config
-from protofl.report import tables
-from protofl.reproduce import stats
-from protofl.reproduce.run import run_value
-from protofl.reproduce.spec import Metric
-from protofl.sweeps import plan, sweep
-
 HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE.parent))
+from harness import shown_command  # noqa: E402
+
+from protofl import api  # noqa: E402
+from protofl.algorithms import ALGORITHMS  # noqa: E402
+from protofl.algorithms.base import by_family  # noqa: E402
+from protofl.config import load_config  # noqa: E402
+from protofl.report import tables  # noqa: E402
+from protofl.reproduce import stats  # noqa: E402
+from protofl.reproduce.run import run_value  # noqa: E402
+from protofl.reproduce.spec import Metric  # noqa: E402
+from protofl.sweeps import plan, sweep  # noqa: E402
+
 SETTINGS = {
     "dir0.3": ("Dir(0.3): 100 clients, Dirichlet(0.3), 10 per round", {}),
     "p50c2": ("P50C2: 50 clients of 2 classes, 10 per round",
@@ -255,26 +258,13 @@ def cell(row: dict, m: str, seeds: int) -> str:
     return text if n == seeds else f"{text} ({n} of {seeds} seeds)"
 
 
-def shown_args(argv: list[str]) -> list[str]:
-    """The command line as the page shows it: the data and runs folders as placeholders."""
-    out, hide = [], {"--data-dir": "DATA", "--runs": "RUNS"}
-    for i, a in enumerate(argv):
-        key = a.split("=", 1)[0]
-        if key in hide and "=" in a:
-            out.append(f"{key}={hide[key]}")
-        elif i and argv[i - 1] in hide:
-            out.append(hide[argv[i - 1]])
-        else:
-            out.append(a)
-    return out
-
-
 def page(names: list[str], scale: str, done: dict[str, dict[str, list[Path]]], wall: float) -> str:
     seeds = len(SCALES[scale][0])
     lines = [f"# Every method side by side: Fashion-MNIST, scale {scale}", "",
              f"Measured {date.today().isoformat()}; {len(names)} methods x {len(SETTINGS)} settings x seeds "
              f"{', '.join(map(str, SCALES[scale][0]))}. Written by:", "", "```",
-             "python " + " ".join(["benchmarks/comparison/family.py", *shown_args(sys.argv[1:])]), "```", "",
+             shown_command("benchmarks/comparison/family.py", sys.argv[1:], {"--data-dir": "DATA", "--runs": "RUNS"}),
+             "```", "",
              DESCRIPTION[scale], ""]
     for setting, (label, _) in SETTINGS.items():
         groups = done.get(setting, {})

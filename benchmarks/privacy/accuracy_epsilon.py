@@ -43,19 +43,18 @@ from __future__ import annotations
 
 import argparse
 import multiprocessing as mp
-import os
-import platform
-import shlex
 import sys
 import time
 from concurrent.futures import ProcessPoolExecutor
-from datetime import date
 from pathlib import Path
 
 import numpy as np
 import yaml
 
 HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE.parent))
+from harness import header, shown_command  # noqa: E402
+
 CONFIG = HERE.parents[1] / "configs" / "fednh_fmnist.yaml"
 PROTO_CLIP = 5.0  # FedProto's raw cnn_fmnist features (ReLU, 128-d): the norm bound of one sample's
 
@@ -92,10 +91,10 @@ def one_run(over: list[str], eps: float | None, out: Path, name: str) -> None:
     from protofl.config import load_config
     from protofl.engine.privacy import noise_for_epsilon
 
-    if is_complete(out / name, load_config(CONFIG, over).rounds):
+    cfg = load_config(CONFIG, over)
+    if is_complete(out / name, cfg.rounds):
         return
     if eps is not None:
-        cfg = load_config(CONFIG, over)
         task = check_task(cfg)
         sigma = noise_for_epsilon(cfg, eps, task.algorithm, [len(i) for i in task.fed.train_idx])
         over = [*over, f"privacy.noise_multiplier={sigma:.6g}"]
@@ -109,7 +108,6 @@ def main() -> None:
     from protofl.report.plots import _save, accuracy_epsilon_figure
     from protofl.report.tables import markdown, pct
     from protofl.reproduce import stats
-    import torch
 
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--data-dir", help="folder holding fashion-mnist/ (default: $PROTOFL_DATA)")
@@ -207,23 +205,18 @@ def main() -> None:
         leaders.append(cells)
     leaders_head = ["target ε", "most GA", "most GA, all it sends protected", "most PA",
                     "most PA, all it sends protected"]
-    hide = {k: v for k, v in {args.data_dir: "DATA", args.runs: "RUNS", args.results: "RESULTS"}.items() if k}
-
-    def placeholder(a: str) -> str:  # the page names no folder of the machine it ran on
-        key, _, value = a.partition("=")
-        return hide.get(a, f"{key}={hide[value]}" if value in hide else a)
-
-    shown = shlex.join(placeholder(a) for a in sys.argv[1:])
+    shown = shown_command("benchmarks/privacy/accuracy_epsilon.py", sys.argv[1:],
+                          {"--data-dir": "DATA", "--runs": "RUNS", "--results": "RESULTS"})
     images = f"{cfg.data.train_size:,} of the training images" if cfg.data.train_size else "all training images"
     text = (f"## Accuracy against ε: Fashion-MNIST, {cfg.partition.num_clients} clients, "
             f"Dir({cfg.partition.params['beta']}), {cfg.participation.fraction:.0%} per round, {cfg.training.epochs} "
             f"local epochs, {cfg.model.name}, {cfg.rounds} rounds, {images}, δ = {cfg.privacy.delta:g} "
             f"(scale {args.scale})\n\n"
-            f"{date.today()}, {platform.machine()}, {os.cpu_count()} CPU cores, torch {torch.__version__}; written by "
-            f"`python benchmarks/privacy/accuracy_epsilon.py {shown}`; seeds {', '.join(map(str, seeds))} and "
-            f"ε {', '.join(f'{e:g}' for e in epsilons)} "
-            + ("chosen on the command line: exploratory, not the scale's plan.\n\n" if args.seeds or args.epsilons
-               else "fixed in the script for this scale before any run.\n\n")
+            + header(f"Written by `{shown}`; seeds {', '.join(map(str, seeds))} and "
+                     f"ε {', '.join(f'{e:g}' for e in epsilons)} "
+                     + ("chosen on the command line: exploratory, not the scale's plan." if args.seeds or args.epsilons
+                        else "fixed in the script for this scale before any run."))
+            + "\n\n"
             + markdown(head, table)
             + "\nGA, PA at the last evaluation, mean ± sample std over seeds. ε spent: by the end of the run "
               "(client-level: one client's participation; prototypes and DP-SGD: one training sample of the most "

@@ -650,12 +650,12 @@ class BatchedExecutor(Executor):
                 sample = next(x for x, _ in data if len(x))
                 self._cap[key] = slot_memory_cap(model, B, self.runtime.device, sample, per_sample)
             S = choose_slots(totals, self._cap[key])
-        busy = sum(t > 0 for t in totals)
+        busy = sum(t > 0 for t in totals)  # at least 1: the caller returns early without work
         S = max(1, min(S, busy))
         if self.compile and self.slots == 0:
             key = self._signature(job)
             self._compiled_slots[key] = S = max(S, self._compiled_slots.get(key, 0))
-            S = max(1, min(S, busy))
+            S = min(S, busy)
         return S
 
     def _per_step(self, fits: list[Fit], sizes: list[list[int]], totals: list[int]) -> Optional[dict]:

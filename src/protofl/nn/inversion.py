@@ -9,9 +9,9 @@ over the client's samples of the class) can look for
 
 the feature-matching inversion of Mahendran & Vedaldi (CVPR 2015, "Understanding Deep Image
 Representations by Inverting Them": their normalized loss, and their total-variation
-regularizer with beta = 2, here the mean squared difference of neighbouring pixels). Behind a prototype of one
-or a few samples, x^ resembles those samples; differential privacy on the prototype
-(``privacy.mode: prototype``) bounds how much it can.
+regularizer with beta = 2, here the mean squared difference of neighbouring pixels). Behind
+a prototype of one or a few samples, x^ resembles those samples; differential privacy on
+the prototype (``privacy.mode: prototype``) bounds how much it can.
 
 Plain tensors only: :func:`total_variation` and :func:`invert_features`; the experiment that
 measures the leak is benchmarks/privacy/inversion.py.
@@ -37,9 +37,8 @@ def invert_features(f: Callable[[torch.Tensor], torch.Tensor], targets: torch.Te
                     high: Optional[float] = None, modules: tuple[nn.Module, ...] = ()) -> torch.Tensor:
     """(B, ...) inputs x^ whose features f(x^) approach ``targets`` (B, d), by Adam on
     ||f(x) - target||^2 / ||target||^2 + ``tv`` * TV(x) summed over the batch (a zero target
-    is taken as norm 1), from ``start`` (B, ...),
-    each step followed by clamping x to [``low``, ``high``] (the inputs' range). Only x is
-    trained: ``modules`` (the parameters behind f) are frozen during the search and left as
+    is taken as norm 1), from ``start`` (B, ...), each step followed by clamping x to
+    [``low``, ``high``] (the inputs' range). Only x is trained: ``modules`` (the parameters behind f) are frozen during the search and left as
     they were (values, requires_grad and train/eval mode)."""
     if steps < 0 or lr <= 0 or tv < 0:
         raise ValueError(f"invert_features: steps={steps}, lr={lr}, tv={tv}: need steps >= 0, lr > 0, tv >= 0")

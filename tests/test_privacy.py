@@ -197,7 +197,7 @@ def test_noise_streams_are_per_seed_round_client_and_purpose():
 # end to end: off-switch, executors, resume, Flower
 # ---------------------------------------------------------------------------------------
 @pytest.mark.parametrize("name, mode", [("fedavg", "client"), ("fedproto", "prototype"), ("fednh", "prototype"),
-                                        ("fedgh", "prototype")])
+                                        ("fedgh", "prototype"), ("feddistill", "prototype")])
 def test_no_noise_and_no_clip_equal_the_plain_run_bit_for_bit(name, mode, digits_cfg, tmp_path):
     base = (f"algorithm.name={name}", "rounds=2", "algorithm.weighting=uniform" if name == "fedavg" else "seed=0")
     plain = run(digits_cfg(*base, "output.name=plain"))

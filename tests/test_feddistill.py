@@ -1,0 +1,111 @@
+"""FD (federated distillation): per-class average logits go up, each client's teachers (the
+other clients' averages) come down, and the local loss adds a distillation term."""
+import math
+
+import pytest
+import torch
+from torch import nn
+
+from protofl.algorithms.base import TaskInfo
+from protofl.algorithms.feddistill import distillation, FedDistill, FedDistillHyper, LogitState, teachers
+from protofl.messages import Record
+
+from conftest import record_run
+
+
+def state(rows):
+    """LogitState from (owner, class, logits) rows."""
+    return LogitState(torch.tensor([r[2] for r in rows], dtype=torch.float32),
+                      torch.tensor([r[0] for r in rows]), torch.tensor([r[1] for r in rows]))
+
+
+S = state([(0, 0, [1.0, 2.0, 3.0]), (1, 0, [3.0, 2.0, 1.0]), (2, 0, [5.0, 5.0, 5.0]), (1, 2, [0.0, 0.0, 6.0])])
+
+
+def test_a_clients_teachers_leave_its_own_logits_out():
+    t, n = teachers(S, 1, 3)  # class 0 from clients 0 and 2; class 2 only client 1 has: none
+    torch.testing.assert_close(t, torch.tensor([[3.0, 3.5, 4.0], [0.0, 0.0, 0.0], [0.0, 0.0, 0.0]]))
+    assert n.tolist() == [2, 0, 0]
+    t, n = teachers(S, 7, 3)  # a client that uploaded nothing: every client's average
+    torch.testing.assert_close(t, torch.tensor([[3.0, 3.0, 3.0], [0.0, 0.0, 0.0], [0.0, 0.0, 6.0]]))
+    assert n.tolist() == [3, 0, 1]
+
+
+def test_distillation_terms_by_hand():
+    # teacher logits (0, ln 3): softmax (1/4, 3/4); student (0, 0): log_softmax (-ln 2, -ln 2)
+    ce = distillation(torch.zeros(1, 2), torch.tensor([[0.0, math.log(3.0)]]), "ce")
+    torch.testing.assert_close(ce, torch.tensor([math.log(2.0)]))
+    # student (1, 0.5), teacher (0, ln 3): -(1/4 log s_0 + 3/4 log s_1)
+    s = torch.tensor([[1.0, 0.5]])
+    logp = torch.log_softmax(s, 1)[0]
+    want = -(0.25 * logp[0] + 0.75 * logp[1])
+    torch.testing.assert_close(distillation(s, torch.tensor([[0.0, math.log(3.0)]]), "ce"), want.reshape(1))
+    mse = distillation(torch.tensor([[1.0, 2.0]]), torch.tensor([[3.0, 2.0]]), "mse")
+    torch.testing.assert_close(mse, torch.tensor([2.0]))  # ((1 - 3)^2 + 0) / 2
+    with pytest.raises(ValueError, match="unknown distillation"):
+        distillation(s, s, "kl")
+
+
+def method(**hp):
+    return FedDistill(FedDistillHyper(**hp), TaskInfo(num_classes=3, num_clients=4, feature_dim=2,
+                                                      input_shape=(2,), seed=0, rounds=2))
+
+
+def test_aggregate_replaces_the_classes_uploaded_and_keeps_the_others():
+    def reply(classes, logits):
+        return Record(arrays={"protos": torch.tensor(logits), "classes": torch.tensor(classes),
+                              "counts": torch.ones(len(classes), dtype=torch.int64)})
+
+    new = method().aggregate(S, 2, [(3, reply([0], [[9.0, 9.0, 9.0]])), (5, reply([0, 1], [[1.0, 1.0, 1.0],
+                                                                                          [2.0, 0.0, 0.0]]))], None)
+    rows = sorted(zip(new.owner.tolist(), new.classes.tolist(), new.logits.tolist()))
+    # class 0: this round's two uploads replace the three older ones; class 2 keeps client 1's
+    assert rows == [(1, 2, [0.0, 0.0, 6.0]), (3, 0, [9.0, 9.0, 9.0]), (5, 0, [1.0, 1.0, 1.0]),
+                    (5, 1, [2.0, 0.0, 0.0])]
+    assert method().aggregate(S, 2, [], None) is S
+
+
+def test_the_local_loss_is_cross_entropy_plus_gamma_times_the_mean_distillation_term():
+    model = nn.Linear(2, 3)
+    x = torch.tensor([[1.0, 0.0], [0.0, 1.0], [1.0, 1.0]])
+    y = torch.tensor([0, 2, 0])
+    teacher = torch.tensor([[2.0, 0.0, 0.0], [0.0, 0.0, 0.0], [0.0, 0.0, 0.0]])
+    has = torch.tensor([True, False, False])  # class 0 has a teacher, class 2 none
+    scores = model(x)
+    ce = nn.functional.cross_entropy(scores, y)
+    for kind in ("ce", "mse"):
+        loss = method(lam=0.5, distill=kind).distill_loss(model, x, y, {"teacher": teacher, "has": has})
+        term = distillation(scores[[0, 2]], teacher[[0, 0]], kind).sum() / 3  # sample 1 counts as 0
+        torch.testing.assert_close(loss, ce + 0.5 * term)
+    # without any teacher (round 1) the loss is the cross entropy, to the bit
+    none = method().distill_loss(model, x, y, {"teacher": teacher, "has": torch.zeros(3, dtype=torch.bool)})
+    assert torch.equal(none, ce + 1.0 * torch.zeros(()))
+
+
+def test_only_average_logits_travel_and_each_teacher_is_the_others(digits_cfg, tmp_path):
+    cfg = digits_cfg("algorithm.name=feddistill", "rounds=3")
+    sim, res, seen = record_run(cfg, tmp_path / "r")
+    C = sim.info.num_classes
+    uploads = {}  # round -> {cid: set of classes}
+    for rnd, cid, msg, reply, state in seen:
+        assert not msg.weights and not reply.weights  # no weights, either way
+        assert set(reply.arrays) == {"protos", "classes", "counts"} and reply.arrays["protos"].shape[1] == C
+        assert "body.1.weight" in state.weights  # the model stays on the client
+        uploads.setdefault(rnd, {})[cid] = set(reply.arrays["classes"].tolist())
+        if rnd == 1:
+            assert len(msg.arrays["classes"]) == 0  # nothing to distill from yet
+    for rnd, cid, msg, _, _ in seen:
+        if rnd == 2:  # each teacher counts the other clients of round 1 that uploaded its class
+            want = {c: sum(c in cs for j, cs in uploads[1].items() if j != cid) for c in range(C)}
+            got = dict(zip(msg.arrays["classes"].tolist(), msg.arrays["counts"].tolist()))
+            assert got == {c: k for c, k in want.items() if k}
+    assert "gm" not in res.rows[0] and 0 <= res.rows[-1]["pa"] <= 1
+
+
+def test_bad_hyper_parameters_are_config_errors(digits_cfg):
+    from protofl.config import ConfigError
+
+    with pytest.raises(ConfigError, match="lam"):
+        digits_cfg("algorithm.name=feddistill", "algorithm.lam=-1")
+    with pytest.raises(ConfigError, match="distill"):
+        digits_cfg("algorithm.name=feddistill", "algorithm.distill=kl")

@@ -1,4 +1,4 @@
-"""FD (federated distillation): per-class average logits go up, each client's teachers (the
+"""FD (federated distillation): per-label average outputs go up, each client's teachers (the
 other clients' averages) come down, and the local loss adds a distillation term."""
 import math
 
@@ -7,15 +7,15 @@ import torch
 from torch import nn
 
 from protofl.algorithms.base import TaskInfo
-from protofl.algorithms.feddistill import distillation, FedDistill, FedDistillHyper, LogitState, teachers
+from protofl.algorithms.feddistill import distillation, DistillState, FedDistill, FedDistillHyper, outputs, teachers
 from protofl.messages import Record
 
 from conftest import record_run
 
 
 def state(rows):
-    """LogitState from (owner, class, logits) rows."""
-    return LogitState(torch.tensor([r[2] for r in rows], dtype=torch.float32),
+    """DistillState from (owner, class, logits) rows."""
+    return DistillState(torch.tensor([r[2] for r in rows], dtype=torch.float32),
                       torch.tensor([r[0] for r in rows]), torch.tensor([r[1] for r in rows]))
 
 
@@ -32,18 +32,21 @@ def test_a_clients_teachers_leave_its_own_logits_out():
 
 
 def test_distillation_terms_by_hand():
-    # teacher logits (0, ln 3): softmax (1/4, 3/4); student (0, 0): log_softmax (-ln 2, -ln 2)
-    ce = distillation(torch.zeros(1, 2), torch.tensor([[0.0, math.log(3.0)]]), "ce")
+    # teacher distribution (1/4, 3/4); student outputs (0, 0): log softmax (-ln 2, -ln 2)
+    ce = distillation(torch.zeros(1, 2), torch.tensor([[0.25, 0.75]]), "ce")
     torch.testing.assert_close(ce, torch.tensor([math.log(2.0)]))
-    # student (1, 0.5), teacher (0, ln 3): -(1/4 log s_0 + 3/4 log s_1)
+    # student (1, 0.5): -(1/4 log s_0 + 3/4 log s_1), s = softmax(1, 0.5)
     s = torch.tensor([[1.0, 0.5]])
-    logp = torch.log_softmax(s, 1)[0]
-    want = -(0.25 * logp[0] + 0.75 * logp[1])
-    torch.testing.assert_close(distillation(s, torch.tensor([[0.0, math.log(3.0)]]), "ce"), want.reshape(1))
+    z = math.exp(1.0) + math.exp(0.5)
+    want = -(0.25 * math.log(math.exp(1.0) / z) + 0.75 * math.log(math.exp(0.5) / z))
+    torch.testing.assert_close(distillation(s, torch.tensor([[0.25, 0.75]]), "ce"), torch.tensor([want]))
     mse = distillation(torch.tensor([[1.0, 2.0]]), torch.tensor([[3.0, 2.0]]), "mse")
     torch.testing.assert_close(mse, torch.tensor([2.0]))  # ((1 - 3)^2 + 0) / 2
     with pytest.raises(ValueError, match="unknown distillation"):
         distillation(s, s, "kl")
+    # what is averaged: the softmax (the paper's F) for ce, the raw outputs for mse
+    torch.testing.assert_close(outputs(torch.tensor([[0.0, math.log(3.0)]]), "ce"), torch.tensor([[0.25, 0.75]]))
+    assert torch.equal(outputs(s, "mse"), s)
 
 
 def method(**hp):
@@ -58,7 +61,7 @@ def test_aggregate_replaces_the_classes_uploaded_and_keeps_the_others():
 
     new = method().aggregate(S, 2, [(3, reply([0], [[9.0, 9.0, 9.0]])), (5, reply([0, 1], [[1.0, 1.0, 1.0],
                                                                                           [2.0, 0.0, 0.0]]))], None)
-    rows = sorted(zip(new.owner.tolist(), new.classes.tolist(), new.logits.tolist()))
+    rows = sorted(zip(new.owner.tolist(), new.classes.tolist(), new.averages.tolist()))
     # class 0: this round's two uploads replace the three older ones; class 2 keeps client 1's
     assert rows == [(1, 2, [0.0, 0.0, 6.0]), (3, 0, [9.0, 9.0, 9.0]), (5, 0, [1.0, 1.0, 1.0]),
                     (5, 1, [2.0, 0.0, 0.0])]
@@ -69,20 +72,21 @@ def test_the_local_loss_is_cross_entropy_plus_gamma_times_the_mean_distillation_
     model = nn.Linear(2, 3)
     x = torch.tensor([[1.0, 0.0], [0.0, 1.0], [1.0, 1.0]])
     y = torch.tensor([0, 2, 0])
-    teacher = torch.tensor([[2.0, 0.0, 0.0], [0.0, 0.0, 0.0], [0.0, 0.0, 0.0]])
-    has = torch.tensor([True, False, False])  # class 0 has a teacher, class 2 none
+    has = torch.tensor([True, False, False])  # label 0 has a teacher, label 2 none
     scores = model(x)
     ce = nn.functional.cross_entropy(scores, y)
-    for kind in ("ce", "mse"):
+    for kind, row in (("ce", [0.5, 0.25, 0.25]), ("mse", [2.0, 0.0, -1.0])):
+        teacher = torch.tensor([row, [0.0] * 3, [0.0] * 3])
         loss = method(lam=0.5, distill=kind).distill_loss(model, x, y, {"teacher": teacher, "has": has})
         term = distillation(scores[[0, 2]], teacher[[0, 0]], kind).sum() / 3  # sample 1 counts as 0
         torch.testing.assert_close(loss, ce + 0.5 * term)
-    # without any teacher (round 1) the loss is the cross entropy, to the bit
-    none = method().distill_loss(model, x, y, {"teacher": teacher, "has": torch.zeros(3, dtype=torch.bool)})
-    assert torch.equal(none, ce + 1.0 * torch.zeros(()))
+        # without any teacher (round 1) the loss is the cross entropy
+        nothing = {"teacher": teacher, "has": torch.zeros(3, dtype=torch.bool)}
+        none = method(distill=kind).distill_loss(model, x, y, nothing)
+        torch.testing.assert_close(none, ce, rtol=0, atol=0)
 
 
-def test_only_average_logits_travel_and_each_teacher_is_the_others(digits_cfg, tmp_path):
+def test_only_average_outputs_travel_and_each_teacher_is_the_others(digits_cfg, tmp_path):
     cfg = digits_cfg("algorithm.name=feddistill", "rounds=3")
     sim, res, seen = record_run(cfg, tmp_path / "r")
     C = sim.info.num_classes
@@ -90,6 +94,8 @@ def test_only_average_logits_travel_and_each_teacher_is_the_others(digits_cfg, t
     for rnd, cid, msg, reply, state in seen:
         assert not msg.weights and not reply.weights  # no weights, either way
         assert set(reply.arrays) == {"protos", "classes", "counts"} and reply.arrays["protos"].shape[1] == C
+        means = reply.arrays["protos"]  # averages of softmax outputs: each row sums to 1
+        torch.testing.assert_close(means.sum(1), torch.ones(len(means)))
         assert "body.1.weight" in state.weights  # the model stays on the client
         uploads.setdefault(rnd, {})[cid] = set(reply.arrays["classes"].tolist())
         if rnd == 1:

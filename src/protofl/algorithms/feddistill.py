@@ -11,8 +11,9 @@ paper's "logit vector"):
         E epochs of SGD on  phi(F(x), y) + gamma * phi(F(x), F_hat_i^(y))     (Alg. 1, line 5)
         (the second term 0 for samples whose label has no teacher yet; round 1: all)
         F_bar_i^(l) = mean of F(x) over the client's samples of label l     (local averages, l. 6-8)
-    server: keeps each client's latest F_bar_i^(l) for every label l, and sends client i
-        F_hat_i^(l) = mean over the other clients j != i of F_bar_j^(l)      (l. 12-15: the
+    server: keeps, for every label l, the F_bar_j^(l) of the last round in which any client
+        uploaded l, and sends client i
+        F_hat_i^(l) = mean over those clients j != i of F_bar_j^(l)          (l. 12-15: the
         global average with the client's own left out)
     personalized model: the client's own model after local training (no global model).
 
@@ -37,8 +38,9 @@ this family run as their "FD" baseline, was read too. Choices and deviations:
   model the client keeps.
 * The paper assumes every device in every round and says nothing of round 1 or of a label
   a device lacks. Here: no teacher, no term (round 1); a client sends only the labels it
-  holds; a label no client uploaded this round keeps each client's latest average (from
-  the last round it was uploaded); a teacher needs at least one other client.
+  holds; the uploads of a label replace all its older ones (protofl's rule for FedProto's
+  prototypes), and a label no client uploaded this round keeps those of the last round
+  that had it; a teacher needs at least one other client.
 * Evaluation: each client's own model (PM(V), PA; GA is their mean over the global test
   set, as for FedProto and FedGH).
 

@@ -87,8 +87,10 @@ def test_the_local_loss_is_cross_entropy_plus_gamma_times_the_mean_distillation_
 
 
 def test_only_average_outputs_travel_and_each_teacher_is_the_others(digits_cfg, tmp_path):
-    cfg = digits_cfg("algorithm.name=feddistill", "rounds=3")
+    # heterogeneous models: two widths of MLP, only the C outputs shared
+    cfg = digits_cfg("algorithm.name=feddistill", "rounds=3", "model.per_client={hidden: [[32], [64]]}")
     sim, res, seen = record_run(cfg, tmp_path / "r")
+    assert {state.weights["body.1.weight"].shape[0] for _, _, _, _, state in seen} == {32, 64}
     C = sim.info.num_classes
     uploads = {}  # round -> {cid: set of classes}
     for rnd, cid, msg, reply, state in seen:

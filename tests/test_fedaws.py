@@ -19,6 +19,8 @@ def test_spreadout_by_hand():
     # three rows, one pair apart: only the two close pairs count
     w = torch.tensor([[1.0, 0.0, 0.0], [1.0, 0.0, 0.0], [0.0, 0.0, 1.0]])
     assert spreadout(w, 0.5).item() == pytest.approx(2 * 0.25 / 9)
+    # another margin: orthogonal rows (d = 1/2) under nu = 0.8 give (0.3)^2 per ordered pair
+    assert spreadout(torch.tensor([[1.0, 0.0], [0.0, 3.0]]), 0.8).item() == pytest.approx(2 * 0.3 ** 2 / 4)
     # the row norms do not matter
     torch.testing.assert_close(spreadout(w * torch.tensor([[2.0], [0.5], [7.0]]), 0.5), spreadout(w, 0.5))
 

@@ -7,8 +7,9 @@ import torch
 from torch import nn
 
 from protofl.algorithms.base import TaskInfo
-from protofl.algorithms.feddistill import distillation, DistillState, FedDistill, FedDistillHyper, outputs, teachers
-from protofl.messages import Record
+from protofl.algorithms.feddistill import (distillation, DistillState, FedDistill, FedDistillHyper, on_simplex,
+                                          outputs, teachers)
+from protofl.messages import expect_indices, Record
 
 from conftest import record_run
 
@@ -54,18 +55,41 @@ def method(**hp):
                                                       input_shape=(2,), seed=0, rounds=2))
 
 
-def test_aggregate_replaces_the_classes_uploaded_and_keeps_the_others():
+def test_a_clients_upload_replaces_its_previous_one_and_the_others_stay():
     def reply(classes, logits):
         return Record(arrays={"protos": torch.tensor(logits), "classes": torch.tensor(classes),
                               "counts": torch.ones(len(classes), dtype=torch.int64)})
 
-    new = method().aggregate(S, 2, [(3, reply([0], [[9.0, 9.0, 9.0]])), (5, reply([0, 1], [[1.0, 1.0, 1.0],
+    new = method().aggregate(S, 2, [(1, reply([0], [[9.0, 9.0, 9.0]])), (5, reply([0, 1], [[1.0, 1.0, 1.0],
                                                                                           [2.0, 0.0, 0.0]]))], None)
     rows = sorted(zip(new.owner.tolist(), new.classes.tolist(), new.averages.tolist()))
-    # class 0: this round's two uploads replace the three older ones; class 2 keeps client 1's
-    assert rows == [(1, 2, [0.0, 0.0, 6.0]), (3, 0, [9.0, 9.0, 9.0]), (5, 0, [1.0, 1.0, 1.0]),
-                    (5, 1, [2.0, 0.0, 0.0])]
+    # client 1's upload (label 0 only) replaces both its rows; clients 0 and 2 did not reply: theirs stay
+    assert rows == [(0, 0, [1.0, 2.0, 3.0]), (1, 0, [9.0, 9.0, 9.0]), (2, 0, [5.0, 5.0, 5.0]),
+                    (5, 0, [1.0, 1.0, 1.0]), (5, 1, [2.0, 0.0, 0.0])]
+    t, n = teachers(new, 5, 3)  # label 0 from clients 0, 1, 2; nobody else has label 1
+    torch.testing.assert_close(t[0], torch.tensor([15.0, 16.0, 17.0]) / 3)
+    assert n.tolist() == [3, 0, 0]
     assert method().aggregate(S, 2, [], None) is S
+
+
+def test_a_noisy_teacher_is_put_back_on_the_simplex():
+    t = torch.tensor([[0.5, 0.25, 0.25], [1.2, -0.2, 0.0], [-0.1, -0.3, -0.2], [0.0, 0.0, 0.0]])
+    torch.testing.assert_close(on_simplex(t), torch.tensor([[0.5, 0.25, 0.25], [1.0, 0.0, 0.0], [0.0, 0.0, 0.0],
+                                                             [0.0, 0.0, 0.0]]))
+
+
+def test_a_reply_naming_a_class_twice_or_outside_the_classes_is_refused():
+    def rec(classes):
+        n = len(classes)
+        return Record(arrays={"protos": torch.full((n, 3), 1 / 3), "classes": torch.tensor(classes),
+                              "counts": torch.ones(n, dtype=torch.int64)})
+
+    m = method()
+    assert m.check_reply(rec([0, 2]), Record()) is None
+    assert "more than once" in m.check_reply(rec([0, 0]), Record())
+    assert "outside the class indices" in m.check_reply(rec([3]), Record())
+    assert "outside the class indices" in m.check_reply(rec([-1]), Record())
+    assert expect_indices(rec([0, 0]), "classes", 3) is None  # duplicates refused only when asked
 
 
 def test_the_local_loss_is_cross_entropy_plus_gamma_times_the_mean_distillation_term():
@@ -76,7 +100,7 @@ def test_the_local_loss_is_cross_entropy_plus_gamma_times_the_mean_distillation_
     scores = model(x)
     ce = nn.functional.cross_entropy(scores, y)
     for kind, row in (("ce", [0.5, 0.25, 0.25]), ("mse", [2.0, 0.0, -1.0])):
-        teacher = torch.tensor([row, [0.0] * 3, [0.0] * 3])
+        teacher = torch.tensor([row, [0.0] * 3, [0.2, 0.3, 0.5]])  # label 2's row is masked out
         loss = method(lam=0.5, distill=kind).distill_loss(model, x, y, {"teacher": teacher, "has": has})
         term = distillation(scores[[0, 2]], teacher[[0, 0]], kind).sum() / 3  # sample 1 counts as 0
         torch.testing.assert_close(loss, ce + 0.5 * term)
@@ -102,11 +126,20 @@ def test_only_average_outputs_travel_and_each_teacher_is_the_others(digits_cfg, 
         uploads.setdefault(rnd, {})[cid] = set(reply.arrays["classes"].tolist())
         if rnd == 1:
             assert len(msg.arrays["classes"]) == 0  # nothing to distill from yet
+    sent = {(rnd, cid): reply for rnd, cid, _, reply, _ in seen}
     for rnd, cid, msg, _, _ in seen:
-        if rnd == 2:  # each teacher counts the other clients of round 1 that uploaded its class
-            want = {c: sum(c in cs for j, cs in uploads[1].items() if j != cid) for c in range(C)}
-            got = dict(zip(msg.arrays["classes"].tolist(), msg.arrays["counts"].tolist()))
-            assert got == {c: k for c, k in want.items() if k}
+        if rnd == 2:  # each teacher is the mean of the other clients' round-1 averages of its label
+            want = {}
+            for c in range(C):
+                rows = [sent[1, j].arrays["protos"][sent[1, j].arrays["classes"] == c]
+                        for j in uploads[1] if j != cid and c in uploads[1][j]]
+                if rows:
+                    want[c] = (len(rows), torch.cat(rows).mean(0))
+            classes = msg.arrays["classes"].tolist()
+            assert classes == sorted(want)
+            for c, k, row in zip(classes, msg.arrays["counts"].tolist(), msg.arrays["protos"]):
+                assert k == want[c][0]
+                torch.testing.assert_close(row, want[c][1])
     assert "gm" not in res.rows[0] and 0 <= res.rows[-1]["pa"] <= 1
 
 

@@ -118,11 +118,14 @@ def expect_shapes(reply: Record, **shapes: tuple) -> Optional[str]:
     return None
 
 
-def expect_indices(reply: Record, name: str, bound: int) -> Optional[str]:
-    """For a method's ``check_reply``: integer array ``name``, when present, indexes [0, bound)."""
+def expect_indices(reply: Record, name: str, bound: int, unique: bool = False) -> Optional[str]:
+    """For a method's ``check_reply``: integer array ``name``, when present, indexes [0, bound)
+    (and, with ``unique``, names each index at most once)."""
     t = reply.arrays.get(name)
     if t is None or isinstance(t, dict) or t.numel() == 0:
         return None
-    if t.is_floating_point() or int(t.max()) >= bound:
+    if t.is_floating_point() or int(t.max()) >= bound or int(t.min()) < 0:
         return f"array {name!r} holds values outside the class indices 0..{bound - 1}"
+    if unique and len(torch.unique(t)) != t.numel():
+        return f"array {name!r} names a class more than once"
     return None

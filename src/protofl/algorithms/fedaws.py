@@ -23,8 +23,9 @@ the squared hinge on the distances between class embeddings summed over the pair
 classes, as quoted by later work; and two implementations read for this module, the FedRS
 authors' (github.com/lxcnju/FedRepo) and fluke's (github.com/makgyver/fluke,
 fluke/algorithms/fedaws.py). The paper's full text was not at hand, so no equation numbers
-are cited. Defaults are those two implementations': margin 0.5 on the halved cosine distance
-(pairs pushed to cos <= 0), 100 steps, lr 0.1, momentum 0.9, a fresh optimizer every round.
+are cited. Defaults are fluke's: margin 0.5 on the halved cosine distance (pairs pushed to
+cos <= 0), 100 steps, lr 0.1, momentum 0.9, a fresh optimizer every round (FedRepo fixes
+the momentum, 0.9, and takes the others as arguments).
 
 Choices and deviations:
 * Mean over the C x C pairs (both implementations'), not the paper's sum: a factor C^2 the
@@ -32,7 +33,8 @@ Choices and deviations:
   out: the same gradient.
 * W is spread after the average and the server optimizer (FedAvgM, FedAdam, ...); the
   bias, if any, is not touched; the rows are written back unnormalized (as both do). The
-  regularizer's value after the last step is logged as ``spreadout``.
+  regularizer's value after the last step is logged as ``spreadout`` (without the diagonal's
+  constant margin^2 / C, so below the two implementations' loss values by that much).
 * The paper's server takes one step of size lambda * eta; the label-skew implementations
   take ``spread_steps`` steps of their own optimizer; we follow them.
 """

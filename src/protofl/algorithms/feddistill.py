@@ -11,10 +11,11 @@ paper's "logit vector"):
         E epochs of SGD on  phi(F(x), y) + gamma * phi(F(x), F_hat_i^(y))     (Alg. 1, line 5)
         (the second term 0 for samples whose label has no teacher yet; round 1: all)
         F_bar_i^(l) = mean of F(x) over the client's samples of label l     (local averages, l. 6-8)
-    server: keeps, for every label l, the F_bar_j^(l) of the last round in which any client
-        uploaded l, and sends client i
-        F_hat_i^(l) = mean over those clients j != i of F_bar_j^(l)          (l. 12-15: the
-        global average with the client's own left out)
+    server: keeps every client's latest upload F_bar_j (the paper's devices all upload every
+        round; here each keeps its last), and sends client i
+        F_hat_i^(l) = mean over the other clients j != i that uploaded l of F_bar_j^(l)
+                                                                             (l. 12-15: the global
+        average with the client's own left out)
     personalized model: the client's own model after local training (no global model).
 
 phi is the cross entropy, against the label for the first term and against the teacher's
@@ -27,20 +28,26 @@ this family run as their "FD" baseline, was read too. Choices and deviations:
 
 * gamma = 1: the paper gives no value (nor a learning rate or a temperature; none is
   used); 1 is PFLlib's default ``lamda``.
-* ``distill: mse`` is PFLlib's form: the averages are of the raw (pre-softmax) outputs and
-  the term is their mean squared difference over the C outputs, samples without a teacher
-  counted as 0 in the batch mean. PFLlib's teacher also includes the client's own upload
-  (on a label two clients hold, half of it is the student); ours leaves it out in both
-  forms, as the paper does.
+* ``distill: mse`` is PFLlib's form until April 2024 (commit 83e2182): the averages are of
+  the raw (pre-softmax) outputs and the term is their mean squared difference over the C
+  outputs, samples without a teacher counted as 0 in the batch mean. PFLlib then took the
+  cross entropy against the softmax of the averaged raw outputs (samples without a teacher
+  distilled from their own softmax), and since November 2025 against the averaged raw
+  outputs themselves, which are no distribution; neither is offered. PFLlib's teacher also
+  includes the client's own upload (on a label two clients hold, half of it is the
+  student); ours leaves it out in both forms, as the paper does.
 * The paper (and PFLlib) average the outputs met during the local iterations, the model
   changing between them. Ours are the class means over the client's training set after
   local training, in eval mode, as for FedProto's prototypes, so that they describe the
   model the client keeps.
 * The paper assumes every device in every round and says nothing of round 1 or of a label
   a device lacks. Here: no teacher, no term (round 1); a client sends only the labels it
-  holds; the uploads of a label replace all its older ones (protofl's rule for FedProto's
-  prototypes), and a label no client uploaded this round keeps those of the last round
-  that had it; a teacher needs at least one other client.
+  holds; the server keeps each client's latest upload until the client uploads again (the
+  paper's average over all devices, each as of its last round), so a teacher averages
+  every other client that has uploaded the label; it needs at least one.
+* Under ``privacy.mode: prototype`` a noisy teacher may leave the simplex, and the cross
+  entropy against a negative entry has no lower bound: the client clips it at 0 and
+  rescales it to sum to 1 (post-processing), and a row with nothing left is no teacher.
 * Evaluation: each client's own model (PM(V), PA; GA is their mean over the global test
   set, as for FedProto and FedGH).
 
@@ -81,7 +88,7 @@ class FedDistillHyper:
 
 @dataclass
 class DistillState:
-    """Each client's latest per-label average outputs, one row per (client, label)."""
+    """Each client's latest upload: its per-label averages, one row per (client, label)."""
     averages: torch.Tensor  # (K, C) F_bar_i^(l)
     owner: torch.Tensor  # (K,) int64 the client i of each row
     classes: torch.Tensor  # (K,) int64 the class l of each row
@@ -92,10 +99,19 @@ def teachers(state: DistillState, cid: int, num_classes: int) -> tuple[torch.Ten
     label (a zero row where none) and (C,) int64 how many clients each comes from."""
     others = state.owner != cid
     cls = state.classes[others]
-    sums = torch.zeros(num_classes, num_classes, dtype=state.averages.dtype)
+    sums = torch.zeros(num_classes, num_classes, dtype=state.averages.dtype, device=state.averages.device)
     sums.index_add_(0, cls, state.averages[others])
     n = torch.bincount(cls, minlength=num_classes)
     return sums / n.clamp(min=1).unsqueeze(1).to(sums.dtype), n
+
+
+def on_simplex(t: torch.Tensor) -> torch.Tensor:
+    """Rows of ``t`` (m, C) as distributions: clipped at 0 and rescaled to sum to 1 (a row of
+    averaged softmax outputs is left as it is, up to rounding); a row with nothing left
+    above 0 becomes zeros."""
+    t = t.clamp(min=0)
+    s = t.sum(1, keepdim=True)
+    return torch.where(s > 0, t / s.clamp(min=torch.finfo(t.dtype).tiny), torch.zeros_like(t))
 
 
 def outputs(scores: torch.Tensor, kind: str) -> torch.Tensor:
@@ -140,7 +156,7 @@ class FedDistill(Algorithm):
     def check_reply(self, reply: Record, sent: Record) -> Optional[str]:
         n = len(reply.arrays.get("classes", ()))
         return (expect_shapes(reply, protos=(n, self.info.num_classes), classes=(n,), counts=(n,))
-                or expect_indices(reply, "classes", self.info.num_classes))
+                or expect_indices(reply, "classes", self.info.num_classes, unique=True))
 
     def aggregate(self, state: DistillState, rnd, replies, ctx) -> DistillState:
         if not replies:
@@ -149,8 +165,8 @@ class FedDistill(Algorithm):
         averages = torch.cat([p for _, p, _ in rows])
         classes = torch.cat([c for _, _, c in rows])
         owner = torch.cat([torch.full((len(c),), cid, dtype=torch.int64) for cid, _, c in rows])
-        # a class uploaded this round takes this round's rows; the others keep theirs
-        kept = ~torch.isin(state.classes, classes)
+        # a client's upload replaces its previous one; the others' stay
+        kept = ~torch.isin(state.owner, torch.tensor([cid for cid, _, _ in rows], dtype=torch.int64))
         return DistillState(torch.cat([state.averages[kept], averages]), torch.cat([state.owner[kept], owner]),
                             torch.cat([state.classes[kept], classes]))
 
@@ -173,14 +189,18 @@ class FedDistill(Algorithm):
         C = self.info.num_classes
         _, y = ctx.data
         teacher, n = dense(msg, C, C)
-        extras = {"teacher": teacher.to(y.device), "has": (n > 0).to(y.device)}
+        has = n > 0
+        if self.hp.distill == "ce":  # distributions (privacy noise may push them off the simplex)
+            teacher = on_simplex(teacher)
+            has &= teacher.sum(1) > 0
+        extras = {"teacher": teacher.to(y.device), "has": has.to(y.device)}
         # one loss for every client of a round (the batched executor stacks them); without a
         # teacher the second term is 0
         fitted = await ctx.fit(state.weights, self.distill_loss, extras=extras)
-        z = await ctx.features(fitted.weights) if len(y) else torch.zeros(0, self.info.feature_dim, device=y.device)
+        z = await ctx.features(fitted.weights) if len(y) else None
         model = ctx.shared_model(fitted.weights)
-        with torch.no_grad():
-            out = outputs(model.head(z), self.hp.distill)  # (N, C) after training, eval mode
+        with torch.no_grad():  # (N, C) after training, eval mode
+            out = outputs(model.head(z), self.hp.distill) if z is not None else torch.zeros(0, C, device=y.device)
         means, counts = release_class_means(ctx, out, y, C)  # F_bar_i; private under privacy.mode: prototype
         reply = Record(arrays=sparse(means.detach().cpu(), counts.cpu()))
         return ClientResult(reply, state=Record(weights=fitted.weights), personal=model)

@@ -210,3 +210,16 @@ def test_heterogeneous_cnn_mnist_18_20_22_three_rounds(tmp_path):
 def test_registered():
     assert ALGORITHMS.get("fedproto") is FedProto
     assert FedProto.has_global_model is False and FedProto.heterogeneous_models is True
+
+
+def test_a_reply_with_a_class_index_outside_0_to_C_is_refused():
+    algo = FedProto(FedProtoHyper(), INFO)
+
+    def reply(classes):
+        n = len(classes)
+        return Record(arrays={"protos": torch.zeros(n, 2), "classes": torch.tensor(classes, dtype=torch.int64),
+                              "counts": torch.ones(n, dtype=torch.int64)})
+
+    assert algo.check_reply(reply([0, 2]), Record()) is None
+    for bad in ([3], [-1], [0, -3]):  # -1 would index the last class's prototype
+        assert "outside the class indices" in algo.check_reply(reply(bad), Record())

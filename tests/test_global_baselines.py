@@ -302,6 +302,20 @@ def test_creff_retraining_is_minibatch_sgd():
     assert torch.allclose(W, ref.weight, atol=1e-5) and torch.allclose(b, ref.bias, atol=1e-5)
 
 
+def test_creff_refuses_a_grad_mask_that_is_not_0_1():
+    from protofl.algorithms.creff import CReFF, CReFFHyper
+
+    algo = CReFF(CReFFHyper(), TaskInfo(num_classes=3, num_clients=2, feature_dim=2, input_shape=(2,), seed=0,
+                                        rounds=1))
+
+    def reply(mask):
+        return Record(arrays={"grad_mask": torch.tensor(mask), "grad": {"head.weight": torch.zeros(3, 2)}})
+
+    assert algo.check_reply(reply([1, 0, 1]), Record()) is None
+    for bad in ([1, 0, 2], [1, -1, 0]):
+        assert "0/1 mask" in algo.check_reply(reply(bad), Record())
+
+
 # ---------------------------------------------------------------------------------------
 # FedGen
 # ---------------------------------------------------------------------------------------

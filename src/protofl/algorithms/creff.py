@@ -186,7 +186,7 @@ class CReFF(FedAvg):
         C = self.info.num_classes
         mask = reply.arrays.get("grad_mask")
         if not isinstance(mask, torch.Tensor) or tuple(mask.shape) != (C,) or mask.is_floating_point() \
-                or int(mask.max()) > 1:
+                or int(mask.max()) > 1 or int(mask.min()) < 0:
             return f"grad_mask must be a (C,) = ({C},) 0/1 mask"
         grads = reply.arrays.get("grad")
         if not isinstance(grads, dict):

@@ -290,7 +290,10 @@ def page(names: list[str], scale: str, done: dict[str, dict[str, list[Path]]], w
               "for a method without a global model, the mean of the last round's personalized models on "
               "the balanced test set; = GM otherwise. Mean ± std over the seeds. s/round: mean seconds a "
               "round (training and evaluation; one thread a run, as many runs at once as cores), without "
-              "the first round.", "",
+              "the first round. It is wall clock under whatever else the machine ran at the time, and a "
+              "page's runs are made over several sittings, some beside other jobs: read it as a rough "
+              "guide (two methods doing the same work can differ by a factor of a few); "
+              "benchmarks/timing.md has controlled timings.", "",
               f"Wall time of this invocation: {wall / 60:.1f} min (finished runs are reused)."]
     return "\n".join(lines) + "\n"
 

@@ -14,8 +14,8 @@ The paper's setting is one class per client, with no negatives: there its client
 a positive-only loss and only the server's spreadout keeps the class embeddings from
 collapsing into one point. Under label skew a client has several classes, so negatives, and
 the label-skew implementations run it as above, FedAvg's clients and the spreadout on the
-server: the code of FedRS's authors (Li & Zhan, KDD 2021), who compare with FedAwS, and
-fluke's. The positive-only client loss is not offered.
+server: the code of FedRS's authors (Li & Zhan, KDD 2021; FedRS also targets clients that
+miss classes), and fluke's. The positive-only client loss is not offered.
 
 What it rests on: the paper's abstract (the server "imposes a geometric regularizer after
 each round to encourage classes to be spreadout in the embedding space"); its regularizer,

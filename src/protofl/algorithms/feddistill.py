@@ -24,7 +24,7 @@ distribution for the second: -sum_c F_hat_c log F(x)_c (``distill: ce``).
 What it rests on: the paper's text, Algorithm 1 and its definitions (read for this module;
 its equations are not numbered, so the algorithm's lines are cited). PFLlib's FedDistill
 (github.com/TsingZ0/PFLlib, clientdistill.py / serverdistill.py, since 2025 clientfd.py /
-serverfd.py), the form most papers of this family run as their "FD" baseline, was read
+serverfd.py; HtFLlib, the library of FedTGP's authors, lists it as its "FD"), was read
 too. Choices and deviations:
 
 * gamma = 1: the paper gives no value (nor a learning rate or a temperature; none is

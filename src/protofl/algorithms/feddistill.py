@@ -74,6 +74,7 @@ import torch.nn.functional as F
 from ..errors import require
 from ..messages import expect_indices, expect_shapes, Record
 from ..nn.privacy import release_class_means
+from ..nn.prototypes import class_means
 from .base import Algorithm, ClientResult, register, weights_of
 from .fedproto import dense, sparse
 
@@ -99,11 +100,7 @@ def teachers(state: DistillState, cid: int, num_classes: int) -> tuple[torch.Ten
     """Client ``cid``'s teachers: (C, C) the mean over the other clients' averages of each
     label (a zero row where none) and (C,) int64 how many clients each comes from."""
     others = state.owner != cid
-    cls = state.classes[others]
-    sums = torch.zeros(num_classes, num_classes, dtype=state.averages.dtype, device=state.averages.device)
-    sums.index_add_(0, cls, state.averages[others])
-    n = torch.bincount(cls, minlength=num_classes)
-    return sums / n.clamp(min=1).unsqueeze(1).to(sums.dtype), n
+    return class_means(state.averages[others], state.classes[others], num_classes)
 
 
 def on_simplex(t: torch.Tensor) -> torch.Tensor:

@@ -45,7 +45,7 @@ from protofl.engine.simulation import Simulation, read_rows
 from protofl.flower.launch import LocalDeployment
 
 REPO = Path(__file__).resolve().parents[1]
-TIMING = {"train_s", "eval_s", "wall_s"}
+TIMING = {"train_s", "eval_s", "wall_s", "cpu_s"}
 
 
 def max_diff(a: list[dict], b: list[dict]) -> float:

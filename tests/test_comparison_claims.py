@@ -77,3 +77,25 @@ def test_the_page_counts_only_the_planned_runs(family, tmp_path, monkeypatch):
     text = family.page(["fedavg"], "cpu", {"dir0.3": dir03, "p50c2": {}}, 0.0)
     assert "3 of 3 runs finished." in text and "0 of 3 runs finished." in text
     assert "## Exploratory (outside the plan: no verdicts)" in text
+
+
+def timed_run(root: Path, name: str, seed: int, wall: list[float], cpu: list[float] | None) -> Path:
+    d = fake_run(root, name, seed, [0.8] * len(wall))
+    rows = [{"round": r + 1, "gm": 0.8, "wall_s": w, **({"cpu_s": cpu[r]} if cpu else {})} for r, w in enumerate(wall)]
+    (d / "metrics.jsonl").write_text("".join(json.dumps(row) + "\n" for row in rows))
+    return d
+
+
+def test_s_per_round_is_cpu_time_where_every_seed_has_it_else_wall_clock_marked(family, tmp_path):
+    from protofl.report import tables
+    # the first round pays the start-up and is left out: CPU (2 + 4) / 2 = 3 and (1 + 3) / 2 = 2
+    cpu = {"x": [timed_run(tmp_path / "a", "x", 0, [9, 5, 7], [8, 2, 4]),
+                 timed_run(tmp_path / "a", "x", 1, [9, 5, 7], [8, 1, 3])]}
+    row = tables.compare_rows(cpu, metrics=["gm"])[0]
+    assert row["cpu_per_round"] == pytest.approx(2.5) and family.per_round(row) == "2.50"
+    # one seed's run predates cpu_s: no CPU mean over the other seed alone; wall clock, marked
+    mixed = {"x": [timed_run(tmp_path / "b", "x", 0, [9, 5, 7], [8, 2, 4]),
+                   timed_run(tmp_path / "b", "x", 1, [9, 3, 5], None)]}
+    row = tables.compare_rows(mixed, metrics=["gm"])[0]
+    assert row["cpu_per_round"] != row["cpu_per_round"]  # NaN
+    assert family.per_round(row) == "5.00 (wall)"  # (5 + 7) / 2 and (3 + 5) / 2, averaged

@@ -124,6 +124,8 @@ def test_run_dir_contents(digits_cfg, tmp_path):
     summary = json.loads((res.dir / "summary.json").read_text())
     assert summary["status"] == "complete" and summary["rounds_completed"] == 2
     assert summary["final"]["gm"] == res.rows[-1]["gm"]
+    # the round's CPU time in this process (the clients train here: workers=0)
+    assert all(isinstance(r["cpu_s"], float) and r["cpu_s"] > 0 for r in res.rows)
 
 
 def test_fresh_runs_never_overwrite(digits_cfg):

@@ -159,5 +159,6 @@ def test_by_default_a_worker_process_starts_only_when_it_pays(idle, digits_cfg, 
     assert bool(started) == (idle > 0), lines  # a busy machine: everything here, no start-up paid
     assert sorted(re.findall(r"^\[run (\d)/4\]", "\n".join(lines), re.M)) == ["1", "2", "3", "4"]
     seq, _, _ = sweep(cfg, grid, [0], tmp_path / "seq", jobs=1, log=lambda m: None)
-    strip = lambda rs: [{k: v for k, v in r.items() if k != "s_per_round"} for r in rs]  # noqa: E731
+    strip = lambda rs: [{k: v for k, v in r.items() if k not in ("s_per_round", "cpu_per_round")}  # noqa: E731
+                        for r in rs]
     assert repr(strip(rows)) == repr(strip(seq))

@@ -258,6 +258,15 @@ def cell(row: dict, m: str, seeds: int) -> str:
     return text if n == seeds else f"{text} ({n} of {seeds} seeds)"
 
 
+def per_round(row: dict) -> str:
+    """The s/round cell: CPU seconds where every seed's run recorded them, else wall clock, marked."""
+    cpu = row.get("cpu_per_round", float("nan"))
+    if cpu == cpu:
+        return tables.number(cpu)
+    wall = tables.number(row["s_per_round"])
+    return f"{wall} (wall)" if wall != "–" else wall
+
+
 def page(names: list[str], scale: str, done: dict[str, dict[str, list[Path]]], wall: float) -> str:
     seeds = len(SCALES[scale][0])
     lines = [f"# Every method side by side: Fashion-MNIST, scale {scale}", "",
@@ -280,7 +289,7 @@ def page(names: list[str], scale: str, done: dict[str, dict[str, list[Path]]], w
                     continue
                 ga = cell(r, "ga", seeds) if not r.get("global_model", True) else "= GM"
                 lines.append(f"| {family} | {name} | {cell(r, 'gm', seeds)} | {cell(r, 'pm_v', seeds)} | "
-                             f"{cell(r, 'pa', seeds)} | {ga} | {tables.number(r['s_per_round'])} |")
+                             f"{cell(r, 'pa', seeds)} | {ga} | {per_round(r)} |")
         lines.append("")
     lines += claim_lines(done, SCALES[scale][0], SCALES[scale][1]["rounds"])
     lines += exploratory_lines(done, SCALES[scale][0])
@@ -288,11 +297,13 @@ def page(names: list[str], scale: str, done: dict[str, dict[str, list[Path]]], w
               "client's model on its share of the test set, the same class mix as its training data; PA: "
               "on its own held-out data; both over the clients of the last round (docs/metrics.md). GA: "
               "for a method without a global model, the mean of the last round's personalized models on "
-              "the balanced test set; = GM otherwise. Mean ± std over the seeds. s/round: mean seconds a "
-              "round (training and evaluation; one thread a run, as many runs at once as cores), without "
-              "the first round. It is wall clock under whatever else the machine ran at the time, and a "
-              "page's runs are made over several sittings, some beside other jobs: read it as a rough "
-              "guide (two methods doing the same work can differ by a factor of a few); "
+              "the balanced test set; = GM otherwise. Mean ± std over the seeds. s/round: mean CPU seconds "
+              "a round (training and evaluation, in the run's one process on one thread; as many runs at "
+              "once as cores), without the first round; the metrics' `cpu_s`. Unlike wall clock it does "
+              "not grow with whatever else the machine ran, though runs sharing the cores still slow each "
+              "other somewhat (caches, memory bandwidth). A cell marked (wall) comes from runs made "
+              "before protofl recorded CPU time: its wall clock, which grew with the load of the sitting "
+              "it was made in (two methods doing the same work can differ there by a factor of a few). "
               "benchmarks/timing.md has controlled timings.", "",
               f"Wall time of this invocation: {wall / 60:.1f} min (finished runs are reused)."]
     return "\n".join(lines) + "\n"

@@ -25,7 +25,7 @@ class RoundMetrics:
         self._gm: Any = {}  # the global model's metrics: a dict, or a handle with result()
         self._after: dict[str, Any] = {}  # geometry and the personalized models, after GM
         self._final: dict[str, Any] = {}
-        self.train_s = self.eval_s = self.wall_s = 0.0
+        self.train_s = self.eval_s = self.wall_s = self.cpu_s = 0.0
 
     # -- the round, as it happens ------------------------------------------------------------
     def clients(self, selected: int, messages: Sequence[Record], replies: Sequence[Record], outputs: Sequence,
@@ -82,9 +82,9 @@ class RoundMetrics:
         """The finished row; waits for a deferred evaluation (its wait counts as evaluation
         time). GA: the global model's GM, or without one the personalized models' mean
         accuracy on the global test set."""
-        t = time.perf_counter()
+        t, c = time.perf_counter(), time.process_time()
         gm = self._gm if isinstance(self._gm, dict) else self._gm.result()
-        waited = time.perf_counter() - t
+        waited, spent = time.perf_counter() - t, time.process_time() - c
         row = {**self._row, **gm, **self._after}
         if self.evaluating:
             if "gm" in row:
@@ -92,5 +92,6 @@ class RoundMetrics:
             elif "acc" in row:
                 row["ga"] = row["acc"]
         row.update(self._final)
-        row.update(train_s=self.train_s, eval_s=self.eval_s + waited, wall_s=self.wall_s + waited)
+        row.update(train_s=self.train_s, eval_s=self.eval_s + waited, wall_s=self.wall_s + waited,
+                   cpu_s=self.cpu_s + spent)
         return row

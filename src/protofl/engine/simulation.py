@@ -378,7 +378,7 @@ class Simulation:
         whose row is complete once :meth:`RoundMetrics.row` returns (with ``overlap``, the
         global model's evaluation then waits in ``executor``'s pool)."""
         cfg, algo, server = self.cfg, self.algorithm, self.server
-        t0 = time.perf_counter()
+        t0, c0 = time.perf_counter(), time.process_time()
         evaluating = self._is_eval(rnd, cfg.eval.every)
         personal = cfg.eval.personal and evaluating  # PA on the local test sets
         full_test = personal and self._is_eval(rnd, cfg.eval.personal_every or cfg.eval.every)
@@ -430,6 +430,7 @@ class Simulation:
         if rnd == cfg.rounds and cfg.eval.personal and cfg.eval.final_all_clients:
             metrics.final((yield from self.evaluate_all_clients(state)))
         metrics.eval_s, metrics.wall_s = time.perf_counter() - t1, time.perf_counter() - t0
+        metrics.cpu_s = time.process_time() - c0
         return state, metrics
 
     def known_groups(self) -> Optional[np.ndarray]:

@@ -87,6 +87,7 @@ WORDS = {
     "rejected": "updates rejected", "evaluated_clients": "clients evaluated", "train_samples": "training samples",
     "weight_diversity": "weight diversity", "proto_min_angle": "smallest angle between classes",
     "train_s": "training time per round", "eval_s": "evaluation time per round", "wall_s": "time per round",
+    "cpu_s": "CPU time per round",
     "all_clients": "clients evaluated at the end",
     "epsilon": "privacy spent, epsilon", "privacy_clip": "clip bound C of the updates",
     "privacy_unclipped": "updates within the clip (private estimate)",

@@ -114,10 +114,14 @@ def load_rows(run_dir: Path) -> list[dict]:
     return read_metrics(run_dir)
 
 
-def seconds_per_round(rows: Sequence[dict]) -> Optional[float]:
+def seconds_per_round(rows: Sequence[dict], key: str = "wall_s") -> Optional[float]:
     """Mean wall time of a round (training + evaluation), leaving out the first round of
-    the run, which also pays the start-up (worker processes, first model builds)."""
-    w = [r["wall_s"] for r in rows if "wall_s" in r]
+    the run, which also pays the start-up (worker processes, first model builds). With
+    ``key="cpu_s"``: the mean CPU time of a round instead, None unless every row has it
+    (runs made before protofl recorded it have none)."""
+    w = [r[key] for r in rows if key in r]
+    if key != "wall_s" and len(w) < len(rows):
+        return None
     if len(w) > 1:
         w = w[1:]
     return float(np.mean(w)) if w else None
@@ -135,9 +139,12 @@ def compare_rows(groups: dict[str, list[Path]], metrics: Iterable[str] = METRICS
         rows_per_run = [read_metrics(d) for d in dirs]
         sums = [load_summary(d) for d in dirs if (Path(d) / "summary.json").exists()]
         secs = [s for s in (seconds_per_round(r) for r in rows_per_run) if s is not None]
+        cpu = [seconds_per_round(r, "cpu_s") for r in rows_per_run]
         row = {"method": label, "runs": len(dirs), "select": select,
                "rounds": max((s.get("rounds_completed", 0) for s in sums), default=0),
                "s_per_round": float(np.mean(secs)) if secs else float("nan"),
+               # CPU seconds only where every run has them: a mean over some runs would mix
+               "cpu_per_round": float(np.mean(cpu)) if cpu and None not in cpu else float("nan"),
                "global_model": any("gm" in r for rows in rows_per_run for r in rows),
                "count": {}}
         for m in metrics:

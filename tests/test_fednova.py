@@ -62,6 +62,16 @@ def test_normalized_averaging_of_clients_with_different_step_counts():
     assert torch.allclose(s.weights["w"], torch.tensor([-1.25, -1.25]))
 
 
+def test_a_reply_whose_d_holds_other_weights_than_the_others_is_left_out():
+    # two honest clients (d = {w}) and one that moved w into rest and sent a d of bn alone:
+    # the server averages the honest two and does not crash on the missing term
+    odd = Record(arrays={"d": {"bn": torch.tensor([5.0])}, "rest": {"w": torch.tensor([7.0, 7.0])}},
+                 metrics={"a": 1.0, "tau": 1.0}, num_samples=5)
+    s = aggregate([odd, reply([1.0, 0.0], 1.0, 5), reply([0.0, 1.0], 4.0, 5)])
+    assert torch.allclose(s.weights["w"], torch.tensor([-1.25, -1.25]))
+    assert torch.equal(s.weights["bn"], torch.tensor([9.0]))
+
+
 def test_equal_steps_are_fedavg_and_nobody_arriving_keeps_the_model():
     # both took 2 steps: d_i = update_i / 2, tau_eff = 2: x = mean of the updates, FedAvg's
     s = aggregate([reply([0.5, 0.0], 2.0, 1), reply([0.0, 1.5], 2.0, 3)])
@@ -85,6 +95,15 @@ def test_replies_without_a_and_adam_are_refused_and_bad_settings_are_config_erro
     assert "metric 'a'" in algo.check_reply(Record(arrays={"d": {"w": torch.zeros(2)}}), sent)
     assert "metric 'a'" in algo.check_reply(reply([1.0, 0.0], -1.0, 1), sent)
     assert "shaped like" in algo.check_reply(Record(arrays={"d": {"w": torch.zeros(3)}}, metrics={"a": 1.0}), sent)
+    # every weight once, in d or in rest: one left out, or sent twice, is refused
+    sent = Record(weights={"w": torch.zeros(2), "v": torch.zeros(1), "bn": torch.zeros(1)})
+    split = {"d": {"w": torch.zeros(2), "v": torch.zeros(1)}, "rest": {"bn": torch.zeros(1)}}
+    assert algo.check_reply(Record(arrays=split, metrics={"a": 1.0}), sent) is None
+    for arrays in ({"d": {"w": torch.zeros(2)}, "rest": {"bn": torch.zeros(1)}},
+                   {**split, "rest": {"bn": torch.zeros(1), "v": torch.zeros(1)}}):
+        assert "split the model's weights" in algo.check_reply(Record(arrays=arrays, metrics={"a": 1.0}), sent)
+    assert "no normalized update d" in algo.check_reply(Record(arrays={"d": {}, "rest": split["d"]},
+                                                               metrics={"a": 1.0}), sent)
     with pytest.raises(ConfigError, match="algorithm.weighting"):
         check_dataclass(FedNovaHyper, {"weighting": "steps"}, "algorithm")
     cfg = digits_cfg("algorithm.name=fednova", "rounds=1", "training.optimizer=adam", "training.momentum=0")

@@ -105,7 +105,7 @@ def test_none_is_the_weighted_average_exactly():
     assert all(torch.equal(s.weights[k], avg[k]) for k in avg) and s.server_opt_state is None
 
 
-def test_the_named_methods_are_fedavg_with_their_optimizer_and_the_papers_defaults():
+def test_the_named_methods_are_fedavg_with_their_optimizer_and_the_authors_notes_defaults():
     for name, opt, eta in (("fedavgm", "avgm", 1.0), ("fedadam", "adam", 1e-2), ("fedyogi", "yogi", 1e-2),
                            ("fedadagrad", "adagrad", 1e-1)):
         algo = ALGORITHMS.get(name)

@@ -24,15 +24,18 @@ averages each client's update normalized by how much its local solver accumulate
 
 When every client takes the same steps, d_i = (x_t - y_i)/||a||_1 and tau_eff = ||a||_1:
 FedNova is FedAvg. ``algorithm.server_opt`` then applies to x_{t+1} like to any method with
-one global model (the authors' code has server momentum ``gmf``: ``server_opt: avgm``).
+one global model (the authors' server momentum ``gmf`` is ``server_opt: avgm`` at a constant
+learning rate: their buffer holds gradients divided by the learning rate, so their step
+decay of the learning rate also rescales the old momentum).
 
 Choices where the paper is silent, and details:
 * tau_i is the number of optimizer steps the engine took (``training.epochs`` over the
   client's batches, or ``training.steps``); eta is the round's learning rate, constant
   within the round, and cancels: d_i carries it and tau_eff does not.
 * Weight decay lambda adds lambda y to the gradient and stays part of G_i (as in the
-  authors' code); clipping likewise. a_i is defined for SGD: ``training.optimizer`` adam
-  or adamw has no such weights, and FedNova refuses to run with them.
+  authors' code); so does clipping (``training.clip``, which the authors' code does not
+  have). a_i is defined for SGD: ``training.optimizer`` adam or adamw has no such weights,
+  and FedNova refuses to run with them.
 * d_i covers the trainable parameters; the other entries of y_i (BatchNorm statistics,
   integer counters) travel as they are (``rest``) and are averaged as FedAvg does
   (integer counters take the maximum).
@@ -48,6 +51,8 @@ average in place while it sums the clients; neither is followed.
 """
 from __future__ import annotations
 
+import logging
+from collections import Counter
 from dataclasses import dataclass
 from typing import Literal, Optional
 
@@ -57,6 +62,8 @@ from ..errors import ConfigError
 from ..messages import Record
 from .base import average, ClientResult, GlobalModel, register, reply_weight
 from .serveropt import ServerOptHyper
+
+log = logging.getLogger(__name__)
 
 
 @dataclass
@@ -96,17 +103,32 @@ class FedNova(GlobalModel):
         a = reply.metrics.get("a")
         if a is None or a < 0:
             return "no ||a_i||_1 >= 0 (metric 'a')"
-        for group in ("d", "rest"):
-            for k, t in reply.arrays.get(group, {}).items():
+        d, rest = reply.arrays.get("d"), reply.arrays.get("rest", {})
+        if not isinstance(d, dict) or not d:
+            return "no normalized update d"
+        for group, part in (("d", d), ("rest", rest)):
+            for k, t in part.items():
                 ref = sent.weights.get(k)
                 if ref is None or tuple(t.shape) != tuple(ref.shape):
                     return f"{group}[{k!r}] is not shaped like a model weight"
-        return None if isinstance(reply.arrays.get("d"), dict) else "no normalized update d"
+        # every weight exactly once: in d (the trainable parameters) or in rest (the others)
+        if set(d) & set(rest) or set(d) | set(rest) != set(sent.weights):
+            return "d and rest do not split the model's weights between them"
+        return None
 
     def aggregate(self, state, rnd, replies, ctx):
         replies = [r for _, r in replies if reply_weight(r, self.hp.weighting) > 0]
         if not replies:
             return state  # nobody arrived: keep x_t
+        # check_reply let through only replies that hold every weight once, in d or in rest;
+        # every client puts its trainable parameters in d, so the d's agree unless a client
+        # misbehaves: one whose d differs from the most common one is left out (the sum over
+        # the clients would otherwise lack a term)
+        names = Counter(frozenset(r.arrays["d"]) for r in replies).most_common(1)[0][0]
+        if any(frozenset(r.arrays["d"]) != names for r in replies):
+            log.warning("FedNova: left out %d replies whose d holds other weights than the others'",
+                        sum(frozenset(r.arrays["d"]) != names for r in replies))
+            replies = [r for r in replies if frozenset(r.arrays["d"]) == names]
         weights = [reply_weight(r, self.hp.weighting) for r in replies]
         p = [w / sum(weights) for w in weights]
         x_bar = normalized_average(state.weights, [r.arrays["d"] for r in replies],

@@ -30,11 +30,13 @@ beta = 0 and eta = 1 it is FedAvg. Settings (``algorithm.<key>``, on every Globa
 
 Where the defaults come from: the authors' released hyper-parameter notes
 (google-research/federated, optimization/docs/hyperparameters.md) give FedAvgM's momentum
-0.9, beta_1 = 0.9 and beta_2 = 0.999 (the Keras defaults they ran with), and recommend
+0.9, beta_1 = 0.9 and beta_2 = 0.999 ("set by default to 0.9 and 0.999"), and recommend
 tau = 1e-3; eta is the value their tuning found best most often over their six tasks
-(1 for FedAvgM, 10^-2 for FedAdam and FedYogi, 10^-1 for FedAdagrad; on EMNIST
-characters, the task closest to ours: 10^-0.5, 10^-2.5, 10^-2.5, 10^-1). Tune eta and tau
-for a new task, as the paper does.
+(1 for FedAvgM, 10^-2 for FedAdam and FedYogi, 10^-1 for FedAdagrad, tied there with
+10^-1.5; on EMNIST characters, the task closest to ours: 10^-0.5, 10^-2.5, 10^-2.5,
+10^-1). beta_1 = 0.9 applies to adagrad too, as Algorithm 2 prints FedAdagrad with m_t;
+the authors' code runs Keras' Adagrad, which has no momentum (beta_1 = 0: set
+``server_momentum: 0`` for that). Tune eta and tau for a new task, as the paper does.
 
 Choices where the papers are silent:
 * The optimizer moves the model's parameters only. Buffers (BatchNorm's running statistics,
@@ -47,8 +49,9 @@ Choices where the papers are silent:
   and restored with it, so a resumed run continues bit-identically.
 
 Deviations from the authors' code: Algorithm 2 has no bias correction and starts from
-v_{-1} >= tau^2; the authors' TensorFlow code runs the Keras Adam (with bias correction) and
-starts Adagrad's and Yogi's accumulators at 0. Here is Algorithm 2 as printed. fluke's FedOpt
+v_{-1} >= tau^2; the authors' TensorFlow code runs the Keras Adam and their own Yogi, both
+with bias correction, and Keras' Adagrad, without momentum, and starts Adagrad's and Yogi's
+accumulators at 0. Here is Algorithm 2 as printed. fluke's FedOpt
 adds m_t to the step (x + m + eta m / (sqrt v + tau)) and starts v at random values below
 tau^2; neither is followed.
 """

@@ -25,9 +25,9 @@ def test_not_true_distillation_by_hand():
     q = [1 / (1 + math.e), math.e / (1 + math.e)]
     got = not_true_distillation(z, z_g, torch.tensor([2]), tau=1.0)
     assert float(got) == pytest.approx(kl([0.5, 0.5], q), rel=1e-6)  # = 0.1201
-    # tau = 2 halves the logits: [0.5, 1]
+    # tau = 2 halves the logits: [0.5, 1]; the KL is scaled by tau^2 = 4 (the authors' code's factor)
     q2 = [1 / (1 + math.exp(0.5)), math.exp(0.5) / (1 + math.exp(0.5))]
-    assert float(not_true_distillation(z, z_g, torch.tensor([2]), tau=2.0)) == pytest.approx(kl([0.5, 0.5], q2),
+    assert float(not_true_distillation(z, z_g, torch.tensor([2]), tau=2.0)) == pytest.approx(4 * kl([0.5, 0.5], q2),
                                                                                               rel=1e-6)
     # the batch mean: a second row whose local and global not-true softmaxes agree adds 0
     z2, zg2 = torch.tensor([[1.0, 2.0, 3.0], [5.0, 1.0, 1.0]]), torch.tensor([[0.0, 0.0, 0.0], [0.0, 4.0, 4.0]])

@@ -7,7 +7,7 @@ their own labels, keep the global model's view of the classes that are *not* the
     model, frozen):
         not-true softmax over the C - 1 classes c != y (the true class left out):
             q~_c(z) = exp(z_c / tau) / sum_{c' != y} exp(z_c' / tau)
-        L_NTD = KL( q~(z^g) || q~(z) ) = sum_{c != y} q~_c(z^g) log( q~_c(z^g) / q~_c(z) )
+        L_NTD = tau^2 KL( q~(z^g) || q~(z) ) = tau^2 sum_{c != y} q~_c(z^g) log( q~_c(z^g) / q~_c(z) )
         minimize  CE(z, y) + beta * L_NTD          (averaged over the minibatch)
 
 Leaving the true class out is the point: the label's own logit is fitted by the
@@ -19,15 +19,18 @@ under label skew). Defaults beta = 1, tau = 1: the authors' configuration file f
 The paper's full text was not at hand when this was written: equation numbers are not
 given; the loss above is the one of the paper's abstract and figure (the true class left
 out of the softmax) as the authors' released code computes it (github.com/Lee-Gihun/FedNTD,
-algorithms/fedntd/criterion.py: cross-entropy plus beta times the batch-mean KL divergence of
-the temperature-tau softmaxes over the not-true logits, no tau^2 factor), read, not copied.
+algorithms/fedntd/criterion.py: cross-entropy plus beta times tau^2 times the batch-mean KL
+divergence of the temperature-tau softmaxes over the not-true logits), read, not copied. The
+tau^2 factor is the code's (Hinton et al.'s scaling, which keeps the distillation's gradient
+the same size across temperatures); whether the paper writes it could not be checked. At the
+default tau = 1 it is 1.
 
 Choices and details:
 * The frozen global model computes its logits in eval mode (BatchNorm running statistics,
-  no dropout), without gradient. The authors' code copies the model before local training
-  and never sets the copy to eval mode, so with BatchNorm its teacher logits use the
-  batch's statistics (and update the copy's running statistics); with models without
-  BatchNorm, the two agree.
+  no dropout), without gradient. The authors' code never sets its copy's mode: it
+  deep-copies the shared client model, which the previous client's evaluation left in eval
+  mode, so in effect its teacher runs in eval mode as well (train mode only for the run's
+  first client, which matters only with BatchNorm).
 * The not-true logits are gathered with indices computed from y (no Python branch on the
   label), so the batched executor runs the loss for many clients at once.
 * Personalized model (PM/PA metrics): the client's model after local training, as FedAvg's.
@@ -65,11 +68,12 @@ def not_true(z: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
 
 
 def not_true_distillation(z: torch.Tensor, z_g: torch.Tensor, y: torch.Tensor, tau: float) -> torch.Tensor:
-    """L_NTD averaged over the batch: KL(q~(z_g) || q~(z)) of the temperature-tau softmaxes over
-    the not-true classes; z, z_g (B, C) local and global logits, y (B,) labels."""
+    """L_NTD averaged over the batch: tau^2 KL(q~(z_g) || q~(z)) of the temperature-tau
+    softmaxes over the not-true classes; z, z_g (B, C) local and global logits, y (B,) labels."""
     log_q = F.log_softmax(not_true(z, y) / tau, dim=1)
     log_q_g = F.log_softmax(not_true(z_g, y) / tau, dim=1)
-    return (log_q_g.exp() * (log_q_g - log_q)).sum(1).mean()
+    kl = (log_q_g.exp() * (log_q_g - log_q)).sum(1).mean()
+    return kl if tau == 1 else tau ** 2 * kl
 
 
 def frozen_logits(model: nn.Module, weights: dict[str, torch.Tensor], x: torch.Tensor) -> torch.Tensor:

@@ -223,3 +223,22 @@ def test_a_reply_with_a_class_index_outside_0_to_C_is_refused():
     assert algo.check_reply(reply([0, 2]), Record()) is None
     for bad in ([3], [-1], [0, -3]):  # -1 would index the last class's prototype
         assert "outside the class indices" in algo.check_reply(reply(bad), Record())
+
+
+@pytest.mark.parametrize("name", ["fedproto", "fedtgp", "fedgh", "fedpcl", "fpl"])  # FedProto's check, shared
+def test_a_reply_without_the_prototype_arrays_is_refused_and_an_empty_client_is_accepted(name):
+    algo = ALGORITHMS.get(name)(ALGORITHMS.get(name).Hyper(), INFO)
+    good = {"protos": torch.zeros(1, 2), "classes": torch.tensor([1]), "counts": torch.tensor([4])}
+    assert algo.check_reply(Record(arrays=dict(good)), Record()) is None
+    # a client without data replies m_i = 0 rows of each (sparse of an all-zero count table)
+    empty = Record(arrays=sparse(torch.zeros(3, 2), torch.zeros(3, dtype=torch.int64)))
+    assert algo.check_reply(empty, Record()) is None
+    dense(empty, 3, 2)  # the server reads it
+    for k in good:  # dense() and the aggregates index every one of them
+        assert "must carry" in algo.check_reply(Record(arrays={n: t for n, t in good.items() if n != k}), Record())
+    for k in ("classes", "counts"):  # a float index / count table breaks dense()'s index_put
+        assert "int64" in algo.check_reply(Record(arrays={**good, k: good[k].float()}), Record())
+    assert "shape" in algo.check_reply(Record(arrays={**good, "classes": torch.tensor(1)}), Record())
+    assert "shape" in algo.check_reply(Record(arrays={**good, "counts": torch.tensor([4, 4])}), Record())
+    twice = {"protos": torch.zeros(2, 2), "classes": torch.tensor([1, 1]), "counts": torch.tensor([4, 4])}
+    assert "more than once" in algo.check_reply(Record(arrays=twice), Record())

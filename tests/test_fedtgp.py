@@ -77,3 +77,17 @@ def test_bad_hyper_parameter_is_a_config_error(digits_cfg):
 
     with pytest.raises(ConfigError, match="server_batch"):
         digits_cfg("algorithm.name=fedtgp", "algorithm.server_batch=0")
+
+
+def test_a_round_whose_replies_hold_no_prototype_keeps_the_tgp_and_logs_only_the_margin():
+    algo = FedTGP(FedTGPHyper(server_epochs=3), info())
+    logged = {}
+    ctx = SimpleNamespace(device=torch.device("cpu"), log=logged.__setitem__,
+                          rng=lambda rnd, *keys: np.random.default_rng(rnd))
+    state = algo.server_init(ctx)
+    # clients without data (or private counts rounded to 0) reply zero rows
+    empty = Record(arrays={"protos": torch.zeros(0, 2), "classes": torch.zeros(0, dtype=torch.int64),
+                           "counts": torch.zeros(0, dtype=torch.int64)})
+    assert algo.check_reply(empty, Record()) is None
+    new = algo.aggregate(state, 1, [(0, empty), (1, empty)], ctx)
+    assert new is state and logged == {"tgp_margin": 0.0}

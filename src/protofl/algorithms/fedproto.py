@@ -140,9 +140,19 @@ class FedProto(Algorithm, Diagnostics):
         return Record(arrays=sparse(state.protos, state.counts))
 
     def check_reply(self, reply: Record, sent: Record) -> Optional[str]:
-        n = len(reply.arrays.get("classes", ()))
-        return (expect_shapes(reply, protos=(n, self.info.feature_dim), classes=(n,), counts=(n,))
-                or expect_indices(reply, "classes", self.info.num_classes))
+        # every reply carries all three arrays (a client without data: m_i = 0 rows of each);
+        # classes and counts are int64 (they index and fill dense()'s tables)
+        arrays = [reply.arrays.get(k) for k in ("protos", "classes", "counts")]
+        if not all(isinstance(t, torch.Tensor) for t in arrays):
+            return "the reply must carry the arrays 'protos', 'classes' and 'counts'"
+        _, classes, counts = arrays
+        if classes.dtype != torch.int64 or counts.dtype != torch.int64:
+            return "arrays 'classes' and 'counts' must be int64"
+        if classes.dim() != 1:
+            return f"array 'classes' has shape {tuple(classes.shape)}, expected (m,)"
+        n = len(classes)
+        return (expect_shapes(reply, protos=(n, self.info.feature_dim), counts=(n,))
+                or expect_indices(reply, "classes", self.info.num_classes, unique=True))
 
     def aggregate(self, state: ProtoState, rnd, replies, ctx) -> ProtoState:
         if not replies:

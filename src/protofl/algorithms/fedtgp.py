@@ -41,8 +41,14 @@ Choices and deviations:
   delta = 0 (the code's placeholder makes it tau).
 * ||.|| is sqrt(max(squared distance, 1e-12)): the code's sqrt of the expanded square can
   go negative (nan) for coincident points.
-* The local prototypes and inference are FedProto's here (class means over the whole
-  training set after training, eval mode; see fedproto.py).
+* A round in which no arriving reply holds a prototype (clients without data, or
+  ``privacy.mode: prototype`` counts rounded to 0) leaves the TGP and the global
+  prototypes as they were.
+
+The local prototypes are FedProto's (class means over the whole training set after
+training, eval mode), as in the authors' code (clienttgp.py's collect_protos, whose
+loader drops the last partial batch), and so is inference, the nearest global prototype
+over every class that has one (see fedproto.py).
 """
 from __future__ import annotations
 
@@ -140,6 +146,9 @@ class FedTGP(FedProto):
         P, y = P.to(dev), y.to(dev)
         centres, n = aggregate_prototypes(list(tables), list(counts), "uniform")  # Q^c
         delta = adaptive_margin(centres, n > 0, self.hp.tau)
+        if len(y) == 0:  # no arriving reply holds a class (empty clients, noisy counts rounded to 0)
+            ctx.log("tgp_margin", delta)
+            return state  # no pair to train the TGP on: it and the global prototypes stay
 
         gen = self.tgp().to(dev)
         gen.load_state_dict(state.generator)

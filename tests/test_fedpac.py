@@ -106,3 +106,50 @@ def test_bad_hyper_parameter_is_a_config_error(digits_cfg):
 
     with pytest.raises(ConfigError, match="head_epochs"):
         digits_cfg("algorithm.name=fedpac", "algorithm.head_epochs=0")
+
+
+def test_a_reply_missing_an_array_or_with_a_misshapen_classifier_is_refused():
+    algo = FedPAC(FedPACHyper(), info())
+    C, d = 2, 2
+    head = {"head.weight": torch.zeros(C, d), "head.bias": torch.zeros(C)}
+
+    def reply(**change):
+        arrays = {"proto": torch.zeros(C, d), "counts": torch.tensor([3, 0]), "v": torch.zeros(1),
+                  "h": torch.zeros(C, d), "head": dict(head)}
+        arrays.update(change)
+        return Record(weights={"body.w": torch.zeros(1)}, arrays={k: v for k, v in arrays.items() if v is not None},
+                      num_samples=3)
+
+    assert algo.check_reply(reply(), Record()) is None  # a class the client lacks: zero rows, still sent
+    assert algo.check_reply(reply(head={"head.weight": torch.zeros(C, d)}), Record()) is None  # a head without bias
+    for k in ("proto", "counts", "v", "h"):  # the aggregate reads every one of them
+        assert "must carry" in algo.check_reply(reply(**{k: None}), Record())
+    assert "head" in algo.check_reply(reply(head=None), Record())
+    assert "expected" in algo.check_reply(reply(head={"head.bias": torch.zeros(C)}), Record())  # no weight
+    assert "shape" in algo.check_reply(reply(head={**head, "head.weight": torch.zeros(C, d + 1)}), Record())
+    assert "shape" in algo.check_reply(reply(head={**head, "head.bias": torch.zeros(C + 1)}), Record())
+    # a combined classifier was sent: the reply's classifier has exactly its entries
+    sent = Record(weights={"head.weight": torch.zeros(C, d), "head.bias": torch.zeros(C)})
+    assert algo.check_reply(reply(), sent) is None
+    assert "expected" in algo.check_reply(reply(head={"head.weight": torch.zeros(C, d)}), sent)
+
+
+def test_the_aggregate_leaves_out_a_classifier_whose_entries_are_not_the_models():
+    algo = FedPAC(FedPACHyper(), info())
+    init = {"body.w": torch.zeros(1), "head.weight": torch.zeros(2, 2), "head.bias": torch.zeros(2)}
+    ctx = SimpleNamespace(device=torch.device("cpu"), log=lambda *a: None,
+                          init_weights=lambda: {k: v.clone() for k, v in init.items()})
+    state = algo.server_init(ctx)
+
+    def reply(n, head):
+        return Record(weights={"body.w": torch.full((1,), float(n))},
+                      arrays={"proto": torch.ones(2, 2), "counts": torch.tensor([n, 0]), "v": torch.ones(1),
+                              "h": torch.zeros(2, 2), "head": head}, num_samples=n)
+
+    good = reply(10, {"head.weight": torch.ones(2, 2), "head.bias": torch.ones(2)})
+    no_bias = reply(30, {"head.weight": torch.ones(2, 2)})  # passes check_reply: a linear head
+    assert algo.check_reply(no_bias, Record()) is None
+    new = algo.aggregate(state, 1, [(0, good), (1, no_bias)], ctx)
+    torch.testing.assert_close(new.weights["body.w"], torch.tensor([10.0]))  # client 1 left out
+    assert new.combined.tolist() == [True, False, False] and new.counts.tolist() == [10, 0]
+    assert algo.aggregate(state, 1, [(1, no_bias)], ctx) is state

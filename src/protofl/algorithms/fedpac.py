@@ -16,6 +16,7 @@ whose weights the server chooses by a small quadratic program:
         reply f_i, phi_i, its prototypes (class means of f_i(x) after training), n_ik, V_i, h_i
     server:
         f_{t+1} = sum_i n_i / n * f_i;   c_k = sum_i n_ik mu'_ik / sum_i n_ik               (FedAvg)
+                                         (c_k of a class no arriving client holds: kept)
         for each client i of the round, over the round's K clients j:
             alpha_i = argmin_{alpha >= 0, sum alpha = 1}  sum_j alpha_j^2 V_j + || sum_j alpha_j (h_i - h_j) ||_F^2
                     = alpha^T (diag(V) + D) alpha,  D_jl = sum_k <h_ik - h_jk, h_ik - h_lk>
@@ -42,13 +43,24 @@ Choices and deviations:
   and weight decay from ``training.*``; the code: 0.5 and 5e-4).
 * The combined classifier is stored on the server and sent with the client's next
   message (the code writes it into the client object at once); a client never combined
-  uses its own. The personalized model is the client's model after local training
-  (protofl's convention: what the client holds before the server combines classifiers).
+  uses its own. The personalized model is the client's model after local training,
+  before the server combines classifiers: protofl's convention, and also what the code
+  reports (``acc2`` of ``local_training``).
+* A class that no arriving client holds keeps its previous global prototype. The code
+  replaces the whole prototype table every round (``protos_aggregation``), and would
+  fail on such a class (``update_global_protos`` indexes ``global_protos[i]`` for every
+  class); with its full participation and every class present this never happens.
+* With ``training.steps`` set, both phases run that many steps (``head_epochs`` is then
+  not used; FedRep's head phase likewise), since the engine's step count takes
+  ``steps`` before epochs.
 * Prototypes and statistics are over the client's whole training set.
+* A reply without one of its arrays, or whose classifier is not the model's (other
+  entries or shapes), is refused (``check_reply``) or left out of the round (``aggregate``).
 """
 from __future__ import annotations
 
 import dataclasses
+import logging
 from dataclasses import dataclass
 from typing import Optional
 
@@ -63,6 +75,8 @@ from ..nn.qp import simplex_qp
 from .base import ClientResult, cross_entropy, register, reply_weight, WeightsState
 from .fedavg import FedAvgHyper
 from .fedper import FedPer
+
+log = logging.getLogger(__name__)
 
 
 @dataclass
@@ -135,13 +149,33 @@ class FedPAC(FedPer):
 
     def check_reply(self, reply: Record, sent: Record) -> Optional[str]:
         C, d = self.info.num_classes, self.info.feature_dim
+        # every reply carries all five (class_means gives zero rows for the classes a client lacks)
+        if not all(isinstance(reply.arrays.get(k), torch.Tensor) for k in ("proto", "counts", "v", "h")):
+            return "the reply must carry the arrays 'proto', 'counts', 'v' and 'h'"
         head = reply.arrays.get("head")
         if not isinstance(head, dict) or not head or not all(self.is_personal(k) for k in head):
             return "group 'head' must hold the classifier's entries (head.*)"
+        sent_head = self.personal_part(sent.weights)  # the combined classifier, when it was sent
+        # the classifier is linear, d -> C (every protofl model's head), with or without a bias
+        ref = {k: tuple(v.shape) for k, v in sent_head.items()} or {"head.weight": (C, d), "head.bias": (C,)}
+        keys_ok = set(head) == set(ref) if sent_head else ("head.weight" in head and set(head) <= set(ref))
+        if not keys_ok:
+            return f"group 'head' holds {sorted(head)}, expected the classifier's entries {sorted(ref)}"
+        for k, t in head.items():
+            if tuple(t.shape) != ref[k]:
+                return f"head entry {k!r} has shape {tuple(t.shape)}, expected {ref[k]}"
         return expect_shapes(reply, proto=(C, d), counts=(C,), h=(C, d), v=(1,))
 
     def aggregate(self, state: FedPACState, rnd, replies, ctx) -> FedPACState:
         replies = [(cid, r) for cid, r in replies if reply_weight(r, self.hp.weighting) > 0]
+        # check_reply let through linear classifiers; one whose entries are not the model's (a
+        # bias the model lacks, or no bias where it has one) cannot enter the combination
+        shapes = {k: v.shape[1:] for k, v in state.heads.items()}
+        odd = [cid for cid, r in replies if {k: t.shape for k, t in r.arrays["head"].items()} != shapes]
+        if odd:
+            log.warning("FedPAC: left out the replies of clients %s, whose classifier entries are not the model's",
+                        odd)
+            replies = [(cid, r) for cid, r in replies if cid not in odd]
         if not replies:
             return state
         new = super().aggregate(state, rnd, replies, ctx)  # f: FedAvg over the shared entries

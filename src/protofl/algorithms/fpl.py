@@ -1,37 +1,48 @@
-"""FPL (Huang, Ye, Du & Ye, CVPR 2023, "Rethinking Federated Learning with Domain Shift: A
+"""FPL (Huang, Ye, Shi, Li & Du, CVPR 2023, "Rethinking Federated Learning with Domain Shift: A
 Prototype View"): FedAvg whose clients are pulled towards *cluster* prototypes (several
 per class, robust to a dominant domain) and an *unbiased* prototype per class.
 
-    client i, given the cluster prototypes C^k of every class k and the unbiased ones u^k:
-        z = f(x);  s(a, b) = cosine similarity
-        L_CPCL = -log [ sum_{c in C^y} exp(s(z, c)/tau)
-                        / sum_{c in C^y or N^y} exp(s(z, c)/tau) ]     N^y: the other classes' C^k
-        L_UPCR = 1/d ||z - u^y||_2^2
-        minimize CE(h(z), y) + L_CPCL + L_UPCR; reply w_i and its class means of f(x)
-    server:
-        w = sum_i n_i / n * w_i                                                       (FedAvg)
-        for every class k: FINCH (cosine distance) of the clients' class-k means; a cluster
-            prototype is the mean of the prototypes of one cluster               -> C^k
-        u^k = 1/|C^k| sum_{c in C^k} c                                    (unbiased prototype)
+    client i, given the cluster prototypes P^k of every class k and the unbiased ones U^k
+    (Algorithm 1, LocalUpdating):
+        z = f(x);  s(z, c) = cos(z, c) / tau                                          (7)
+        L_CPCL = -log [ sum_{c in P^y} exp(s(z, c))
+                        / (sum_{c in P^y} exp(s(z, c)) + sum_{c in N^y} exp(s(z, c))) ]   (8)
+                 N^y = P - P^y: the other classes' cluster prototypes
+        L_UPCR = 1/d ||z - U^y||_2^2                      (1/d of eq. (10), as in the code)
+        minimize L = L_CPCL + L_UPCR + CE(g(z), y)                                   (12)
+        reply w_i and its class means c_i^k of f(x) over D_i after training          (2)
+    server (Algorithm 1):
+        w = sum_i |D_i| / |D| w_i                                  (sample-weighted FedAvg)
+        for every class k: FINCH (cosine similarity: each prototype's first neighbour,
+            eq. (4)) of the clients' class-k means; a cluster prototype is the mean of the
+            prototypes of one cluster                                       -> P^k   (5)
+        U^k = 1/|P^k| sum_{c in P^k} c                                 (unbiased prototype, 6)
     predictor: the global model
 
-What it rests on: the paper's text was not at hand (only its abstract, which names the
-cluster prototypes, the unbiased prototypes, CPCL and UPCR); the equations
-above are those of the authors' release (github.com/WenkeHuang/RethinkFL, models/fpl.py,
-read for this module), so no equation numbers are cited. Defaults: tau = 0.02 (the
-code's ``infoNCET``), sample-weighted FedAvg (its ``averaging: weight``), both terms
-weighted 1 as in the code.
+What it rests on: the paper's text (CVPR 2023; equation numbers above are its) and the
+authors' release (github.com/WenkeHuang/RethinkFL, models/fpl.py), both read for this
+module. Defaults: tau = 0.02 (Section 4.2: "we choose tau = 0.02 by default"; also the
+code's ``infoNCET``), sample-weighted FedAvg (Algorithm 1; the code's ``averaging:
+weight``), the three terms weighted 1 (eq. (12), as in the code).
 
-Choices and deviations:
-* FINCH (:func:`protofl.nn.clustering.finch`, written from its paper): the code keeps the
-  last partition of the hierarchy (the coarsest one that has more than one cluster;
+Where the two differ, and what protofl does:
+* L_UPCR: eq. (10) is the sum over the d feature dimensions, sum_v (z_v - U^y_v)^2; the
+  code takes ``nn.MSELoss``, 1/d of it, and so does protofl.
+* s(z, c): eq. (7) as printed divides z.c by (||z|| ||c|| / tau), which is tau cos(z, c);
+  evidently a typo for cos(z, c) / tau, what the code computes and protofl uses (a
+  temperature of 0.02 multiplying the similarity would flatten the softmax).
+* Local prototypes: as in the paper (Algorithm 1 and eq. (2): class means over the whole
+  of D_i after the local epochs), in eval mode; the code averages the last local epoch's
+  training-mode features.
+
+Other choices:
+* FINCH (:func:`protofl.nn.clustering.finch`, written from its paper): the paper does not
+  say which partition of FINCH's hierarchy gives P^k; the code keeps the last partition of the hierarchy (the coarsest one that has more than one cluster;
   one cluster when the first partition already has one); so does this module. A class
   with one client prototype is its own cluster.
 * The loss is averaged over the minibatch; a sample whose class has no prototype yet adds
   0 to both terms (the code's sum over such samples divided by the batch size). Round 1
   (no prototypes): cross-entropy alone, as in the code.
-* Local prototypes: the class means of f(x) over the whole training set after training,
-  in eval mode; the code averages the last local epoch's training-mode features.
 * A class that no arriving client holds keeps its previous cluster prototypes (with the
   code's full participation this never happens; the code would drop them).
 * ``cpcl`` / ``upcr`` switch a term off (the paper's ablations).

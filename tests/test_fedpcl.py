@@ -15,15 +15,19 @@ from conftest import record_run
 
 
 def test_prototype_softmax_by_hand():
-    z, y = torch.tensor([[2.0, 0.0]]), torch.tensor([0])  # cosines only: the length of z does not count
-    tables = torch.tensor([[[1.0, 0.0], [0.0, 3.0]],  # cos 1 and 0
-                           [[1.0, 0.0], [0.0, 1.0]],  # the same table, class 1 missing
-                           [[0.0, 0.0], [0.0, 1.0]]])  # class 0 missing
-    has = torch.tensor([[True, True], [True, False], [False, True]])
+    # s = <z / ||z||, c> / tau with the prototype as it is (the authors' and PFLlib's code): the
+    # length of z does not count, that of c does (a mean of unit vectors is shorter than 1)
+    z, y = torch.tensor([[2.0, 0.0]]), torch.tensor([0])
+    tables = torch.tensor([[[0.5, 0.0], [0.0, 3.0]],  # <z/||z||, c> = 0.5 and 0
+                           [[1.0, 0.0], [0.0, 1.0]],  # class 1 missing
+                           [[0.0, 0.0], [0.0, 1.0]],  # class 0 missing
+                           [[0.5, 0.0], [0.6, 0.8]]])  # 0.5 and 0.6 (cosines 1 and 0.6)
+    has = torch.tensor([[True, True], [True, False], [False, True], [True, True]])
     got = prototype_softmax(z, y, tables, has, tau=0.5)
-    # -log(e^{1/0.5} / (e^{1/0.5} + e^{0})); a table with the own class alone gives 0; a table
-    # without the own class leaves the sample out (0)
-    torch.testing.assert_close(got, torch.tensor([math.log(1 + math.exp(-2.0)), 0.0, 0.0]))
+    # -log(e^{0.5/0.5} / (e^{0.5/0.5} + e^{0})); a table with the own class alone gives 0; a table
+    # without the own class leaves the sample out (0); -log(e^{1} / (e^{1} + e^{1.2}))
+    torch.testing.assert_close(got, torch.tensor([math.log(1 + math.exp(-1.0)), 0.0, 0.0,
+                                                  math.log(1 + math.exp(0.2))]))
 
 
 def info(C=2, N=3):

@@ -11,7 +11,8 @@ backbones in its own (personalized) way:
     global prototypes C^k   = the mean of the C_i^k over the clients i holding class k
     server -> every client: the global prototypes and every client's local prototypes
                             (a class a client lacks is filled with the global prototype)
-    client i minimizes L_g + L_p over g_i, with s(z, c) = cos(z, c) / tau:
+    client i minimizes L_g + L_p over g_i, with s(z, c) = <z / ||z||, c> / tau (c as it is:
+    a mean of unit vectors, ||c|| <= 1):
         L_g = -log [ exp(s(z, C^y)) / sum_k exp(s(z, C^k)) ]                       (global)
         L_p = 1/K sum_j -log [ exp(s(z, C_j^y)) / sum_k exp(s(z, C_j^k)) ]   (local, K clients)
     then uploads its new C_i^k
@@ -27,10 +28,14 @@ distinct pretrained backbones per client are not supported.
 
 What it rests on: the paper's text was not at hand (only its abstract: fixed pre-trained
 backbones, a lightweight fusion, prototype-wise contrastive learning with global and
-local prototypes, only prototypes shared); the losses above are PFLlib's reading of the
-paper (github.com/TsingZ0/PFLlib, clientpcl.py), the rest the authors' release
-(github.com/yuetan031/FedPCL, lib/update.py, lib/models/models.py, exps/federated_main.py),
-both read for this module; no equation numbers are cited. tau = 0.07 is the code's.
+local prototypes, only prototypes shared); the form of the losses above is PFLlib's
+(github.com/TsingZ0/PFLlib, clientpcl.py), the rest the authors' release
+(github.com/yuetan031/FedPCL, lib/update.py, lib/losses.py, lib/models/models.py,
+exps/federated_main.py), both read for this module; no equation numbers are cited.
+tau = 0.07 is the code's. The similarity takes the prototype as it is, not normalized:
+both codes do (PFLlib's ``matmul(F.normalize(rep), proto.T) / tau``; the authors'
+``ConLoss`` uses the raw prototype as anchor); whether the paper means a cosine could
+not be checked.
 
 Deviations from the authors' code:
 * Their contrastive loss is supervised-contrastive with the *prototype* of a sample's
@@ -44,10 +49,12 @@ Deviations from the authors' code:
   mode.
 * Round 1 (no prototypes yet): the loss is 0, as in the code (``0 * loss``: only
   ``training.weight_decay`` moves the weights); PFLlib skips training then.
-* Prototypes are computed over the whole training set after training in eval mode, as
-  in the code. The server keeps each client's latest prototypes; the global prototypes
-  are the plain mean over the stored prototypes of the clients holding the class (the
-  code's mean, with all clients participating); L_p runs over the clients that have
+* Prototypes are the class means of the projection's output over the whole training
+  set after training, in eval mode; the authors' code takes them after training in eval
+  mode too, but over a loader that drops the last partial batch (``drop_last=True``) and
+  on the first augmented view of each image. The server keeps each client's latest
+  prototypes; the global prototypes are the plain mean over the stored prototypes of
+  the clients holding the class (the code's mean, with all clients participating); L_p runs over the clients that have
   uploaded so far (PFLlib fills the others with the global prototypes).
 * Inference: ``local`` (primary) the nearest own local prototype in L2, over the
   client's own classes (the code's rule, its MSE has the same ranking); ``global`` the
@@ -103,10 +110,11 @@ def projection(d: int) -> nn.Module:
 
 def prototype_softmax(z: torch.Tensor, y: torch.Tensor, protos: torch.Tensor, has: torch.Tensor,
                       tau: float) -> torch.Tensor:
-    """(K,) losses -log softmax_k(cos(z, P_j^k) / tau)[y] of K prototype tables P (K, C, d)
+    """(K,) losses -log softmax_k(<z / ||z||, P_j^k> / tau)[y] of K prototype tables P (K, C, d)
     with their classes has (K, C), each the mean over the samples whose class the table has
-    (0 for none); z (B, d), y (B,). Classes a table lacks are left out of its softmax."""
-    s = torch.einsum("bd,kcd->kbc", F.normalize(z, dim=1), F.normalize(protos.to(z.dtype), dim=2)) / tau
+    (0 for none); z (B, d), y (B,). Classes a table lacks are left out of its softmax. The
+    prototypes enter as they are (not normalized), as in the authors' and PFLlib's code."""
+    s = torch.einsum("bd,kcd->kbc", F.normalize(z, dim=1), protos.to(z.dtype)) / tau
     s = s.masked_fill(~has.unsqueeze(1), -1e9)  # finite: a row never turns all -inf (nan gradients)
     logp = s.log_softmax(2).gather(2, y.view(1, -1, 1).expand(len(protos), -1, 1)).squeeze(2)  # (K, B)
     own = has[:, y]  # (K, B)

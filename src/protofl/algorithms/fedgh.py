@@ -30,7 +30,8 @@ Choices:
   head, the same on every client and the server. Minibatch order: the server's stream
   of the round.
 * Representations are the class means over the whole training set after local training,
-  in eval mode (both libraries do the same).
+  in eval mode; both libraries take them after training in eval mode too, but over their
+  training loader, which drops the last partial batch (``drop_last=True``).
 * Family: prototype exchange (only class representations go up; the header is learned
   from them), like FedProto, whose client state and messages it shares.
 * Messages are FedProto's sparse prototype arrays (``protos``, ``classes``, ``counts``);

@@ -20,16 +20,20 @@ Sources: the paper's text was not at hand when this was written beyond its abstr
 introduction (a synthetic fixed ETF classifier, a projection layer, feature normalization,
 a balanced feature loss with learnable temperature, local fine-tuning), so its equation
 numbers are not cited; the details follow the authors' code (github.com/ZexiLee/ICCV-2023-FedETF:
-client_funct.py, models_dict/): the loss is balanced softmax on the counts n_{k,c} with
+client_funct.py, nodes.py, models_dict/), except where listed below: the loss is balanced softmax on the counts n_{k,c} with
 logits scaled by a learnable temperature averaged with the model, and the fine-tuning is
 their ``Client_personalization``. Defaults from that code: beta starts at 1.0 (their
 ResNets; their small CNN starts at 10); fine-tuning 20 rounds of 3 epochs each, lr 0.1
 for V (plain SGD) and 0.05 for P (with the run's momentum and weight decay).
 
 Choices and deviations:
-* p (``proj_dim``): null = the body's feature dimension d, as in the authors' CNN; their
-  ResNets project to p = C. An ETF of C classes needs p >= C - 1 (a configuration error
+* The defaults mix the authors' two model families: p = d (``proj_dim: null``) is their
+  small CNN's, beta = 1 (``scale``) their ResNets' (their CNN starts beta at 10, their
+  ResNets project to p = C). An ETF of C classes needs p >= C - 1 (a configuration error
   otherwise).
+* A client's optimizer is created afresh for every local update (protofl's engine: no
+  optimizer state survives a round); the authors create each client's optimizer once
+  (``Node.__init__``, nodes.py) and reuse it, momentum buffers included, across rounds.
 * A class the client lacks counts as one sample in the balanced softmax (log 1 = 0), as in
   the authors' code (``generate_sample_per_class``), rather than leaving the softmax.
 * The ETF is a parameter of the model (so that the fine-tuning can move it) that

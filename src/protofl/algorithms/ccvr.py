@@ -29,8 +29,11 @@ down). A class with N_c = 1 has Sigma_c = 0 (its virtual features are its mean).
 Defaults and sources: the paper's text was not at hand when this was written (its equation
 numbers are not cited; the formulas above are the pooled mean and covariance it uses); the
 statistics and the re-training follow the paper's description as implemented by FL-bench
-and fluke. M_c = 1000 (fluke's; FL-bench uses 200), one epoch of SGD with lr 0.01 and
-batch 32 from the global classifier (fluke's lr; both re-train one epoch from it).
+and fluke. Defaults: M_c = 1000 and lr 0.01 are the values of fluke's example
+configuration (configs/ccvr.yaml; fluke's code defaults are M_c = 100, lr 0.1, batch 64;
+FL-bench uses M_c = 200 and the run's lr and batch size); one epoch of SGD from the
+global classifier (both re-train one epoch from it); the batch of 32 is protofl's own
+choice (fluke's configuration: 10).
 
 Choices and deviations:
 * Local covariances are the unbiased ones the pooled formula needs; FL-bench and fluke
@@ -62,10 +65,10 @@ from .fedavg import FedAvg, FedAvgHyper
 
 @dataclass
 class CCVRHyper(FedAvgHyper):
-    num_virtual: int = 1000  # M_c, virtual features per class
+    num_virtual: int = 1000  # M_c, virtual features per class (fluke's configs/ccvr.yaml)
     calibration_epochs: int = 1
-    calibration_lr: float = 0.01
-    calibration_batch: int = 32
+    calibration_lr: float = 0.01  # fluke's configs/ccvr.yaml
+    calibration_batch: int = 32  # protofl's choice
 
     def validate(self, section: str) -> None:
         for key in ("num_virtual", "calibration_epochs", "calibration_batch"):

@@ -20,9 +20,9 @@ Sources: the paper's text was not at hand when this was written beyond its abstr
 introduction (a synthetic fixed ETF classifier, a projection layer, feature normalization,
 a balanced feature loss with learnable temperature, local fine-tuning), so its equation
 numbers are not cited; the details follow the authors' code (github.com/ZexiLee/ICCV-2023-FedETF:
-client_funct.py, nodes.py, models_dict/), except where listed below: the loss is balanced softmax on the counts n_{k,c} with
-logits scaled by a learnable temperature averaged with the model, and the fine-tuning is
-their ``Client_personalization``. Defaults from that code: beta starts at 1.0 (their
+client_funct.py, nodes.py, models_dict/), except where listed below: the loss is balanced
+softmax on the counts n_{k,c} with logits scaled by a learnable temperature averaged with
+the model, and the fine-tuning is their ``Client_personalization``. Defaults from that code: beta starts at 1.0 (their
 ResNets; their small CNN starts at 10); fine-tuning 20 rounds of 3 epochs each, lr 0.1
 for V (plain SGD) and 0.05 for P (with the run's momentum and weight decay).
 

@@ -54,8 +54,9 @@ Deviations from the authors' code:
   mode too, but over a loader that drops the last partial batch (``drop_last=True``) and
   on the first augmented view of each image. The server keeps each client's latest
   prototypes; the global prototypes are the plain mean over the stored prototypes of
-  the clients holding the class (the code's mean, with all clients participating); L_p runs over the clients that have
-  uploaded so far (PFLlib fills the others with the global prototypes).
+  the clients holding the class (the code's mean, with all clients participating); L_p
+  runs over the clients that have uploaded so far (PFLlib fills the others with the
+  global prototypes).
 * Inference: ``local`` (primary) the nearest own local prototype in L2, over the
   client's own classes (the code's rule, its MSE has the same ranking); ``global`` the
   nearest received global prototype over every class that has one.

@@ -52,7 +52,7 @@ def test_envelope_value_and_its_gradient_lambda_times_w_minus_theta():
     assert torch.allclose(w["a"].grad, 4.0 * torch.tensor([0.5, -3.0]))
 
 
-def test_one_outer_step_of_plain_sgd_is_eq_8_and_warm_starts_theta():
+def test_one_outer_step_of_plain_sgd_is_algorithm_1_line_8_and_warm_starts_theta():
     algo = PFedMe(PFedMeHyper(lam=15.0, K=2, personal_lr=0.1), info=None)
     model = algo.adapt_model(tiny())
     assert set(model.state_dict()) == {"head.weight", THETA + "head.weight"}

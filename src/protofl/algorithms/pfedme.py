@@ -6,13 +6,13 @@ Each client's objective is the Moreau envelope of its loss f_i:
     F_i(w) = min_theta { f_i(theta) + (lam / 2) ||theta - w||^2 },
     theta_i(w) = its minimizer (the personalized model),  grad F_i(w) = lam (w - theta_i(w))
 
-    server: send w_t to the sampled clients S_t
+    server: send w_t to the clients (Algorithm 1: all N; here: the sampled S_t, below)
     client i: w_{i,0} = w_t; for r = 0 .. R-1 (R local steps, one minibatch D_i each):
         theta~ <- K steps of gradient descent with step ``personal_lr`` on
                   f_i(theta; D_i) + (lam / 2) ||theta - w_{i,r}||^2       (inner problem)
-        w_{i,r+1} = w_{i,r} - eta lam (w_{i,r} - theta~)                (local update)
+        w_{i,r+1} = w_{i,r} - eta lam (w_{i,r} - theta~)    (local update, Algorithm 1, line 8)
       reply w_{i,R}
-    server: w_{t+1} = (1 - beta) w_t + beta sum_i a_i w_{i,R}           (global update)
+    server: w_{t+1} = (1 - beta) w_t + beta sum_{i in S_t} a_i w_{i,R}   (global update)
 
 How it runs on the engine: one ``ctx.fit`` of R steps (``training.epochs`` or
 ``training.steps``; the engine draws a fresh minibatch per step, as Algorithm 1 samples
@@ -27,27 +27,37 @@ plain SGD).
 theta~ is warm-started: it lives in buffers ``theta.*`` of the model (``adapt_model``),
 reset to w_t when the round starts and updated in place by each step's inner solve (as
 BatchNorm updates its statistics), as in the authors' code. The personalized model
-(PM, PA) is the last theta~, which the authors' code also evaluates; the global model
-(GM, GA) is w.
+(PM, PA) is the last theta~, the paper's personalized model; the global model (GM, GA)
+is w. (The authors' code evaluates w_{i,R} as its personalized model: the list it keeps
+as theta~, ``persionalized_model_bar``, is the model's own parameter tensors returned by
+``pFedMeOptimizer.step``, which ``update_parameters(self.local_model)`` at the end of
+``train()`` overwrites with w_{i,R}; not copied.)
 
 Defaults (the authors' MNIST settings, github.com/CharlieDinh/pFedMe README and
 ``main.py``): lam = 15, K = 5, personal_lr = 0.09, beta = 1 (beta = 2 is the paper's
 accelerated variant). eta is the run's ``training.lr`` (0.005 there, plain SGD, with
-batch 20 and R = 20 local steps: ``training.steps=20``). Eq. 8 contracts w towards theta~
+batch 20 and R = 20 local steps: ``training.steps=20``). The local update (Algorithm 1,
+line 8, as the authors call it in their issue tracker) contracts w towards theta~
 by the factor 1 - eta lam per step (eta lam / (1 - momentum) with momentum): keep it well
 below 1 (0.075 in the authors' setting).
 
 Choices and deviations:
-* The paper's text was not available while writing this module (hence no equation
-  numbers); the algorithm above follows its Algorithm 1 as the authors' code implements it.
+* The paper's text was not available while writing this module; the algorithm above
+  follows its Algorithm 1 as the authors' code implements it and as others transcribe it
+  (line numbers from the authors' answers in their issue tracker: the inner problem is
+  their Eq. (7), the local update Algorithm 1, line 8).
 * The authors' inner step adds mu theta (mu = 0.001, weight decay on theta) to the
   gradient; Algorithm 1 has no such term and it is left out.
 * The outer step uses the run's optimizer (momentum, weight decay, clipping), plain SGD
   in the paper; with ``training.momentum=0`` it is the local update exactly.
 * ``weighting``: ``uniform`` (a_i = 1/|S_t|, Algorithm 1) by default; the authors' code
   weights by n_i (``samples``).
-* The authors' code trains every client each round and aggregates the sampled ones; here
-  only the sampled clients train.
+* Algorithm 1 (and the authors' code: "do update for all users not only selected users")
+  sends w_t to all N clients, trains all of them every round, then samples S_t and
+  aggregates only theirs. Here only the sampled clients S_t train (the engine's partial
+  participation, as in PFLlib): a client outside S_t does not train that round, and
+  its theta~ is made only at its turns. With every client sampled each round
+  (``participation.fraction=1``) the two agree.
 * The reported train loss is f_i at the last inner iterate before theta~ plus the
   proximal term at theta~ (the inner solve's last forward pass, no extra one).
 * The inner problem runs over every parameter of the model; BatchNorm statistics (models

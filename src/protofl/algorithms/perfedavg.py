@@ -25,9 +25,16 @@ HF it returns f_i(w~; D') with the HF direction as its gradient (``nn.inner.with
 The run's optimizer takes the outer step with beta = ``training.lr``.
 
 Defaults and deviations:
-* ``alpha`` (the adaptation step) defaults to the round's learning rate, as in PFLlib and
-  the pFedMe authors' Per-FedAvg (which use alpha = the learning rate); ``delta`` = 0.001.
-  The paper's text was not available while writing this module; the updates above are its
+* ``alpha`` (the adaptation step) defaults to the round's learning rate, and beta (the
+  outer step) is ``training.lr`` too, so by default alpha = beta. In PFLlib and the pFedMe
+  authors' Per-FedAvg the learning rate is alpha and beta is a separate, smaller value
+  (their README: ``--learning_rate 0.005 --beta 0.001``; ``userperavg.py`` takes the outer
+  step with ``optimizer.step(beta=self.beta)``): ``algorithm.alpha=0.005
+  training.lr=0.001`` reproduces that setting.
+* ``variant = fo``: protofl's choice, the variant the pFedMe authors' code and PFLlib
+  implement (the only one they have). ``delta = 0.001``: protofl's choice (the paper's
+  value was not read).
+* The paper's text was not available while writing this module; the updates above are its
   Algorithm 1 (FO and HF variants) as recalled.
 * The outer step uses the run's optimizer (momentum, weight decay included); plain SGD in
   the paper.
@@ -36,8 +43,9 @@ Defaults and deviations:
 * An epoch covers the data once in minibatches of 2 or 3 x ``training.batch_size``
   (PFLlib's convention), not once per batch D.
 * The personalized model adapts from the model received this round, on a minibatch of the
-  client's training data (the pFedMe authors' code takes it from the test data); it is
-  computed only when the engine evaluates the client.
+  client's training data, one step of size alpha; it is computed only when the engine
+  evaluates the client. The pFedMe authors' code (``train_one_step``) takes it from the
+  test data and takes a second step, of size beta on another batch, after the first.
 """
 from __future__ import annotations
 

@@ -20,6 +20,9 @@ Choices where the paper is silent, and deviations:
 * The authors' code (github.com/med-air/FedBN, ``communication``) keeps local every entry
   whose *name* contains "bn"; here the layers are found by their type, so a model need
   not name them (protofl's ``lenet5`` and ``resnet18`` do not all do).
+* ``weighting``: FedAvg's n_k-weighted mean by default (the box above); the authors'
+  code averages with ``client_weights`` = 1/K over all K clients (every client takes part
+  every round): ``weighting: uniform`` reproduces it.
 * A model without BatchNorm (``mlp``, ``cnn_mnist``) has no personal part: FedBN is then
   FedAvg without a reported global model.
 * The paper targets feature shift (its digits benchmark: MNIST, SVHN, USPS, SynthDigits,

@@ -18,7 +18,11 @@ devices (an ensemble of local models) is not reported.
 
 Choices and deviations:
 * The paper's global layers are the top layers of the network (its number varies by
-  dataset); here exactly ``model.head``, as PFLlib's LG-FedAvg.
+  dataset); here exactly ``model.head``, as PFLlib's LG-FedAvg. (The authors' CIFAR CNN
+  lists its ``weight_keys`` fully connected layers first and the code makes the last
+  ``--num_layers_keep`` entries global, so their CIFAR command's ``--num_layers_keep 2``
+  makes conv1 and conv2 global and the fully connected layers local, the opposite of the
+  paper: their issue #8. protofl follows the paper.)
 * The authors' code (github.com/pliang279/LG-FedAvg, ``main_lg.py``) starts every local
   model from a FedAvg-trained network (``--load_fed``) and averages the global layers
   uniformly (1/m); here training starts from the run's initialization, and the average

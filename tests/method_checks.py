@@ -1,5 +1,5 @@
-"""Checks shared by the method tests: a bad hyper-parameter stops `protofl run` with one line;
-a round's message is the sample-weighted mean of the previous round's replies."""
+"""Checks shared by the method tests: a bad hyper-parameter stops `protofl run` with one line,
+as does DP-SGD for a method whose loss couples a batch's samples; a round's message is the sample-weighted mean of the previous round's replies."""
 import torch
 
 from protofl.cli import EXIT_BAD_INPUT, main
@@ -15,6 +15,16 @@ def assert_bad_value_exits_2(method: str, key: str, value, tmp_path, capsys) -> 
     assert rc == EXIT_BAD_INPUT
     err = capsys.readouterr().err.strip()
     assert key in err and len(err.splitlines()) == 1, err
+
+
+def assert_dp_sgd_refused(method: str, tmp_path, capsys) -> None:
+    """`protofl run digits algorithm.name=<method> privacy.mode=sample` exits with code 2 and
+    one line saying the method's loss couples the samples of a batch."""
+    rc = main(["run", str(DIGITS), f"algorithm.name={method}", "privacy.mode=sample", "rounds=1",
+               f"output.dir={tmp_path}", "--quiet"])
+    assert rc == EXIT_BAD_INPUT
+    err = capsys.readouterr().err.strip()
+    assert "couples the samples of a batch" in err and len(err.splitlines()) == 1, err
 
 
 def assert_round_2_is_the_weighted_mean(seen, keys) -> None:

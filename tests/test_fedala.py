@@ -9,7 +9,7 @@ from torch import nn
 from protofl.algorithms.fedala import FedALA, FedALAHyper, local_aggregation
 from protofl.models.base import FLModel
 
-from method_checks import assert_bad_value_exits_2
+from method_checks import assert_bad_value_exits_2, assert_dp_sgd_refused
 from conftest import record_run, recorded_update
 
 
@@ -77,3 +77,8 @@ def test_rounds_skip_then_start_phase_then_one_epoch(digits_cfg, tmp_path):
                                        ("threshold", 0), ("num_pre_loss", 1), ("max_init_epochs", 0)])
 def test_bad_hyper_parameters_exit_2_with_one_line(key, value, tmp_path, capsys):
     assert_bad_value_exits_2("fedala", key, value, tmp_path, capsys)
+
+
+def test_dp_sgd_is_refused_in_one_line(tmp_path, capsys):
+    """ALA's projected step is nonlinear in the batch's gradient: per-sample gradients would change it."""
+    assert_dp_sgd_refused("fedala", tmp_path, capsys)

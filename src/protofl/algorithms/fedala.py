@@ -24,8 +24,10 @@ frozen) and the loss builds Theta^_i from them. The loss computes g = grad_W L w
 ``torch.func`` and hands the optimizer the direction (W - clip(W - eta g, 0, 1)) / eta
 (``nn.inner.projected_direction``); the call runs plain SGD with step eta (no momentum,
 weight decay or clipping), so each step is the projected step exactly. The fit takes
-ceil(s% n_i / B) steps: one pass over a random s% of the data (the engine's first
-permutation of the epoch). The ALA loss is the plain cross-entropy.
+ceil(int(s% n_i) / B) steps of the engine's full minibatches of B (its permutation of the
+epoch): about s% of the data, up to B - 1 samples more, and all of it for a client with
+n_i <= B (the authors' code: exactly int(s% n_i) samples, a last batch shorter). The ALA
+loss is the plain cross-entropy.
 
 State: Theta_i (all weights) and W_i (an array group ``W``) in the client's state Record.
 Personalized model (PM, PA): Theta_i after local training; global model (GM, GA): Theta.
@@ -36,6 +38,9 @@ the code's p, finer than the paper's layers), threshold = 0.01 (the paper's, per
 authors' README; the code's default is 0.1), num_pre_loss = 10.
 
 Choices and deviations:
+* ALA runs at a client's turn only (before its local training); the authors'
+  ``send_models`` (``serverALA.py``) runs it on every client every round, sampled or not,
+  so a client's Theta_i and W_i also move in the rounds it does not train.
 * A client's first participation skips ALA (Theta_i = Theta, nothing to mix), also when it
   is first sampled after round 1; the authors' code then mixes Theta into the run's
   *initial* model. The start phase (training W to convergence) is its next participation.
@@ -44,7 +49,8 @@ Choices and deviations:
 * Each ALA epoch draws its own random s% of the data; the code uses one contiguous random
   window of the data for all epochs of a round. The convergence test uses each epoch's
   mean loss (the code: its last batch's loss).
-* BatchNorm statistics of Theta^_i (models with BatchNorm) are Theta's.
+* BatchNorm statistics of Theta^_i (models with BatchNorm) are Theta's (the code: Theta_i's
+  own, as its ALA touches ``parameters()`` only).
 * The paper's text was not available while writing this module (hence no equation
   numbers); ALA above is lines 6-16 of its Algorithm 1 as the authors' code implements it.
 """
@@ -92,6 +98,9 @@ class FedALA(FedAvg):
     name = "fedala"
     family = "personalization"
     Hyper = FedALAHyper
+    # ALA's step is a projected direction, nonlinear in the batch's gradient: per-sample
+    # clipping and averaging would change it, and noise would push W_i out of [0, 1]
+    couples_samples = True
 
     def ala_loss(self, model, x, y, extras) -> torch.Tensor:
         """L(Theta^_i) with the gradient that makes one plain SGD step of size eta the

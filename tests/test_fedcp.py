@@ -9,7 +9,7 @@ from torch import nn
 from protofl.algorithms.fedcp import context_of, FedCP, FedCPHyper, masks, mmd_rbf
 from protofl.models.base import FLModel
 
-from method_checks import assert_bad_value_exits_2
+from method_checks import assert_bad_value_exits_2, assert_dp_sgd_refused
 from conftest import record_run
 
 
@@ -57,3 +57,8 @@ def test_personal_head_stays_and_the_global_head_uploaded_is_the_mean_of_both(di
 @pytest.mark.parametrize("key,value", [("lam", -1), ("tau", 0)])
 def test_bad_hyper_parameters_exit_2_with_one_line(key, value, tmp_path, capsys):
     assert_bad_value_exits_2("fedcp", key, value, tmp_path, capsys)
+
+
+def test_dp_sgd_is_refused_in_one_line(tmp_path, capsys):
+    """the MMD compares the batch's features as a set: per-sample gradients would change it."""
+    assert_dp_sgd_refused("fedcp", tmp_path, capsys)

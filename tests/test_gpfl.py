@@ -9,7 +9,7 @@ from torch import nn
 from protofl.algorithms.gpfl import angle_loss, conditional_inputs, CoV, GPFL, GPFLHyper
 from protofl.models.base import FLModel
 
-from method_checks import assert_bad_value_exits_2, assert_round_2_is_the_weighted_mean
+from method_checks import assert_bad_value_exits_2, assert_round_2_is_the_weighted_mean, assert_dp_sgd_refused
 from conftest import record_run
 
 
@@ -68,3 +68,8 @@ def test_head_stays_on_the_client_and_gce_cov_are_averaged(digits_cfg, tmp_path)
 @pytest.mark.parametrize("key,value", [("lam", -1), ("mu", -0.1)])
 def test_bad_hyper_parameters_exit_2_with_one_line(key, value, tmp_path, capsys):
     assert_bad_value_exits_2("gpfl", key, value, tmp_path, capsys)
+
+
+def test_dp_sgd_is_refused_in_one_line(tmp_path, capsys):
+    """the magnitude term is one norm over the whole batch: per-sample gradients would change it."""
+    assert_dp_sgd_refused("gpfl", tmp_path, capsys)

@@ -23,10 +23,13 @@ f every round and never sent back. One ``ctx.fit`` trains f, the CPN and h_i (h_
 frozen). The Gumbel noise is drawn up front from the client's own stream, one (B, 2, d)
 draw per step (``step_extras``), so both executors see the same noise.
 
-Defaults (the authors' ``run_me.sh``, github.com/TsingZ0/FedCP, MNIST): lam = 5,
-tau = 1.
+Defaults (the authors' code, github.com/TsingZ0/FedCP): lam = 5 (their ``run_me.sh``,
+MNIST), tau = 1 (hard-coded in ``clientcp.py``, ``self.tau = 1``).
 
 Choices and deviations:
+* A client's context before its first turn ends is c_i of its initial head here; the
+  authors' code starts it at ``torch.rand(1, in_dim)`` and sets it from the head at the
+  end of each turn (``set_head_g``), the value protofl uses at the client's next turn.
 * Evaluation uses the noise-free soft mask; the authors' code samples Gumbel noise at test
   time too.
 * The authors' server sends the new h_g and CPN only to the clients that just trained (the
@@ -114,6 +117,7 @@ class ConditionalPolicy(nn.Module):
 class FedCP(FedPer):
     name = "fedcp"
     Hyper = FedCPHyper
+    couples_samples = True  # the MMD compares the batch's features as a set
     personal_prefixes = ("head.", "gbody.")  # gbody: set from the received body, never sent
 
     def adapt_model(self, model: nn.Module) -> nn.Module:

@@ -31,9 +31,18 @@ Defaults (the authors' ``run_me.sh``, github.com/TsingZ0/GPFL, for the 4-layer C
 Choices and deviations:
 * mu is an L2 term in the loss on the GCE and CoV parameters (the code: SGD weight decay
   mu on their own optimizers; identical gradients).
-* The conditional inputs are computed from the GCE the client receives; the authors' code
-  computes them from the client's own GCE *before* overwriting it with the received one
-  (its copy from its last participation, or the initial one).
+* The magnitude term is one L2 norm over the whole batch, ``torch.norm(feat_G - emb, 2)``
+  as in the authors' code; the poster's eq. (4) writes it for one sample,
+  ||f^G_i - GCE(y_i; C^)||_2 (C^ the frozen GCE). For samples at similar distances the
+  batch's norm is sqrt(B) times their mean, so lam weighs about sqrt(B) times more than
+  in a per-sample mean. protofl follows the code, departing from eq. (4). The norm couples
+  the batch's samples, so DP-SGD (``privacy.mode: sample``) refuses GPFL.
+* The conditional inputs are computed from the GCE the client receives at its turn. The
+  authors' code uses zero vectors in round 1 (``clientgp.py``, before any ``set_GCE``);
+  afterwards the server's ``set_GCE`` runs on every client every round, computing them
+  from the client's own GCE *before* overwriting it with the new global one: the GCE it
+  trained in the previous round if it trained then, else the previous round's global
+  GCE (one aggregation older than the one it receives).
 * All parts step with the run's optimizer (the code: three plain SGD optimizers at one
   learning rate).
 * The paper's text was not available while writing this module; the method is stated from
@@ -107,6 +116,7 @@ class Valved(nn.Module):
 class GPFL(FedPer):
     name = "gpfl"
     Hyper = GPFLHyper
+    couples_samples = True  # the magnitude term is one norm over the whole batch
 
     def adapt_model(self, model: nn.Module) -> nn.Module:
         model.gce = nn.Embedding(model.num_classes, model.feature_dim)

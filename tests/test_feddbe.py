@@ -64,3 +64,21 @@ def test_initialization_round_fixes_the_global_mean_then_dbe(digits_cfg, tmp_pat
 @pytest.mark.parametrize("key,value", [("kappa", -1), ("momentum", 0), ("momentum", 1.5)])
 def test_bad_hyper_parameters_exit_2_with_one_line(key, value, tmp_path, capsys):
     assert_bad_value_exits_2("feddbe", key, value, tmp_path, capsys)
+
+
+def test_a_first_round_reply_without_its_mean_is_rejected():
+    """Before z-bar^g is fixed, aggregate reads every reply's ``mean``: one without it (or
+    with a group in its place) is refused by check_reply, not a KeyError in aggregate."""
+    from protofl.algorithms.base import TaskInfo
+    from protofl.messages import Record
+    info = TaskInfo(num_classes=2, num_clients=2, feature_dim=3, input_shape=(2,), seed=0, rounds=2)
+    algo = FedDBE(FedDBEHyper(), info)
+    first, later = Record(weights={}), Record(weights={}, arrays={"global_mean": torch.zeros(3)})
+    w = {"head.weight": torch.zeros(2, 3)}
+    assert algo.check_reply(Record(weights=w, arrays={"mean": torch.zeros(3)}), first) is None
+    assert "missing" in algo.check_reply(Record(weights=w), first)
+    assert "missing" in algo.check_reply(Record(weights=w, arrays={"mean": {"m": torch.zeros(3)}}), first)
+    assert "shape" in algo.check_reply(Record(weights=w, arrays={"mean": torch.zeros(4)}), first)
+    assert algo.check_reply(Record(weights=w), later) is None
+    assert "after the initialization period" in algo.check_reply(
+        Record(weights=w, arrays={"mean": torch.zeros(3)}), later)

@@ -12,7 +12,9 @@ eliminator DBE -- a personalized representation bias and a mean regularization.
     initialization period: the clients train plain FedAvg (CE(h(z), y)) and report
               z-bar_i; the server fixes z-bar^g = sum_i (n_i / n) z-bar_i once
     server: (f, h)_{t+1} = sum_i (n_i / n) (f, h)_i   over the replies
-    personalized model (PM, PA): h(f(x) + z-bar_i^p); global model (GM, GA): h(f(x))
+    personalized model (PM, PA): h(f(x) + z-bar_i^p); global model (GM, GA): h(f(x)),
+    body and head without a bias (protofl's choice: the authors never evaluate a global
+    model)
 
 On the engine: ``adapt_model`` adds ``model.dbe`` with the parameter ``bias`` (the PRBM,
 zeros at first) and the buffer ``running_mean`` (z-bar_i); both are personal (FedPer's
@@ -29,10 +31,16 @@ kappa = 50, mu = 1 (z-bar_i = the current batch's mean). The code's defaults are
 
 Choices and deviations:
 * The authors' initialization period is a separate pass in which *every* client trains
-  once before round 1; here round 1 is that period, and z-bar^g is the mean over the
-  clients that arrived in it.
+  once before round 1, and its trained weights are then discarded: nothing is aggregated,
+  and ``send_models`` overwrites every client's model with the initial global model
+  (``serverDBE.py``). Here round 1 is that period, a normal FedAvg round whose average is
+  kept, and z-bar^g is the mean over the clients that arrived in it.
+* A reply of the initialization period without z-bar_i (array ``mean``) is rejected, as
+  is one that sends it later.
 * The PRBM steps with the run's optimizer (the code: its own plain SGD at the same
   learning rate).
+* The personalized model is evaluated after local training; the authors' code evaluates
+  it at the start of a round, before local training.
 * The paper's text was not available while writing this module; the method is stated from
   the authors' code and the paper's abstract.
 """
@@ -128,8 +136,10 @@ class FedDBE(FedPer):
         return new
 
     def check_reply(self, reply: Record, sent: Record) -> Optional[str]:
-        if "mean" in reply.arrays and "global_mean" in sent.arrays:
-            return "z-bar_i sent after the initialization period"
+        if "global_mean" in sent.arrays:
+            return "z-bar_i sent after the initialization period" if "mean" in reply.arrays else None
+        if not isinstance(reply.arrays.get("mean"), torch.Tensor):  # aggregate fixes z-bar^g from it
+            return "z-bar_i (array 'mean') missing from a reply of the initialization period"
         return expect_shapes(reply, mean=(self.info.feature_dim,))
 
     # -- client ------------------------------------------------------------------------------

@@ -51,6 +51,8 @@ Choices and deviations:
   mean loss (the code: its last batch's loss).
 * BatchNorm statistics of Theta^_i (models with BatchNorm) are Theta's (the code: Theta_i's
   own, as its ALA touches ``parameters()`` only).
+* The personalized model is evaluated after local training; the authors' code evaluates
+  it at the start of a round, after ALA and before local training.
 * The paper's text was not available while writing this module (hence no equation
   numbers); ALA above is lines 6-16 of its Algorithm 1 as the authors' code implements it.
 """

@@ -37,6 +37,8 @@ Choices and deviations:
   receives the current f, CPN and h_g.
 * The MMD is the code's biased estimator (the mean of the kernel matrices, diagonals
   included).
+* The personalized model is evaluated after local training; the authors' code evaluates
+  it at the start of a round, before local training.
 * The paper's text was not available while writing this module; the method is stated from
   the authors' code.
 """

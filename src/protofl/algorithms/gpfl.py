@@ -45,6 +45,8 @@ Choices and deviations:
   GCE (one aggregation older than the one it receives).
 * All parts step with the run's optimizer (the code: three plain SGD optimizers at one
   learning rate).
+* The personalized model is evaluated after local training; the authors' code evaluates
+  it at the start of a round, before local training.
 * The paper's text was not available while writing this module; the method is stated from
   the authors' code.
 """

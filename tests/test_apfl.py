@@ -5,7 +5,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from protofl.algorithms.apfl import APFL, APFLHyper, apfl_loss, mixed_logits
+from protofl.algorithms.apfl import APFL, APFLHyper, apfl_loss, mixed_logits, projected_alpha
+from protofl.algorithms.base import trainable_names
+from protofl.engine.train import fit, TrainSettings
 from protofl.models.base import FLModel
 
 from method_checks import assert_bad_value_exits_2
@@ -62,6 +64,35 @@ def test_alpha_outside_0_1_mixes_at_the_bound_and_keeps_its_gradient():
     assert torch.allclose(mixed_logits(model, x), model.v(x))  # clip(1.3) = 1: v alone
     F.cross_entropy(mixed_logits(model, x), y).backward()
     assert model.alpha.grad is not None and float(model.alpha.grad) != 0.0  # straight through
+
+
+@pytest.mark.parametrize("lr_times", [4.0, -4.0, 0.5])
+def test_every_local_step_projects_alpha_onto_0_1(lr_times):
+    """One step of the engine's loop: alpha lands on clip(alpha - eta g, 0, 1) (the authors'
+    alpha_update clips after each step), v and w take their plain SGD steps."""
+    x, y = torch.tensor([[2.0], [-1.0]]), torch.tensor([1, 0])
+    probe = tiny(0.25)
+    apfl_loss(probe, x, y, {}).backward()
+    g = float(probe.alpha.grad)
+    eta = abs(lr_times / g)  # alpha - eta g = 0.25 - lr_times sign(g): below 0, above 1, inside
+    expected = min(max(0.25 - eta * g, 0.0), 1.0)
+    assert (expected in (0.0, 1.0)) == (abs(lr_times) > 1)
+    model = tiny(0.25)
+    stats = fit(model, x, y, loss=apfl_loss, extras={"lr": torch.tensor(eta)}, names=trainable_names(model),
+                settings=TrainSettings(lr=eta, batch_size=2, steps=1), generator=torch.Generator().manual_seed(0),
+                grad=projected_alpha)
+    assert stats.steps == 1
+    assert float(model.alpha.detach()) == pytest.approx(expected, abs=1e-6)
+    assert torch.allclose(model.v.body.weight, probe.v.body.weight - eta * probe.v.body.weight.grad)
+    assert torch.allclose(model.body.weight, probe.body.weight - eta * probe.body.weight.grad)
+
+
+def test_projected_alpha_leaves_the_other_gradients_and_a_fixed_alpha_alone():
+    g = {"alpha": torch.tensor(2.0), "body.weight": torch.tensor([3.0])}
+    out = projected_alpha(g, {"lr": torch.tensor(0.5)}, {"alpha": torch.tensor(0.25), "body.weight": torch.tensor([1.0])})
+    assert float(out["alpha"]) == 0.5 and torch.equal(out["body.weight"], g["body.weight"])  # (0.25 - 0) / 0.5
+    fixed = {"body.weight": torch.tensor([3.0])}
+    assert projected_alpha(fixed, {"lr": torch.tensor(0.5)}, {"body.weight": torch.tensor([1.0])}) == fixed
 
 
 @pytest.mark.parametrize("adaptive", [True, False])

@@ -131,9 +131,10 @@ class TrainStats:
 # client's architecture holding its current parameters (in the batched executor, one
 # client's slice of the stack), ``extras`` the client's own tensors given to ``ctx.fit``.
 LossFn = Callable[[nn.Module, torch.Tensor, torch.Tensor, Mapping[str, Any]], torch.Tensor]
-# grad(grads, extras) -> grads: a transform of the minibatch gradient by parameter name,
-# applied before clipping and the optimizer step (SCAFFOLD's corrected gradient)
-GradFn = Callable[[dict, Mapping[str, Any]], dict]
+# grad(grads, extras, params) -> grads: a transform of the minibatch gradient by parameter
+# name, applied before clipping and the optimizer step (SCAFFOLD's corrected gradient);
+# ``params``: the current values of the moving parameters, by name (APFL's projected alpha)
+GradFn = Callable[[dict, Mapping[str, Any], dict], dict]
 
 
 def cross_entropy(model: nn.Module, x: torch.Tensor, y: torch.Tensor, extras: Mapping[str, Any]) -> torch.Tensor:

@@ -132,7 +132,7 @@ class Scaffold(GlobalModel):
         return ClientResult(reply, state=Record(arrays={"c": c_new}), personal=ctx.shared_model(y))
 
 
-def corrected(grads: dict[str, torch.Tensor], extras) -> dict[str, torch.Tensor]:
+def corrected(grads: dict[str, torch.Tensor], extras, params) -> dict[str, torch.Tensor]:
     """The SCAFFOLD step direction: g - c_i + c for every trainable parameter."""
     c, c_i = extras["c"], extras["c_i"]
     return {k: g + (c[k] - c_i[k]) for k, g in grads.items()}

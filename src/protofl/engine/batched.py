@@ -613,7 +613,7 @@ class BatchedExecutor(Executor):
                                                                  settings.dp_noise, z)))
                         value = value.mean(1)
                     if grad_fn is not None:
-                        grads = grad_fn(grads, part.extras)
+                        grads = grad_fn(grads, part.extras, stack.views(part.params))
                     flat = torch.cat([grads[k].reshape(G, -1) for k in names], dim=1)  # (G, n)
                     optimizer_step([part.params], [flat], part.state, settings)
                     stack.commit(part, None if g.whole else slots)

@@ -321,9 +321,10 @@ def fit(model: nn.Module, x: torch.Tensor, y: torch.Tensor, *, loss: LossFn, ext
     move, by the schedule and the step above, on ``loss(model, xb, yb, extras)``.
 
     ``per_step``: tensors (steps, max batch, ...) whose row of a step, cut to its batch
-    size, joins ``extras`` at that step. ``grad(grads, extras)``: a transform of the
-    minibatch gradients by name, before clipping; without one, a parameter the loss does
-    not reach has no gradient and is left alone for that step, as ``torch.optim`` does.
+    size, joins ``extras`` at that step. ``grad(grads, extras, params)``: a transform of the
+    minibatch gradients by name (``params``: the parameters' current values), before
+    clipping; without one, a parameter the loss does not reach has no gradient and is
+    left alone for that step, as ``torch.optim`` does.
     ``augment``: (the augmentation, the client's augmentation stream, the padding value):
     each minibatch is augmented by its plan (engine/augment.py).
     DP-SGD (``settings.dp_clip``): every parameter's gradient is the private one
@@ -360,7 +361,7 @@ def fit(model: nn.Module, x: torch.Tensor, y: torch.Tensor, *, loss: LossFn, ext
             grads = [g[0] for g in private_gradient([g.unsqueeze(0) for g in per], settings.dp_clip,
                                                     settings.dp_noise, z)]
             if grad is not None:  # after the noise: a transform of the private gradient
-                new = grad(dict(zip(names, grads)), extras)
+                new = grad(dict(zip(names, grads)), extras, {k: p.detach() for k, p in zip(names, params)})
                 grads = [new[k] for k in names]
             optimizer_step(as_rows, [g.unsqueeze(0) for g in grads], state, settings)
             loss_sum += value.detach() * b
@@ -371,7 +372,8 @@ def fit(model: nn.Module, x: torch.Tensor, y: torch.Tensor, *, loss: LossFn, ext
             p.grad = None
         value.backward()
         if grad is not None:
-            new = grad({k: torch.zeros_like(p) if p.grad is None else p.grad for k, p in zip(names, params)}, extras)
+            new = grad({k: torch.zeros_like(p) if p.grad is None else p.grad for k, p in zip(names, params)}, extras,
+                       {k: p.detach() for k, p in zip(names, params)})
             live = list(range(len(params)))
             grads = [new[k] for k in names]
         else:

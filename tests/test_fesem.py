@@ -92,6 +92,20 @@ def test_assign_nearest_ties_go_to_the_lowest_index():
     assert assign_nearest(pts, ctr).tolist() == [0, 0]
 
 
+def test_a_reply_without_every_weight_is_refused():
+    """The engine admits a subset of the weights sent; FeSEM's E-step would raise KeyError in
+    flatten and its M-step would build a centre without the missing weight."""
+    from protofl.engine.validate import check_reply
+
+    sent = Record(weights=W(0, 0))
+    partial = Record(weights={"a": torch.tensor([1.0])}, num_samples=1)
+    assert check_reply(partial, sent, client_size=1, model_bytes=8, patterns=()) is None  # the engine's check
+    assert "lacks model weights ['b']" in algo(centers=2).check_reply(partial, sent)
+    assert algo(centers=2).check_reply(reply(1, 0, 1), sent) is None
+    with pytest.raises(KeyError):  # what the check keeps out of the aggregate
+        algo(centers=2).aggregate(state([(0, 0), (10, 10)], [0, 0, 0, 0]), 1, [(0, partial)], Ctx())
+
+
 def test_cluster_purity():
     assert cluster_purity([0, 0, 1, 1], [5, 5, 7, 7]) == 1.0
     assert cluster_purity([0, 1, 0, 1], [5, 5, 7, 7]) == 0.5

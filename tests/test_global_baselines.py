@@ -308,12 +308,36 @@ def test_creff_refuses_a_grad_mask_that_is_not_0_1():
     algo = CReFF(CReFFHyper(), TaskInfo(num_classes=3, num_clients=2, feature_dim=2, input_shape=(2,), seed=0,
                                         rounds=1))
 
-    def reply(mask):
-        return Record(arrays={"grad_mask": torch.tensor(mask), "grad": {"head.weight": torch.zeros(3, 2)}})
+    sent = Record(arrays={"head": {"weight": torch.zeros(3, 2), "bias": torch.zeros(3)}})
 
-    assert algo.check_reply(reply([1, 0, 1]), Record()) is None
+    def reply(mask):
+        return Record(arrays={"grad_mask": torch.tensor(mask),
+                              "grad": {"weight": torch.zeros(3, 3, 2), "bias": torch.zeros(3, 3)}})
+
+    assert algo.check_reply(reply([1, 0, 1]), sent) is None
     for bad in ([1, 0, 2], [1, -1, 0]):
-        assert "0/1 mask" in algo.check_reply(reply(bad), Record())
+        assert "0/1 mask" in algo.check_reply(reply(bad), sent)
+
+
+def test_creff_refuses_class_gradients_that_do_not_match_the_classifier_sent():
+    """A grad group without the bias made aggregate raise KeyError; a weight gradient of another
+    shape made it raise a RuntimeError: both are rejected before the aggregate."""
+    from protofl.algorithms.creff import CReFF, CReFFHyper
+
+    algo = CReFF(CReFFHyper(), TaskInfo(num_classes=3, num_clients=2, feature_dim=2, input_shape=(2,), seed=0,
+                                        rounds=1))
+    sent = Record(arrays={"head": {"weight": torch.zeros(3, 2), "bias": torch.zeros(3)}})
+    mask = torch.tensor([1, 1, 0])
+    good = {"weight": torch.zeros(3, 3, 2), "bias": torch.zeros(3, 3)}
+    assert algo.check_reply(Record(arrays={"grad_mask": mask, "grad": good}), sent) is None
+    no_bias = {"weight": good["weight"]}
+    assert "grad has ['weight']" in algo.check_reply(Record(arrays={"grad_mask": mask, "grad": no_bias}), sent)
+    extra = dict(good, other=torch.zeros(3, 1))
+    assert "grad has" in algo.check_reply(Record(arrays={"grad_mask": mask, "grad": extra}), sent)
+    for wrong in ({"weight": torch.zeros(3, 3, 4), "bias": good["bias"]},  # feature dim
+                  {"weight": good["weight"], "bias": torch.zeros(3, 2)},  # output rows
+                  {"weight": torch.zeros(3, 6), "bias": good["bias"]}):  # flattened
+        assert "shape" in algo.check_reply(Record(arrays={"grad_mask": mask, "grad": wrong}), sent)
 
 
 # ---------------------------------------------------------------------------------------
@@ -333,6 +357,21 @@ def test_fedgen_generator_objective_on_a_toy_ensemble():
     zg = z.clone().requires_grad_(True)
     generator_objective(head, heads, zg, y).backward()
     assert zg.grad is not None and float(zg.grad.abs().sum()) > 0
+
+
+def test_fedgen_refuses_replies_without_integer_nonnegative_counts():
+    """Without counts aggregate raised KeyError; float counts with a negative entry passed the
+    engine's check (which refuses negative integers only) and broke torch.multinomial."""
+    from protofl.algorithms.fedgen import FedGen, FedGenHyper
+
+    algo = FedGen(FedGenHyper(), TaskInfo(num_classes=3, num_clients=2, feature_dim=2, input_shape=(2,), seed=0,
+                                          rounds=1))
+    assert algo.check_reply(Record(arrays={"counts": torch.tensor([3, 0, 1])}), Record()) is None
+    assert "integer label counts" in algo.check_reply(Record(), Record())
+    for bad in (torch.tensor([3.0, -1.0, 1.0]), torch.tensor([3.0, 0.0, 1.0])):
+        assert "integer label counts" in algo.check_reply(Record(arrays={"counts": bad}), Record())
+    assert ">= 0" in algo.check_reply(Record(arrays={"counts": torch.tensor([3, -1, 1])}), Record())
+    assert "shape" in algo.check_reply(Record(arrays={"counts": torch.tensor([3, 0])}), Record())
 
 
 def test_fedgen_sends_the_generator_after_the_first_round(digits_cfg, tmp_path):

@@ -33,8 +33,11 @@ Choices where the paper is silent, and details:
   with a (C,) mask ``g_mask`` of the classes the client sent.
 * The features F are initialized from N(0, 1) once (server stream of round 0) and kept
   and refined across rounds; the re-trained classifier before round 1 is the model's
-  initial head. Re-training draws its initialization and batch order from the server's
-  stream of the round.
+  initial head (the authors' code starts from an independently initialized
+  ``nn.Linear(256, 10)``, ``temp_model`` in ``main.py``: both are random classifiers
+  that only serve round 1's real-feature gradients, so this has no practical effect).
+  Re-training draws its initialization and batch order from the server's stream of the
+  round.
 * Real-feature gradients are computed with the body in eval mode, before local training,
   with the received global body and W_re (the classifier they are matched against).
 * A round without arrivals keeps everything; classes nobody sent this round do not enter
@@ -191,8 +194,12 @@ class CReFF(FedAvg):
         grads = reply.arrays.get("grad")
         if not isinstance(grads, dict):
             return "grad must be a group of per-class gradients"
-        bad = [k for k, g in grads.items() if g.dim() == 0 or g.shape[0] != C]
-        return f"class gradients {bad} do not have one row per class" if bad else None
+        head = sent.arrays["head"]  # W_re as sent: one class gradient per parameter of it
+        if set(grads) != set(head):
+            return f"grad has {sorted(grads)}, the classifier sent has {sorted(head)}"
+        bad = [k for k, g in grads.items() if tuple(g.shape) != (C, *head[k].shape)]
+        return (f"class gradients {bad} do not have the shape (C, *parameter shape) = "
+                f"{[(C, *head[k].shape) for k in bad]}") if bad else None
 
     def aggregate(self, state: CReFFState, rnd, replies, ctx) -> CReFFState:
         avg = super().aggregate(state, rnd, replies, ctx)

@@ -158,6 +158,11 @@ class FedGen(FedAvg):
         return Record(weights=state.weights, arrays=arrays)
 
     def check_reply(self, reply: Record, sent: Record) -> Optional[str]:
+        counts = reply.arrays.get("counts")  # p^(y) and the label weights are built from them
+        if not isinstance(counts, torch.Tensor) or counts.is_floating_point():
+            return "counts must be the client's (C,) integer label counts"
+        if counts.numel() and int(counts.min()) < 0:  # also checked by the engine for integer arrays
+            return "counts must be >= 0"
         return expect_shapes(reply, counts=(self.info.num_classes,))
 
     def aggregate(self, state: FedGenState, rnd, replies, ctx) -> FedGenState:

@@ -156,6 +156,13 @@ class FeSEM(Algorithm, Diagnostics):
     def configure_client(self, state: FeSEMState, rnd, cid, ctx) -> Record:
         return Record(weights=state.centers[int(state.assignment[cid])])
 
+    def check_reply(self, reply: Record, sent: Record) -> Optional[str]:
+        # the engine admits a subset of the weights sent; here the E-step flattens every
+        # distance key and the M-step builds a whole centre from the members, so each reply
+        # must hold the whole model (shapes and dtypes are the engine's check)
+        missing = sorted(set(sent.weights) - set(reply.weights))
+        return f"the reply lacks model weights {missing[:3]}; FeSEM needs the whole trained model" if missing else None
+
     def e_step_now(self, state: FeSEMState) -> bool:
         if not self.hp.recluster:
             return False

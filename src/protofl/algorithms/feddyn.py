@@ -20,7 +20,10 @@ Choices where the paper is silent, and details:
 * ``weighting``: "uniform" is the paper's 1/|P_t| mean; "samples" weights by n_k (the
   h-update stays the paper's 1/m sum).
 * A client whose reply is lost keeps its grad_k; a round with no arrival keeps theta and h.
-* The global model evaluated (GM) is theta^t, the model sent to the clients.
+* The global model evaluated (GM) is theta^t, the model sent to the clients (the
+  authors' code evaluates another model, below).
+* ``alpha`` = 0.01 is the value of the authors' example script (``example_cifar_10.py``,
+  ``alpha_coef = 1e-2``), within the paper's grid.
 * ``server_opt`` (serveropt.py, none by default) takes theta^t as its x_bar; h is FedDyn's as above.
 
 Deviations from the authors' code (github.com/alpemreacar/FedDyn): the code divides alpha
@@ -28,6 +31,14 @@ by each client's relative data size (alpha_k = alpha / (n_k / mean n)) and adds 
 optimizer's weight decay on top; here alpha is the same for every client as in the paper,
 and ``training.weight_decay`` is whatever the run configures. The code keeps the server's
 correction as the mean over all clients of their accumulated updates, which equals -h/alpha.
+The accuracy the code reports each round is that of ``avg_model``, the plain mean of the
+active clients' models, not of ``cld_model`` (theta^t = mean - h/alpha, the model it
+sends); here GM is theta^t. The code's local solver is plain SGD (no momentum) with
+gradients clipped at norm 10; here the run's ``training.*`` settings apply. When no client
+is active in a round the code redraws the participants until one is; here a round without
+arrivals keeps theta and h.
+The ReBaFL authors' FedDyn (github.com/JianXu95/ReBaFL, ``methods/feddyn.py``), whose
+numbers ReBaFL's Table 1 reports, uses alpha = 0.0001.
 """
 from __future__ import annotations
 

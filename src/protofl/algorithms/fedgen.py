@@ -22,8 +22,10 @@ Generator (the paper's "lightweight" generator): [eps ; one-hot(y)] -> Linear(no
 hidden) -> ReLU -> Linear(hidden, d), d the model's feature dimension.
 
 Choices where the paper is silent, and details:
-* ``ensemble``: "uniform" averages the K heads' logits as in the paper's J(w); "counts" weights head k
-  for label y by n_ky / sum_k n_ky (the authors' code's label weights).
+* ``ensemble``: "uniform" averages the K heads' logits as in the paper's J(w); "counts"
+  weights head k's logits for label y by n_ky / sum_k n_ky, n_ky the client's label
+  counts: CE(sum_k w_ky g(z; theta_k^p), y). This is not the authors' code's objective
+  (below), only its idea of per-label client weights.
 * The client draws ``training.batch_size`` generated features per step; its labels come
   from p^(y) as in the paper's client objective, its noise from the client's own stream of the round.
 * The generator's Adam state persists across rounds (in the server state); its batches
@@ -32,14 +34,30 @@ Choices where the paper is silent, and details:
   exp(-mean_{ij} ||eps_i - eps_j||^2 * |z_i - z_j|_1) to J, each distance the mean over
   dimensions; the authors' code uses weight 1.
 
-Deviations from the authors' code (github.com/zhuangdizhu/FedGen): the code's client loss
-also has a KL term between the model's prediction on real data and on generated features
-of the same labels, weights both terms by 10 with a 0.98 per-round decay and stops the
-regularization after 20 local epochs; it samples the client's generated labels from its
-own labels and the server's uniformly over the labels any client holds; its generator has
-BatchNorm after the hidden layer. Here: the paper's objective with weight ``alpha``
-(default 1), labels from p^(y), no BatchNorm. Its generator settings (Adam lr 3e-4,
-batches of 128, noise 32, hidden 256) are the defaults here.
+Deviations from the authors' code (github.com/zhuangdizhu/FedGen: ``userpFedGen.py``,
+``serverpFedGen.py``, ``generator.py``, ``utils/model_config.py``), none of them followed:
+* Client: besides the generated-feature CE the loss has a KL term between the model's
+  prediction on the real batch and its prediction on generated features of the batch's
+  labels; the two terms are weighted by ``generative_alpha`` and ``generative_beta`` (both 10
+  for MNIST) with a 0.98 per-round decay. The CE term's labels are drawn
+  uniformly from the union of every client's labels (``np.random.choice(
+  self.available_labels)``), ``--gen_batch_size`` (32) of them per step; only the KL term
+  uses the batch's own labels. A code "epoch" is ``--K`` = 1 minibatch, and its "stop
+  after 20 local epochs" (``early_stop = 20``) compares that counter with 20: with the
+  README's ``--local_epochs 20`` it never stops.
+* Server: the generator's loss is sum_k mean(w_ky CE(g(z; theta_k^p), y)), a weighted sum
+  of the heads' cross-entropies (not the CE of a weighted ensemble), with w_ky from 1 + the
+  label counts of the batches client k drew that round, normalized over the round's
+  clients, plus the diversity term with weight 1; its labels are drawn uniformly over the
+  labels some client of the round drew more than once. The noise is ``torch.rand``
+  (uniform on [0, 1)), not N(0, I). Adam (lr 3e-4, ``weight_decay`` 1e-2) with an
+  ``ExponentialLR(gamma=0.98)`` stepped once per round; 50 steps per round of ``--batch_size``
+  samples (32 in the README's commands; the config's ``ensemble_batch_size`` = 128 sizes
+  a loader of the pooled data, not the generator's batch). The generator has BatchNorm after the hidden layer.
+Here: the paper's objective with weight ``alpha`` (default 1), labels from p^(y) on both
+sides, N(0, I) noise, no BatchNorm, no weight decay or learning-rate decay for the
+generator. The code's lr 3e-4, 50 steps per round, noise 32 and hidden 256 (its MNIST
+configuration) are the defaults here; ``gen_batch`` = 128 is protofl's choice.
 """
 from __future__ import annotations
 

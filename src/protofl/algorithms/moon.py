@@ -9,7 +9,8 @@
         sim = cosine similarity; the global and the previous local model are frozen
 
 Defaults mu = 1, tau = 0.5 (the paper: tau = 0.5 throughout, mu = 5 for CIFAR-10 and 1 for
-CIFAR-100 / Tiny-ImageNet).
+CIFAR-100 / Tiny-ImageNet; the authors' README runs CIFAR-10 with --mu=5; mu = 1 is their
+code's argparse default and the value of the ReBaFL authors' MOON).
 
 Architecture (``adapt_model``): the model's body is followed by the projection head
 Linear(d, d) -> ReLU -> Linear(d, proj_dim) as in the paper, and the classifier is a new
@@ -22,13 +23,26 @@ Choices where the paper is silent, and details:
 * A client's previous local model w_i^{t-1} is the model it returned at its last
   participation (kept in its state). At its first participation it has none: the global
   model stands in, so both similarities are equal, l_con = log 2 and its gradient is 0
-  (plain FedAvg for that round).
+  (plain FedAvg for that round). The authors' code differs here (below).
 * Personalized model (PM/PA metrics): the client's model after local training.
 
 Deviations from the authors' code (github.com/QinbinLi/MOON): the code keeps a pool of
 ``model_buffer_size`` previous models (default 1, which is the paper and this module)
 and builds the projection head into each network class; here it is added for any model.
-The code's aggregation weights are n_i, as here.
+The code's aggregation weights are n_i, as here. The code's pool holds every party's
+network after each round (``main.py``: ``old_nets = copy.deepcopy(nets)``), and the
+networks come from ``init_nets``, one independently initialized network per party, loaded
+with the global weights only when the party is sampled. In round 1 the pool is empty and
+the contrastive loss is 0; a party first sampled in a later round therefore contrasts with
+its own untrained, independently initialized network as its "previous model". protofl
+does not keep a model per client that has never trained (its state starts at the first
+participation) and contrasting with an unrelated random network is an artefact of the
+code, not the paper's method, so the global model stands in (loss constant).
+The ReBaFL authors' MOON (github.com/JianXu95/ReBaFL, ``methods/moon.py``), whose
+numbers ReBaFL's Table 1 reports, uses mu = 1, tau = 0.5, takes the contrastive
+representation from a projection branch beside the classifier (the classifier reads the
+unprojected features), and uses the run's initial model w_0 as the previous model at a
+client's first turn.
 """
 from __future__ import annotations
 

@@ -41,12 +41,21 @@ Choices where the paper is silent, and details:
 * Option I (c_i+ = the gradient of F_i at x, one extra pass over the data) is not offered.
 * ``server_opt`` (serveropt.py, none by default): with a server optimizer, eta_g is that
   optimizer's learning rate, applied to x_bar = x + mean Delta y (with ``none``, the step
-  above; ``avgm`` with momentum 0 is the same step).
+  above; ``avgm`` with momentum 0 is the same step). ``server_lr`` defaults to 1.0 here
+  (the paper's eta_g = 1), not to null, so it overrides the server optimizer's own default
+  learning rate: with ``server_opt: adam`` (or yogi, adagrad) eta is 1.0, not 1e-2; set
+  ``server_lr`` for those.
 
 Deviations from the paper: none in the algorithm. There is no official code release by the
 authors; widely used re-implementations (e.g. NIID-Bench) apply the correction after the
 optimizer step, outside momentum, and weight Delta y by samples -- here the correction is
-part of the gradient (see above) and the weighting is the paper's by default.
+part of the gradient (see above) and the weighting is the paper's by default. The ReBaFL
+authors' implementation (github.com/JianXu95/ReBaFL, ``methods/scaffold.py`` and
+``running.py``), whose numbers ReBaFL's Table 1 reports, differs more: it subtracts
+eta_l (c - c_i) after each step of SGD with momentum 0.5, outside momentum, yet divides by
+K eta_l in option II, so c_i comes out about 1/(1 - 0.5) = 2 times the gradient; its server
+adds the plain mean of the arrivals' Delta c_i to c (no |S|/N), averages Delta y uniformly,
+and clips gradients at norm 10 (``max_grad_norm``).
 """
 from __future__ import annotations
 

@@ -9,8 +9,10 @@ Dropout", 2023; its eq. 9 with eps = 0).
 The prior is the client's own label distribution (``ctx.class_counts``). Classes the
 client does not hold get pi = 0, i.e. they leave the local softmax entirely
 (``nn.losses``); the authors' code adds 1e-9 to pi instead, which differs by ~1e-9.
-A client with a single class therefore has zero loss and zero gradient: it returns the
-global model unchanged (ReBaFL's eps > 0 is the fix, see ``rebafl.py``).
+A client with a single class therefore has zero loss and zero gradient: without weight
+decay it returns the global model unchanged (with ``training.weight_decay`` > 0 its
+weights only decay toward 0; BatchNorm running statistics, in a model that has them,
+still move). ReBaFL's eps > 0 is the fix, see ``rebafl.py``.
 
 Personalized model (PA, PM): the local model after local training (ReBaFL's protocol),
 scored with the balanced logits z + log pi_k (key ``local``, primary). This is the

@@ -12,14 +12,17 @@ Deviations / choices:
   and training with it collapses (reported in FL-bench issue #5); like every public
   implementation (FL-bench, the ReBaFL authors' baseline) the sum here runs over all j.
 * A class the client does not hold has n = 0 and margin +inf: it drops out of the local
-  softmax (logit -inf). Released code uses n + 1e-9 (or 1e-8), a margin of ~178 tau,
-  which has the same effect. ``tau = 0`` is plain cross-entropy over all classes.
+  softmax (logit -inf). Released code uses n + 1e-9 (the ReBaFL authors' baseline), a
+  margin of (1e-9)^(-1/4) tau ~ 178 tau, or n + 1e-8, a margin of 100 tau; either has the
+  same effect (a held class has a margin of at most tau). ``tau = 0`` is plain cross-entropy over all classes.
 
-Personalized model (PA, PM): the FedLC paper evaluates only the global model; as a
-baseline in the FedGELA and ReBaFL papers its personal model is the local model after
-local training. We score it with the calibrated logits z_c - tau n_kc^(-1/4) it was
-trained with (key ``local``, primary; classes the client lacks are excluded); the plain
-logits are reported as ``@logits``.
+Personalized model (PA, PM): the FedLC paper evaluates only the global model; the FedGELA
+and ReBaFL papers use FedLC as a generic-FL baseline. For such baselines FedGELA's PA
+fine-tunes the best global model for 10 epochs on each client and scores it with nothing
+masked (its Sec. 5, "Metrics"); ReBaFL reports the global model only. protofl's personal
+model is the local model after the round's local training, scored with the calibrated
+logits z_c - tau n_kc^(-1/4) it was trained with (key ``local``, primary; classes the
+client lacks are excluded); the plain logits are reported as ``@logits``.
 """
 from __future__ import annotations
 

@@ -5,6 +5,10 @@ FedAvg whose local objective adds a proximal term to the global weights w_t (eq.
     h_k(w; w_t) = F_k(w) + (mu / 2) * ||w - w_t||^2
 
 The proximal term runs over all trainable parameters. Everything else is FedAvg.
+
+``mu`` = 0.01 is protofl's choice, not a value the paper prescribes: the paper tunes mu
+per dataset over a small grid ({0.001, 0.01, 0.1, 1}; its text was not at hand when this
+note was written). The ReBaFL authors' baseline uses mu = 0.001.
 """
 from __future__ import annotations
 

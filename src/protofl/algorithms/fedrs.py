@@ -9,17 +9,21 @@ are scaled down, which limits how much the missing classes' classifier weights a
 away during local training). Server: FedAvg.
 
 Deviations / choices:
-* z_c is the head's full output (w_c . h + b_c): the paper writes the bias-free w_c . h;
-  with a bias in the head (``cnn_fmnist``) the bias is scaled together with it.
+* z_c is the head's full output (w_c . h + b_c): the paper writes the bias-free w_c . h,
+  and the authors' code (github.com/lxcnju/FedRepo, ``algorithms/fedrs.py``:
+  ``hs.mm(ws.transpose(0, 1))``) drops the classifier's bias too; with a bias in the head
+  (``cnn_fmnist``) the bias is scaled together with the weights here.
 * alpha_c is the paper's hard 0/1 presence rule (as in ReBaFL's re-implementation, which
   uses alpha = 0.5). The FedRS authors' released code uses a soft variant,
   alpha_c = alpha + (1 - alpha) n_c / max_j n_j; not implemented here.
 
 Personalized model (PA, PM): the FedRS paper evaluates only the global model; the FedGELA
-and ReBaFL papers use FedRS as a generic-FL baseline whose personal model is the local
-model after local training. We score that model with the softmax it was trained with,
-the restricted logits alpha_c z_c (key ``local``, primary); the plain logits over all
-classes are reported as ``@logits``.
+and ReBaFL papers use FedRS as a generic-FL baseline. For such baselines FedGELA's PA
+fine-tunes the best global model for 10 epochs on each client and scores it with nothing
+masked (its Sec. 5, "Metrics"); ReBaFL reports the global model only. protofl's personal
+model is the local model after the round's local training, scored with the softmax it was
+trained with, the restricted logits alpha_c z_c (key ``local``, primary); the plain
+logits over all classes are reported as ``@logits``.
 """
 from __future__ import annotations
 

@@ -20,7 +20,11 @@ that of the personal objective h_k.
 
 Defaults and deviations:
 * ``lam`` defaults to 0.1; the paper tunes it per dataset from {0.01, 0.1, 1, 2}; the
-  FedNH paper uses 0.75.
+  FedNH paper uses 0.75 (its configs: "follows the setting of FedRep") with its own Ditto
+  (github.com/Yutong-Dai/FedNH, ``strategies/Ditto.py``), which anchors v to the client's
+  locally trained w_k rather than to the received w_t and steps with plain SGD (no
+  momentum or weight decay, gradients clipped at norm 10), so 0.75 there is not the same
+  regularization strength as 0.75 here.
 * ``personal_epochs`` defaults to the run's ``training.epochs`` (the paper's s local
   iterations on v are as many as those on w).
 * The optimizer for v is the run's (momentum and weight decay included); Algorithm 1

@@ -27,6 +27,12 @@ Defaults and deviations:
   client fine-tunes the global model it received in that round.
 * The head's initialization is the model's own (PyTorch's default for ``nn.Linear``),
   as in the FedNH paper's FedBABU.
+* The server's mean is weighted by n_k / n as in the box above (``weighting: samples``,
+  FedAvg's default); the authors' code (github.com/jhoon-oh/FedBABU, ``main_fed.py``)
+  sums the sampled clients' bodies and divides by m, a uniform mean: ``weighting:
+  uniform`` follows it.
+* With ``training.steps`` set, fine-tuning also takes that many steps and
+  ``finetune_epochs`` is ignored (the engine's ``steps`` overrides any number of epochs).
 """
 from __future__ import annotations
 

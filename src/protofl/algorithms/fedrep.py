@@ -24,10 +24,13 @@ runs that many steps. The reported train loss is that of phase 2.
 
 Defaults and deviations:
 * ``head_epochs`` = 10 as in the paper's experiments.
-* ``body_epochs`` defaults to the run's ``training.epochs``. In the authors' code
-  (github.com/lgcollins/FedRep) a client runs ``--local_ep`` epochs of which the last
-  ``--local_rep_ep`` train the representation; the FedNH paper's FedRep (appendix) uses
-  10 head + 5 body epochs, which ``training.epochs=5`` reproduces.
+* ``body_epochs`` defaults to the run's ``training.epochs``: protofl's choice, following
+  the FedNH paper's FedRep (appendix: 10 head + 5 body epochs, which
+  ``training.epochs=5`` reproduces). In the authors' code (github.com/lgcollins/FedRep) a
+  client runs ``--local_ep`` epochs of which the last ``--local_rep_ep`` (default 1) train
+  the representation; their scripts always run 10 head epochs, with 1 body epoch for
+  CIFAR-10 with 2 shards per client (``--local_ep 11 --local_rep_ep 1``) and 5 in the
+  others (``--local_ep 15 --local_rep_ep 5``). Set ``body_epochs`` to follow them.
 * The FedNH paper reports a GM for FedRep (the averaged body with the server's initial
   head); we report none (see ``fedper.py``).
 """

@@ -18,21 +18,34 @@ round, i.e. after the previous M-step). The generic (global) model, for GM and t
 n_k the training samples of the clients currently assigned to k (this is the
 "generic model" FedProto's Table 1 compares against).
 
-Options and deviations. "Authors' code" below is the description of the authors'
-release (clustering on one layer, a random initial assignment, no re-clustering in its
-shipped configuration); that release could not be re-read while writing this module, so
-those three points are options rather than copied code. A later re-implementation of
-FeSEM as a baseline (FlexCFL, Duan et al., ``flearn/trainer/fesem.py``), which was read,
+Options and deviations. "Authors' code" below is the authors' release
+(github.com/mingxuts/multi-center-fed-learning: ``models/fedsem.py``,
+``mlhead_clus_server.py``, ``kmean_model.py``, ``server.py``, ``configs/fedsem/job.yaml``),
+which was read. It measures the distance on one layer, the logits layer's kernel
+(``dense_1/kernel`` for FEMNIST); it starts from a random assignment (k-means on
+uniform(-0.01, 0.01) noise standing in for the clients' layers), all centres equal to
+the initial model; and its shipped configuration never re-clusters
+(``update-center-every: 150`` with ``num-rounds: 60``). Where it re-clusters, its E-step
+is Lloyd's k-means over the clients' layer vectors with its own persistent centroids
+(initialized from the first K points, then one Lloyd iteration per E-step), not the
+distance to the centre models. Its M-step under its configured ``mode: 'no_size'``
+weights members by their sample counts (``update_model_wmode``). Each round every
+cluster trains only min(3, |C_k|) members drawn at random (``clients-per-round: 3``), and a
+cluster with at most one member is skipped. protofl keeps the paper's E-step (distance
+to the centre models, on the arriving clients) and the engine's client sampling; the
+code's choices that fit the paper's scheme are options. A later re-implementation of
+FeSEM as a baseline (FlexCFL, Duan et al., ``flearn/trainer/fesem.py``), also read,
 initializes the K centres as K independently seeded models and measures the distance on
 all parameters: ``init: random_centers`` with the default ``layers``.
 
 * ``layers`` (default null = every parameter): the distance of the E-step is computed on
-  the parameters whose names start with one of these prefixes. The authors' code measures
-  it on one layer's weights only; ``layers: [fc2]`` (or the name of any layer) does that.
+  the parameters whose names start with one of these prefixes (a name that matches no
+  parameter is a ConfigError). The authors' code measures it on the logits layer's
+  kernel only; ``layers: [head.weight]`` does that for every model of the zoo.
   Buffers (BatchNorm statistics) never enter the distance; they are averaged in the
   M-step like weights.
-* ``init`` (default ``random_assignment``, the authors' code): every client starts in a
-  centre drawn uniformly at random (seeded), all centres start from the run's shared
+* ``init`` (default ``random_assignment``, the authors' code in effect): every client
+  starts in a centre drawn uniformly at random (seeded), all centres start from the run's shared
   initial weights, and the first E-step runs after the first M-step has separated them
   (in round 1 all centres are equal and every distance ties). ``random_centers``: K
   centres initialized independently (the model's own initializer under K seeds), clients
@@ -41,7 +54,7 @@ all parameters: ``init: random_centers`` with the default ``layers``.
   configuration never re-clusters after the initial assignment; ``recluster: false``
   keeps the initial assignment (FeSEM is then K independent FedAvg groups).
 * ``weighting`` (default ``uniform``, the paper's M-step): the plain mean of the members;
-  ``samples`` weights members by their training samples.
+  ``samples`` weights members by their training samples, as the authors' code does.
 * ``personal`` (default ``center``): the personalized model evaluated for PM/PA is the
   client's centre as received this round; ``trained`` evaluates the client's model after
   its local training instead (the convention of FedAvg/FedProx rows in protofl's tables).

@@ -27,9 +27,8 @@ uniform(-0.01, 0.01) noise standing in for the clients' layers), all centres equ
 the initial model; and its shipped configuration never re-clusters
 (``update-center-every: 150`` with ``num-rounds: 60``). Where it re-clusters, its E-step
 is Lloyd's k-means over the clients' layer vectors with its own persistent centroids
-(initialized from the first K points; five Lloyd iterations at the first call, one
-at each later one), not the
-distance to the centre models. Its M-step under its configured ``mode: 'no_size'``
+(initialized from the first K points; five Lloyd iterations at the first call, one at
+each later one), not the distance to the centre models. Its M-step under its configured ``mode: 'no_size'``
 weights members by their sample counts (``update_model_wmode``). Each round every
 cluster trains only min(3, |C_k|) members drawn at random (``clients-per-round: 3``), and a
 cluster with at most one member is skipped. protofl keeps the paper's E-step (distance

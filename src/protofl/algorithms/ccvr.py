@@ -30,7 +30,7 @@ Defaults and sources: the paper's text was not at hand when this was written (it
 numbers are not cited; the formulas above are the pooled mean and covariance it uses); the
 statistics and the re-training follow the paper's description as implemented by FL-bench
 and fluke. Defaults: M_c = 1000 and lr 0.01 are the values of fluke's example
-configuration (configs/ccvr.yaml; fluke's code defaults are M_c = 100, lr 0.1, batch 64;
+configuration (its ccvr.yaml; fluke's code defaults are M_c = 100, lr 0.1, batch 64;
 FL-bench uses M_c = 200 and the run's lr and batch size); one epoch of SGD from the
 global classifier (both re-train one epoch from it); the batch of 32 is protofl's own
 choice (fluke's configuration: 10).
@@ -65,9 +65,9 @@ from .fedavg import FedAvg, FedAvgHyper
 
 @dataclass
 class CCVRHyper(FedAvgHyper):
-    num_virtual: int = 1000  # M_c, virtual features per class (fluke's configs/ccvr.yaml)
+    num_virtual: int = 1000  # M_c, virtual features per class (fluke's example ccvr.yaml)
     calibration_epochs: int = 1
-    calibration_lr: float = 0.01  # fluke's configs/ccvr.yaml
+    calibration_lr: float = 0.01  # fluke's example ccvr.yaml
     calibration_batch: int = 32  # protofl's choice
 
     def validate(self, section: str) -> None:

@@ -199,7 +199,7 @@ def test_heterogeneous_cnn_mnist_18_20_22_three_rounds(tmp_path):
     })
     sim, res, seen = record_run(cfg, tmp_path / "r")
     assert res.summary["status"] == "complete" and len(res.rows) == 3
-    channels = {cid: state.weights["body.0.weight"].shape[0] for _, cid, _, _, state in seen}
+    channels = {cid: state.weights["body.3.weight"].shape[0] for _, cid, _, _, state in seen}  # the second conv
     assert channels == {0: 18, 1: 18, 2: 20, 3: 20, 4: 22, 5: 22}
     for _, _, msg, rep, _ in seen:
         assert rep.arrays["protos"].shape[1] == 50  # feature dim shared by all architectures

@@ -103,10 +103,15 @@ def test_cnn_mnist_heterogeneous_channels():
         assert model.head.in_features == 50
         counts.add(num_params(model))
     assert len(counts) == 3
-    # the flatten is 20 * 4 * 4 = 320 whatever the first conv's width
-    fc1 = [m for m in build_model("cnn_mnist", (1, 28, 28), 10).body
-           if isinstance(m, torch.nn.Linear)][0]
-    assert fc1.in_features == 320
+    # the authors' CNNMnist: conv1 10 channels, conv2 `channels` wide, fc1 takes 320 / 20 * channels
+    for ch in (18, 20, 22):
+        model = build_model("cnn_mnist", (1, 28, 28), 10, channels=ch)
+        conv1, conv2 = [m for m in model.body if isinstance(m, torch.nn.Conv2d)]
+        fc1 = [m for m in model.body if isinstance(m, torch.nn.Linear)][0]
+        assert (conv1.out_channels, conv2.in_channels, conv2.out_channels) == (10, 10, ch)
+        assert fc1.in_features == 320 // 20 * ch
+    # 260 + 5,020 + 16,050 + 510 = 21,840 parameters (the paper: about 21.5 thousand)
+    assert num_params(build_model("cnn_mnist", (1, 28, 28), 10)) == 21_840
 
 
 @pytest.mark.parametrize("name", ["conv2cifar", "cnn_mnist", "simple_cnn", "lenet5", "fedavg_cnn"])

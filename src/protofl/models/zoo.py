@@ -156,26 +156,29 @@ def cnn_cifar(input_shape: tuple, num_classes: int) -> FLModel:
 @MODELS.register("cnn_mnist")
 def cnn_mnist(input_shape: tuple, num_classes: int, channels: int = 20,
               dropout: float = 0.5) -> FLModel:
-    """FedProto's CNNMnist; ``channels`` (the first conv's width, 20 in the original) lets
-    model-heterogeneous clients use e.g. 18 / 20 / 22 while sharing feature_dim 50.
+    """FedProto's CNNMnist (the authors' lib/models/models.py); ``channels`` is the second
+    conv's width (their ``out_channels``, 20 by default), which their model-heterogeneous
+    runs set to 18 / 20 / 22 while every client keeps feature_dim 50.
 
-    body: Conv2d(C, channels, 5) -> MaxPool2d(2) -> ReLU -> Conv2d(channels, 20, 5) ->
-    Dropout2d(dropout) -> MaxPool2d(2) -> ReLU -> Flatten (320 for 1x28x28) ->
-    Linear(., 50) -> ReLU; feature_dim 50 (whatever ``channels`` is).
-    head: Linear(50, num_classes).
+    body: Conv2d(C, 10, 5) -> MaxPool2d(2) -> ReLU -> Conv2d(10, channels, 5) ->
+    Dropout2d(dropout) -> MaxPool2d(2) -> ReLU -> Flatten (16 * channels for 1x28x28,
+    their int(320 / 20 * out_channels)) -> Linear(., 50) -> ReLU; feature_dim 50.
+    head: Linear(50, num_classes). 21,840 parameters for 1x28x28 and 10 classes (the paper
+    says about 21.5 thousand).
 
     The original also applies ``F.dropout(p=0.5)`` to the 50-d features before fc2 (its
     prototypes are the features *before* that dropout). That dropout is left out: it would
     sit between body and head, which methods replace or fix. ``dropout=0`` also removes the
-    Dropout2d. Needs at least 16x16 inputs.
+    Dropout2d. Needs at least 16x16 inputs. (Until 2026-11-26 ``channels`` widened the
+    first conv and the second had 20 channels: 27,100 parameters.)
     """
     _positive("cnn_mnist", channels=channels)
     if not 0.0 <= dropout < 1.0:
         raise ValueError(f"model 'cnn_mnist': dropout must be in [0, 1); got {dropout!r}")
     c = _image_shape("cnn_mnist", input_shape)[0]
-    convs = [nn.Conv2d(c, channels, 5), nn.MaxPool2d(2), nn.ReLU(),
-             nn.Conv2d(channels, 20, 5), nn.Dropout2d(dropout), nn.MaxPool2d(2), nn.ReLU()]
-    flat = _flat_dim("cnn_mnist", input_shape, convs, 20)
+    convs = [nn.Conv2d(c, 10, 5), nn.MaxPool2d(2), nn.ReLU(),
+             nn.Conv2d(10, channels, 5), nn.Dropout2d(dropout), nn.MaxPool2d(2), nn.ReLU()]
+    flat = _flat_dim("cnn_mnist", input_shape, convs, channels)
     body = nn.Sequential(*convs, nn.Flatten(), nn.Linear(flat, 50), nn.ReLU())
     return FLModel(body, nn.Linear(50, num_classes), 50, num_classes, is_conv=True)
 

@@ -1,14 +1,17 @@
 """FedNH (Dai et al., AAAI 2023, "Tackling Data Heterogeneity in Federated Learning with
-Class Prototypes"), Algorithm 1, and FedUH (the uniform head, never updated): our ablation
-of eq. (4); the paper uses the uniform head (UH) only in its spiral figures, and its Table 1
-has no FedUH row.
+Class Prototypes"), Algorithm 1, and FedUH (the uniform head, never updated): implemented in
+the authors' code (src/flbase/strategies/FedUH.py: FedAvg with the fixed head and a
+learnable scale, the base class of their FedNHClient and FedNHServer), not reported in the
+paper: the paper uses the uniform head (UH) only in its spiral figures, and its Table 1 has
+no FedUH row.
 
     model: body f(theta; x) in R^d, L2-normalized; head W (C x d) of unit class prototypes;
            logits = s * W f(theta; x) / ||f(theta; x)||, s learnable (or fixed)
     init (problem 1): W = argmax_{||w_c|| = 1} min_{i != j} ||w_i - w_j||
            d >= C-1: the regular simplex; C > d+1: numerical (see protofl.nn.heads)
     server: send (theta_t, s_t, W_t) to the sampled clients S_t
-    client k: E epochs of SGD on theta and s only (W is fixed during local training), then
+    client k: E epochs of SGD on theta and s only on eq. (2), the local objective
+           (cross-entropy of s W f / ||f||; W is fixed during local training), then
            eq. (3): mu_{k,c} = (1/n_{k,c}) sum_{i: y_i = c} f(theta_k; x_i) / ||f(theta_k; x_i)||
            for every class c it owns; reply theta_k, s_k, mu_k (C x d) and n_k (C,)
     server: Algorithm 1, line 9: theta_{t+1}, s_{t+1} = 1/|S_t| sum_k (theta_k, s_k)  (uniform)
@@ -27,30 +30,41 @@ Hyper-parameters:
 * ``weighting`` (body aggregation): ``uniform`` (default) is Algorithm 1 line 9,
   1/|S_t| sum_k theta_k, and the authors' code; ``samples`` weights by n_k as FedAvg does
   (the two compared: benchmarks/history.md, section 4).
-* ``proto_weighting`` (alpha in eq. 4; the paper only says "some positive scalars"):
-  ``uniform`` (default) alpha_k = 1/|S_t| literally, so a class held by few of the sampled
-  clients moves less than one held by all; ``counts`` alpha_{k,c} = n_{k,c} / sum_j n_{j,c}
-  applied to the plain eq. (3) means; ``official`` the authors' server
-  (FedNH/src/flbase/strategies/FedNH.py): each client's class mean is renormalized,
-  mu_{k,c} / ||mu_{k,c}||, weighted by n_{k,c} / sum_j n_{j,c}, the weighted average is
-  renormalized, and only then enters the moving average (which is normalized again).
+* ``proto_weighting`` (alpha in eq. 4: "some positive scalars" in Section 3, set in
+  Appendix A.2: "The aggregation weight is set as alpha_k^t = 1/|S^t|", beside "we use
+  rho=0.9 for all tests"): ``uniform`` (default) is that choice, alpha_k = 1/|S_t|, so a
+  class held by few of the sampled clients moves less than one held by all; ``counts``
+  alpha_{k,c} = n_{k,c} / sum_j n_{j,c} applied to the plain eq. (3) means; ``official``
+  the authors' server (FedNH/src/flbase/strategies/FedNH.py): each client's class mean is
+  renormalized, mu_{k,c} / ||mu_{k,c}||, weighted by n_{k,c} / sum_j n_{j,c}, the weighted
+  average is renormalized, and only then enters the moving average (normalized again).
 * ``scale`` (initial value of s, or its value when ``learn_scale`` is false; the paper
   suggests s = 30 for a fixed scale), ``learn_scale`` (true).
 * ``projection`` (false): an optional linear layer + L2 normalization in front of the
   head (see ``protofl.nn.heads.ProjectionHead`` and FedGELA); off for FedNH because its
   head already normalizes the features and the paper's body has none.
 
-Choices where the paper is silent: the initial s is 1.0 (as in the authors' Conv2CifarNH);
-a client's mu_{k,c} is the plain mean of normalized features (eq. 3), not renormalized
-(``official`` renormalizes it).
+Choices where the paper is silent: the initial s is 1.0 (Appendix A.2 only makes s
+trainable). The authors' code starts s at 1.0 in Conv2CifarNH (their CIFAR model) but at
+20.0 in ResNetModNH (src/flbase/models/CNN.py, their TinyImageNet ResNet-18), and their
+MLPNH (the spiral's MLP) has no scale parameter (s = 1); with ``resnet18_gn``
+``algorithm.scale=20`` follows them. A client's mu_{k,c} is the plain mean of normalized
+features (eq. 3), not renormalized (``official`` renormalizes it).
 
 Deviations from the authors' released code (github.com/Yutong-Dai/FedNH):
-* init: their code substitutes ``torch.nn.init.orthogonal_`` (not maximally separated for
-  C > d, their issue #1); we solve problem (1).
+* init: their code substitutes ``torch.nn.init.orthogonal_`` for problem (1) (their issue
+  #1: the orthonormal basis "has the notion of uniformity but lacks the notion of maximum
+  separation"); this holds for every C: for C <= d the rows are orthonormal, all at
+  distance sqrt(2) = 1.414 where the simplex's are sqrt(2C/(C-1)) (1.491 at C = 10), and for
+  C > d orthogonal_ makes the columns orthonormal, so the rows are not even unit vectors.
+  We solve problem (1).
 * eq. (4): the default alpha is the paper's literal 1/|S_t|; ``proto_weighting: official``
   is their aggregation (above). ``counts`` alone does NOT reproduce it: it weights by the
   same class counts but averages the un-normalized means and skips the intermediate
   renormalization.
+* eq. (3): our means are over the client's un-augmented training inputs (as the paper
+  writes them); theirs are over their training loader, augmented (random crop and flip) on
+  CIFAR and TinyImageNet; this differs only under ``data.augment``.
 * their optional "adversarial" prototype aggregation (confidence-weighted) is not implemented.
 
 Under ``privacy.mode: prototype`` eq. (3)'s means and counts are released privately

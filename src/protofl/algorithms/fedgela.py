@@ -5,7 +5,8 @@ Partially Class-Disjoint Data"), and its ablation FedGE (global ETF, no local ad
            M = sqrt(C/(C-1)) U (I_C - 1 1^T / C), U^T U = I_C (d x C; every column has norm
            sqrt(E_W), any two columns have cosine -1/(C-1)); fixed for the whole run
     features: h = f(theta; x) / ||f(theta; x)||  (E_H = 1)
-    local adaptation: Phi_k = diag(Phi_{k,1}, ..., Phi_{k,C}), Phi_{k,c} = n_{k,c} / (n_k gamma),
+    local adaptation, eq. (4): W_k = Phi_k W = Phi_k sqrt(E_W) M with
+           Phi_k = diag(Phi_{k,1}, ..., Phi_{k,C}), Phi_{k,c} = n_{k,c} / (n_k gamma),
            scaling the ETF column of class c; gamma = 1/C by default, so that
            sum_k (n_k / n) Phi_k = I when the global data is balanced
     client k, eq. (5): E epochs of SGD on the backbone theta only, minimizing
@@ -20,19 +21,24 @@ Partially Class-Disjoint Data"), and its ablation FedGE (global ETF, no local ad
 
 Hyper-parameters:
 * ``E_W`` (squared norm of each ETF column, W = sqrt(E_W) M, Algorithm 1): the paper tunes
-  log10 E_W over 3..6 (Fig. 4: E_W = 10^3 .. 10^6) with unit features (E_H = 1, section
-  5.1). Default 10^3, the low end of that range. The logits then lie in
+  it with unit features (E_H = 1, section 5.1); its text says "As shown in Figure 4, from a
+  large range from 10e3 to 10e6 of E_W, our method achieves bilateral improvement" (Fig. 4's
+  x axis is log E_W). Read literally, 10e3 .. 10e6 is 10^4 .. 10^7; we read it as
+  10^3 .. 10^6, taking 10eN for 10^N (the figure itself is not in the text copy we read).
+  Default 10^3, the low end of that range. The logits then lie in
   [-sqrt(E_W), sqrt(E_W)] = [-31.6, 31.6] (times Phi).
 * ``clip_grad`` (20): local gradient-norm clip, the authors' ``clip_grad_norm_(max_norm=20)``;
   null = the engine's ``training.clip_grad``. Logits of scale sqrt(E_W) give large
   gradients early in training; the clip keeps E_W = 10^3 stable at lr 0.01.
 * ``projection`` (false): a linear layer d -> d appended to the backbone, whose signed
-  output the head normalizes (h = f / ||f||) before the ETF: the authors' models feed the
-  ETF "a projection layer" (Appendix C: one FC layer, 84-d for CIFAR-10). Our bodies end in
-  a ReLU, so every feature lies in the non-negative orthant: a non-negative unit feature
-  reaches cosine at most ||W_c^+|| / ||W_c|| with an ETF direction W_c (W_c^+ its positive
-  part; about 0.7 for the randomly rotated ETF in 128 dimensions), so no feature can point
-  at its class's direction; the projection makes the features signed. Off by default:
+  output the head normalizes (h = f / ||f||) before the ETF: the paper's models feed the
+  ETF "one layer of FC as the projection layer" (Appendix C: 84-d for SVHN and CIFAR-10,
+  512-d for CIFAR-100); the authors' code has a Linear-ReLU-Linear encoder instead
+  (model.py, model_cifar; out_dim 512 for CIFAR-10). Our bodies end in a ReLU, so every
+  feature lies in the non-negative orthant: a non-negative unit feature reaches cosine at
+  most ||W_c^+|| / ||W_c|| with an ETF direction W_c (W_c^+ its positive part; about 0.7
+  for the randomly rotated ETF in 128 dimensions), so no feature can point at its class's
+  direction; the projection makes the features signed. Off by default:
   the ETF sits directly on the (normalized) ReLU features.
 * ``gamma`` (null = 1/C), ``weighting`` (backbone aggregation: "samples" as in the paper,
   or "uniform").
@@ -53,12 +59,19 @@ Deviations from the authors' released code (github.com/MediaBrain-SJTU/FedGELA),
 not run as released (undefined names; an ETF width hard-coded per dataset, 84 for CIFAR-10,
 that mismatches the feature width of its default model):
 * their "E_W" is a temperature dividing the logits (the code's default 0.2; their README
-  runs ``--temperature=0.00001``, i.e. logits x 10^5) of the projection layer's output times
-  an ETF of unit columns; we follow the paper: unit features and an ETF of column norm
-  sqrt(E_W).
+  runs ``--temperature=0.00001``, i.e. logits x 10^5); the logits are an ETF of unit
+  columns times ``out_g``, the third output of model_cifar, ``self.proxy(x)`` on the
+  encoder's output x. For ``--proxy etf`` (FedGELA.py's default, and their README's)
+  model.py's ``proxies`` makes that a BatchNorm1d, so the features are un-normalized
+  BatchNorm outputs; this is inferred from the source, not run: model.py also star-imports
+  a ``get_proxy`` module the repository lacks. We follow the paper: unit features and an
+  ETF of column norm sqrt(E_W).
 * their local loss takes the softmax over all C classes (absent classes with logit 0); we
   follow eq. (5), the softmax over the client's classes C_k.
-* their ETF is drawn from numpy's global RNG; ours is seeded per run (same in every process).
+* their ETF is drawn from numpy's global RNG after ``set_seed`` seeded it with the run's
+  ``init_seed`` (and after the partitioning's draws); ours comes from a generator of its
+  own, seeded from the run's seed, the same in every process. Both are fixed by the seed,
+  with different draws.
 * their aggregation weights are the number of local batches; ours the number of samples.
 """
 from __future__ import annotations
@@ -78,7 +91,7 @@ from .base import ClientResult, GlobalModel, register, WeightsState
 from .serveropt import ServerOptHyper
 
 
-E_W_DEFAULT = 1000.0  # the low end of the paper's sweep (Fig. 4: 10^3 .. 10^6); see the docstring
+E_W_DEFAULT = 1000.0  # the low end of the paper's sweep (read as 10^3 .. 10^6); see the docstring
 PROJECTION_DEFAULT = False  # off: see the docstring and benchmarks/history.md, section 4
 CLIP_DEFAULT: Optional[float] = 20.0  # the authors' clip_grad_norm_(max_norm=20)
 

@@ -112,10 +112,71 @@ def test_aggregate_weights_like_fedavg_and_builds_the_pool():
                (1, rep([0.0, 4.0], 30, [[0.0, 1.0]], [1]))]
     new = algo.aggregate(state, 1, replies, None)
     torch.testing.assert_close(new.weights["w"], torch.tensor([0.25, 3.0]))  # (10 w0 + 30 w1) / 40
-    # class 0: two k-means prototypes; class 1: one, padded with itself; class 2 kept from before
-    assert new.labels.tolist() == [0, 0, 1, 1, 2]
-    torch.testing.assert_close(new.pool, torch.tensor([[1.0, 0.0], [3.0, 0.0], [0.0, 1.0], [0.0, 1.0], [9.0, 9.0]]))
+    # eq. (10): every arriving client gets K = 2 prototypes of every class some client sent.
+    # class 0: client 0's two, then client 1 (no class 0): 2 x U_bar_0 = mean((1,0), (3,0)) = (2,0);
+    # class 1: client 0 (no class 1): 2 x U_bar_1 = (0,1), client 1's one padded with (0,1);
+    # class 2: nobody sent it, kept from before
+    assert new.labels.tolist() == [0, 0, 0, 0, 1, 1, 1, 1, 2]
+    torch.testing.assert_close(new.pool, torch.tensor([[1.0, 0.0], [3.0, 0.0], [2.0, 0.0], [2.0, 0.0],
+                                                       [0.0, 1.0], [0.0, 1.0], [0.0, 1.0], [0.0, 1.0],
+                                                       [9.0, 9.0]]))
     assert algo.aggregate(state, 1, [], None) is state
+
+
+def rep_protos(protos, labels, d=2):
+    return Record(weights={"w": torch.zeros(2)}, num_samples=10,
+                  arrays={"protos": torch.tensor(protos).reshape(-1, d), "labels": torch.tensor(labels, dtype=torch.int64)})
+
+
+# client 0 sends class 0: (4,0); client 1 sends class 1: (0,2), (2,6). U_bar_0 = (4,0), U_bar_1 = (1,4)
+FILL_CASES = {
+    # K = 3: each client's group of each class has 3 rows
+    "mpfedcl": (MPFedCL(MPFedCLHyper(k=3), INFO),
+                [0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1],
+                [[4, 0], [4, 0], [4, 0],  # class 0, client 0: its own, padded with U_bar_0
+                 [4, 0], [4, 0], [4, 0],  # class 0, client 1 (none): 3 x U_bar_0
+                 [1, 4], [1, 4], [1, 4],  # class 1, client 0 (none): 3 x U_bar_1
+                 [0, 2], [2, 6], [1, 4]]),  # class 1, client 1: its own two, padded
+    # DP-FedCL: each class's groups padded to the class's largest group (class 0: 1, class 1: 2)
+    "dpfedcl": (DPFedCL(DPFedCL.Hyper(), INFO),
+                [0, 0, 1, 1, 1, 1],
+                [[4, 0], [4, 0], [1, 4], [1, 4], [0, 2], [2, 6]]),
+}
+
+
+@pytest.mark.parametrize("case", sorted(FILL_CASES))
+def test_aggregate_fills_a_missing_class_with_copies_of_the_pool_mean_eq10(case):
+    """Eq. (10): a client without class j gets the pool average U_bar_j in all its slots."""
+    algo, labels, pool = FILL_CASES[case]
+    state = PoolState({"w": torch.zeros(2)}, torch.zeros(0, 2), torch.zeros(0, dtype=torch.int64))
+    replies = [(0, rep_protos([[4.0, 0.0]], [0])), (1, rep_protos([[0.0, 2.0], [2.0, 6.0]], [1, 1]))]
+    new = algo.aggregate(state, 1, replies, None)
+    assert new.labels.tolist() == labels
+    torch.testing.assert_close(new.pool, torch.tensor(pool, dtype=torch.float32))
+
+
+def test_spfedcl_missing_class_gets_one_copy_of_the_class_mean():
+    algo = SPFedCL(SPFedCL.Hyper(), INFO)
+    state = PoolState({"w": torch.zeros(2)}, torch.zeros(0, 2), torch.zeros(0, dtype=torch.int64))
+    replies = [(0, rep_protos([[4.0, 0.0], [1.0, 1.0]], [0, 2])), (1, rep_protos([[0.0, 2.0], [3.0, 3.0]], [1, 2]))]
+    new = algo.aggregate(state, 1, replies, None)
+    assert new.labels.tolist() == [0, 0, 1, 1, 2, 2]
+    torch.testing.assert_close(new.pool, torch.tensor([[4.0, 0.0], [4.0, 0.0], [0.0, 2.0], [0.0, 2.0],
+                                                       [1.0, 1.0], [3.0, 3.0]]))
+
+
+def test_check_reply_requires_protos_and_labels():
+    algo = MPFedCL(MPFedCLHyper(k=2), INFO)
+    good = rep_protos([[1.0, 0.0]], [0])
+    assert algo.check_reply(good, None) is None
+    assert algo.check_reply(rep_protos([], []), None) is None  # a client without data: 0 rows
+    for drop in ("protos", "labels"):
+        r = Record(weights=good.weights, num_samples=10, arrays={k: v for k, v in good.arrays.items() if k != drop})
+        assert "must carry the arrays 'protos' and 'labels'" in algo.check_reply(r, None)
+    r = Record(weights=good.weights, num_samples=10, arrays={"protos": good.arrays["protos"], "labels": torch.tensor(0)})
+    assert "expected (m,)" in algo.check_reply(r, None)
+    r = Record(weights=good.weights, num_samples=10, arrays={"protos": torch.zeros(2, 2), "labels": torch.tensor([0])})
+    assert "shape" in algo.check_reply(r, None)
 
 
 # ---------------------------------------------------------------------------------------

@@ -10,13 +10,14 @@ single-prototype (SP-FedCL) and DBSCAN (DP-FedCL) variants.
         reply w_i, its prototypes, its sample count
     server:
         w_{t+1} = sum_i n_i / n * w_i                           (FedAvg, Algorithm 1 line 9)
-        U_j = all clients' prototypes of class j (eq. 8), each client's group padded to K
-              with the pool average U_bar_j (eq. 9)                                eq. (10)
+        U_j = all clients' prototypes of class j (eq. 8), each arriving client's group padded
+              to K with the pool average U_bar_j (eq. 9); a client without class j
+              gets K copies of U_bar_j                                             eq. (10)
     inference (Algorithm 2): y_hat = argmin_j min_{u in U_j} ||f(x) - u||_2          eq. (13)
 
 No official code exists; every choice is listed here. Re-checked against the paper's text
-(section IV-B/C, Algorithms 1-2, Table III), the points it leaves open or states
-ambiguously:
+(section IV-A/B/C, Algorithms 1-2, Table IV), the points it leaves open or states
+ambiguously, and where protofl departs from it:
 
 * Eq. (12) is the plain sum L_S + L_R; ``lam`` = 1 reproduces it (an extension).
 * Eq. (11) as printed: -1/(KN) sum_i sum_k 1/|P(y)| sum_{p in P(y)} log [exp(v_i . u_p^k / tau)
@@ -26,16 +27,27 @@ ambiguously:
   its class's prototypes, push the others away) and supervised contrastive learning
   [65]; we read P(y) as the prototypes of class y. The printed denominator pairs the k-th
   prototype of every class; the pool holds a variable number of prototypes per class
-  (all clients' K each), so ours runs over all pool prototypes. tau = 0.07 (Table III).
+  (all clients' K each), so ours runs over all pool prototypes. tau = 0.07 (Table IV).
+* Eq. (11)'s similarity: "the • symbol denotes the inner (dot) product" of the raw
+  embedding and prototype. protofl departs from this: it uses the cosine (the dot
+  product of the L2-normalized vectors) divided by tau, the supervised-contrastive form
+  of [65] (whose temperatures, 0.07 among them, are set for unit vectors); with a raw
+  dot product the scale of the logits would follow the feature norms, which nothing
+  bounds.
 * Eq. (10) conditions on the count |u_{i,j}| < K and says "replacing u_{i,j}^k with the
   averaged prototype" for each k; read literally, a client with fewer than K prototypes
   of class j would send K copies of U_bar_j and lose its own. We read it as padding, as
   the text around it says ("ensures that each client has K prototypes for each class"):
-  the client's own prototypes stay and only the missing slots take U_bar_j. The text
-  also says the pool "fill[s] in the missing classes"; the pool of a class nobody holds
-  cannot be filled from U_bar_j (it has no prototypes), so clients without class j add
-  nothing to U_j (copies of U_bar_j would not change eq. 13's minimum distance when
-  U_bar_j is already in the pool).
+  the client's own prototypes stay and only the missing slots take U_bar_j. A client
+  without class j has |u_{i,j}| = 0 < K and gets K copies of U_bar_j, as eq. (10) and
+  its text state: "some clients' classes may be missing ... the global prototype pool can
+  be utilized to fill in the missing classes", "each client is guaranteed to have a
+  consistent and balanced set of prototypes for all classes, regardless of their
+  respective data distribution". (protofl used to leave such clients out of U_j; the
+  copies change the pool whenever a class is missing somewhere: they weight U_bar_j in
+  L_R's positives and denominator, and U_bar_j can be nearer than every sent prototype
+  in eq. 13.) A class that no arriving client holds has no U_bar_j and keeps its
+  previous pool prototypes.
 * Eq. (9) averages "the N_i instances belonging to U_j": the mean over the pool set of
   class j before padding, i.e. over all prototypes of class j that arrived this round.
 * SP-FedCL (single prototype) and DP-FedCL (DBSCAN, section V-D) are described in one
@@ -52,14 +64,23 @@ ambiguously:
 * Prototypes are computed after local training from the embeddings of the client's whole
   training set in eval mode (``ctx.features``), in the raw (unnormalized) feature space;
   inference eq. (13) uses the raw L2 distance to them.
-* k-means (eq. 7's "Clustering"): scikit-learn's Lloyd with greedy k-means++ seeding and
-  ``n_init`` restarts on one thread, seeded from the (round, client, class) stream
-  ``ctx.rng("kmeans", j)`` (:func:`protofl.nn.clustering.kmeans`); a class with fewer
+* k-means (eq. 7's "Clustering"): section IV-A says "we also randomly select the k
+  centroids in the first iteration ... and repeat this process until the centroid does
+  not change or changes only slightly" (random initial centroids, one run). protofl
+  departs from this: scikit-learn's Lloyd with greedy k-means++ seeding and ``n_init``
+  = 5 restarts (lowest inertia wins), at most ``max_iter`` = 100 iterations each, on one
+  thread, seeded from the (round, client, class) stream ``ctx.rng("kmeans", j)``
+  (:func:`protofl.nn.clustering.kmeans`). Why: a single random start can land in a poor
+  local optimum (two centroids in one cluster), which makes the prototypes depend on
+  the draw more than on the data; k-means++ with restarts gives the clustering the
+  paper's "converge to at least a local optimum" aims at more reliably. ``n_init: 1``
+  comes closest to the paper's single run (still k-means++ seeded). A class with fewer
   than K distinct samples yields its distinct embeddings (fewer than K prototypes).
 * Padding eq. (10): U_bar_j is the mean of all prototypes of class j in the round's
-  replies; every client's group of class j is padded with it to K rows (k-means and
-  SP-FedCL; for DP-FedCL, which has no K, to the largest group of that class). Clients
-  without class j add nothing to U_j.
+  replies; every arriving client's group of class j is padded with it to K rows (k-means
+  and SP-FedCL; for DP-FedCL, which has no K, to the largest group of that class), a
+  client without class j from an empty group, i.e. K copies of U_bar_j (DP-FedCL: as
+  many as the class's largest group).
 * The pool is rebuilt each round from the replies that arrived; a class that no
   arriving client holds keeps its previous pool prototypes.
 * Predictors: personalized = the client's model after local training with the pool it
@@ -203,8 +224,14 @@ class MPFedCL(FedAvg):
 
     # -- server ------------------------------------------------------------------------------
     def check_reply(self, reply: Record, sent: Record) -> Optional[str]:
-        n = len(reply.arrays.get("labels", ()))
-        return (expect_shapes(reply, protos=(n, self.info.feature_dim), labels=(n,))
+        # every reply carries both arrays (a client without data: 0 rows of each); aggregate reads them
+        protos, labels = reply.arrays.get("protos"), reply.arrays.get("labels")
+        if not (isinstance(protos, torch.Tensor) and isinstance(labels, torch.Tensor)):
+            return "the reply must carry the arrays 'protos' and 'labels'"
+        if labels.dim() != 1:
+            return f"array 'labels' has shape {tuple(labels.shape)}, expected (m,)"
+        n = len(labels)
+        return (expect_shapes(reply, protos=(n, self.info.feature_dim))
                 or expect_indices(reply, "labels", self.info.num_classes))
 
     def server_init(self, ctx) -> PoolState:
@@ -218,11 +245,15 @@ class MPFedCL(FedAvg):
         if not replies:
             return state
         new = super().aggregate(state, rnd, replies, ctx)  # FedAvg, Algorithm 1 line 9
-        groups: dict[int, list[torch.Tensor]] = {}
+        # eq. (10): every arriving client has a group of every class that some arriving client
+        # holds; a client without class j contributes an empty group, which pad_groups fills
+        # with U_bar_j (K copies; DP-FedCL: as many as the class's largest group)
+        held = torch.unique(torch.cat([r.arrays["labels"].cpu() for _, r in replies])).tolist()
+        groups: dict[int, list[torch.Tensor]] = {j: [] for j in held}
         for _, r in replies:  # client-id order
             protos, labels = r.arrays["protos"].detach().cpu().float(), r.arrays["labels"].cpu()
-            for j in labels.unique().tolist():
-                groups.setdefault(int(j), []).append(protos[labels == j])
+            for j in held:
+                groups[j].append(protos[labels == j])
         pool, labels = build_pool(groups, self.pad_size(), self.info.feature_dim)
         # classes nobody held this round keep their previous pool prototypes
         keep = ~torch.isin(state.labels, labels)

@@ -8,6 +8,8 @@ the other classes; the denominator runs over the whole pool A:
     L_i  = -1/|P(i)| * sum_{p in P(i)} log( exp(s_ip) / sum_{a in A} exp(s_ia) )
 
 (``positives="mean_log"``, the supervised-contrastive form of Khosla et al., 2020). The
+cosine departs from MP-FedCL's text, whose eq. (11) takes "the inner (dot) product" of
+the raw vectors (mpfedcl.py says why). The
 alternative ``positives="log_sum"`` puts the positives inside one log,
 ``L_i = -log( sum_{p in P(i)} exp(s_ip) / sum_{a in A} exp(s_ia) )`` (as in FPL, Huang et
 al., 2023). The loss is the mean of L_i over the samples that have at least one

@@ -176,12 +176,36 @@ def test_aggregation_of_weights_and_prototypes():
     srv = FakeServer()
     new = rebafl().aggregate(old, 1, replies, srv)
     assert torch.allclose(new.weights["a"], torch.tensor([0.2, 0.8]))  # n_k weighted
-    # class 0: (1 * [1, 1] + 3 * [3, 5]) / 4; class 1 only from client 1; class 2 kept
-    assert torch.allclose(new.prototypes, torch.tensor([[2.5, 4.0], [2.0, 2.0], [9.0, 9.0]]))
-    assert new.counts.tolist() == [4, 1, 4]
+    # eq. 23 over the arriving clients: class 0: (1 * [1, 1] + 3 * [3, 5]) / 4; class 1 only
+    # from client 1; class 2 (nobody sent it): no global prototype, as in the paper and the code
+    assert torch.allclose(new.prototypes, torch.tensor([[2.5, 4.0], [2.0, 2.0], [0.0, 0.0]]))
+    assert new.counts.tolist() == [4, 1, 0]
     assert srv.logs == {}  # eq. (24) is logged by the engine for every method (test_engine.py)
-    dropped = rebafl(prototype_memory=False).aggregate(old, 1, replies, FakeServer())
-    assert torch.allclose(dropped.prototypes[2], torch.zeros(2)) and dropped.counts.tolist() == [4, 1, 0]
+    kept = rebafl(prototype_memory=True).aggregate(old, 1, replies, FakeServer())  # the option: class 2 kept
+    assert torch.allclose(kept.prototypes, torch.tensor([[2.5, 4.0], [2.0, 2.0], [9.0, 9.0]]))
+    assert kept.counts.tolist() == [4, 1, 4]
+
+
+def test_prototype_memory_is_off_by_default_and_in_the_fingerprint():
+    from protofl.config import from_dict
+
+    assert ReBaFLHyper().prototype_memory is False
+    base = {"data": {"name": "digits"}, "model": {"name": "mlp"}}
+    fp = {v: from_dict({**base, "algorithm": {"name": "rebafl", "prototype_memory": v}}).fingerprint()
+          for v in (True, False)}
+    assert fp[True] != fp[False]  # a run made with the old default is never taken for a new one
+    assert from_dict({**base, "algorithm": {"name": "rebafl"}}).fingerprint() == fp[False]
+
+
+def test_check_reply_requires_proto_and_counts():
+    algo = rebafl()
+    good = reply([1.0, 0.0], [[1.0, 1.0]] * C, [1] + [0] * (C - 1), 1)
+    assert algo.check_reply(good, None) is None
+    for drop in ("proto", "counts"):
+        r = Record(weights=good.weights, num_samples=1, arrays={k: v for k, v in good.arrays.items() if k != drop})
+        assert "must carry the arrays 'proto' and 'counts'" in algo.check_reply(r, None)
+    # without the augmentation (ablation "R-BSM only") the clients send no prototypes
+    assert rebafl(faug=False).check_reply(Record(weights=good.weights, num_samples=1), None) is None
 
 
 def test_nobody_arrived_keeps_the_state_and_logs_nothing():

@@ -39,22 +39,39 @@ Details:
   the label set "until the mini-batch features are all utilized" (section 4.2), and the
   prior of the augmented features is recomputed from their labels (section 4.3).
 
-Deviations from the paper or the authors' released code (github.com/JianXu95/ReBaFL):
-* The code computes prototypes in a separate projection space (``model.reshape``,
-  L2-normalized) but feeds augmented prototypes to the head, which consumes another
-  space; here both are the body output.
+Deviations from the paper or the authors' released code (github.com/JianXu95/ReBaFL,
+methods/rebafl.py, tools.py, models/cnn.py):
+* Eq. (18) and eq. (15) follow the paper. The code computes the client's own prototypes
+  before training (``local_protos1 = self.get_local_protos()``) but never uses them (the
+  line ``# global_protos = local_protos1`` is commented out), so eq. (18) is not in it;
+  its augmentation is ``global_protos[y] - global_protos[yi] + feature``, i.e. with the
+  *global* prototype of the sample's class as p_i, and it augments a sample only when
+  both its class and the target class have a global prototype.
+* The code computes prototypes in another space than the head's input but feeds the
+  augmented features to the head: for CNN_FMNIST (its Fashion-MNIST model) the
+  L2-normalized output of a linear ``reshape`` layer, for CifarCNN the output of an
+  unnormalized projection MLP (``proj``: linear, ReLU, linear). Here both are the body
+  output.
 * ``mu_aug``: the paper uses 0.1, the code's default (``--lam``) is 0.5.
-* Targets: the code uses j = i mod C and leaves a sample unchanged (label i) when class
-  j has no prototype; here j cycles over the classes that have one.
+* Targets: the code uses j = i mod C and leaves a sample unchanged (its own label) when
+  class j or the sample's class has no global prototype; here j cycles over the classes
+  that have a prototype (the client's own, eq. 18, and the received global ones).
 * Single-class clients: the code turns the augmentation off for them (lam = 0 when the
   client holds one class) and leaves out their prototypes on the server; here they
   augment and send prototypes like every client.
-* ``prototype_memory`` (default on): a class that no arriving client holds keeps its last
-  global prototype; eq. 23 defines none for it and the code drops it. Under strong
-  dropout (p = 0.1, about two arrivals per round) that would leave most classes without
-  a target. ``prototype_memory: false`` matches the code.
-* Missing classes with eps = 0 get log pi = -inf (exactly out of the softmax) instead of
-  the code's pi + 1e-8.
+* ``prototype_memory`` (default off, as in the paper and the code): the global prototypes
+  are aggregated over the arriving clients only (eqs. 22-23, Algorithm 1 lines 7-9), so a
+  class that no arriving client holds has none that round. The paper expects this
+  ("the global prototypes might not contain all classes, therefore we only augment those
+  available classes"; eq. 18 is "designed mainly in consideration of the possible missing
+  prototypes from previous round"), and the code drops such a class (the server calls
+  ``tools.protos_aggregation`` without the old prototypes; ``update_local_model`` replaces
+  the client's dictionary). ``prototype_memory: true`` keeps a class's last global
+  prototype instead (an extension: under strong dropout, p = 0.1 and about two arrivals
+  a round, most classes would otherwise have no target). It was the default before.
+* Missing classes with eps = 0 get log pi = -inf, exactly out of the softmax. The code
+  computes the softmax as pi exp(z) / (sum_j pi_j exp(z_j) + 1e-8): the 1e-8 is in the
+  denominator, and a class with pi = 0 is out of it exactly as well.
 
 Under ``privacy.mode: prototype`` the reply's prototypes and counts (eq. 23's inputs) are
 released privately (:func:`protofl.nn.privacy.release_class_means`, one release a round);
@@ -86,7 +103,7 @@ class ReBaFLHyper(FedAvgHyper):
     lam: float = 1.0  # eq. 15 scale of the transferred intra-class variation
     rbsm: bool = True  # relaxed balanced softmax; false = plain softmax (ablation "F-Aug only")
     faug: bool = True  # prototype feature augmentation; false = ablation "R-BSM only"
-    prototype_memory: bool = True  # keep the last global prototype of classes nobody sent
+    prototype_memory: bool = False  # true: keep the last global prototype of classes nobody sent
 
     def validate(self, section: str) -> None:
         require(0.0 <= self.epsilon <= 1.0, f"{section}.epsilon", self.epsilon, "must be in [0, 1]")
@@ -153,6 +170,8 @@ class ReBaFL(FedAvg):
 
     def check_reply(self, reply: Record, sent: Record) -> Optional[str]:
         C, d = self.info.num_classes, self.info.feature_dim
+        if self.hp.faug and not all(isinstance(reply.arrays.get(k), torch.Tensor) for k in ("proto", "counts")):
+            return "the reply must carry the arrays 'proto' and 'counts'"  # eq. 23 reads them
         return expect_shapes(reply, proto=(C, d), counts=(C,))
 
     def aggregate(self, state: ReBaFLState, rnd, replies, ctx) -> ReBaFLState:

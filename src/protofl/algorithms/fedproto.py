@@ -16,12 +16,16 @@ channels).
     inference: y_hat = argmin_j ||f_i(x) - C_bar^(j)||_2 over the classes with a global
         prototype (no knowledge of the client's label set), and the local classifier.
 
-Choices and deviations (paper = the AAAI text; code = the authors' release,
-github.com/yuetan031/FedProto, lib/update.py and lib/utils.py, which was read for this
-module; the remarks on the paper's wording could not be re-checked against its text):
+Choices and deviations (paper = the AAAI text, read for this module; code = the
+authors' release, github.com/yuetan031/FedProto, exps/federated_main.py, lib/update.py
+and lib/utils.py, also read):
 
-* L_R (``distance``): the paper calls it an L2 distance between embedding and global
-  prototype without fixing the scale. ``mse`` (default) is what the code computes, the
+* L_R (``distance``): the paper writes L_R = sum_j d(C_i^(j), C_bar_i^(j)) between the
+  client's local and the global prototypes, "a regularization term that measures the
+  distance (we use L2 distance)", and says d "can take a variety of forms, such as L1
+  distance, L2 distance, and earth mover's distance", without fixing the scale. The code
+  (and protofl) apply it per sample, between the embedding f(x) and the global prototype
+  of its class. ``mse`` (default) is what the code computes, the
   loss its README's lambda values (--ld 1 for MNIST/FEMNIST, 0.1 for CIFAR-10) weight:
   the mean over the batch and the d dimensions of (f(x) - C_bar^(y))^2, i.e. the squared
   L2 distance divided by d, with samples without a global prototype counted as 0 in the
@@ -39,12 +43,20 @@ module; the remarks on the paper's wording could not be re-checked against its t
   over the clients holding the class (what the code does).
 * A class that no arriving client holds this round keeps its previous global prototype
   (with full participation, as in the paper, this never happens).
-* Inference uses all global prototypes; the authors' evaluation restricts the argmin to
-  the client's own classes (label knowledge) and accumulates its correct/total counters
-  across users, so later users' accuracy mixes in earlier users' samples. Neither is
-  copied: the engine evaluates each client on its own.
-* The nearest-prototype predictor of round r uses the prototypes the client received
-  (aggregated in round r - 1); in round 1 there are none and every score is -inf.
+* Inference: the primary predictor (``pa``) takes the argmin over all global prototypes,
+  as the paper's inference rule (argmin_j ||f(phi; x) - C^(j)||_2) does. The authors'
+  evaluation (test_inference_new_het_lt) restricts the argmin to the client's own
+  classes (label knowledge); protofl offers that rule as the ``own`` predictor
+  (``pa@own``). The code also accumulates its correct/total counters across users, so
+  later users' accuracy mixes in earlier users' samples; that is not copied: the engine
+  evaluates each client on its own.
+* The nearest-prototype predictors of round r use the prototypes the client received
+  (aggregated in round r - 1); in round 1 there are none and every score is -inf. So
+  the final evaluation (round T) uses the prototypes aggregated in round T - 1, whereas
+  the authors' final test uses those aggregated after the last round, from the same
+  final models it tests (exps/federated_main.py: ``proto_aggregation`` after the last
+  round, then ``test_inference_new_het_lt``): a difference from the authors'
+  evaluation.
 
 Messages (sparse: only the classes that have a prototype travel):
     server -> client: protos (m, d), classes (m,) int64, counts (m,) int64

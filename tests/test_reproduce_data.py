@@ -45,7 +45,9 @@ SUBSTITUTE_RUNS = {
     "fedproto-table1/cpu": "97803d3d7a1d", "fedproto-table1/paper": "1dd3fb252446",
     "mpfedcl-table5-domains/cpu": "cd2a128dbc28", "mpfedcl-table5-domains/paper": "14b49bccde92",
     "mpfedcl-table6/cpu": "f1f0df066d38", "mpfedcl-table6/paper": "9f5a55baeee6",
-    "rebafl-table1/cpu": "98f553313de8", "rebafl-table1/paper": "b601ce4bf732",
+    # ReBaFL's own rows were renamed on 2026-11-26, when prototype_memory's default became
+    # false (the paper's and the authors' code's); the baselines' folders are unchanged
+    "rebafl-table1/cpu": "7a4077e07f7f", "rebafl-table1/paper": "b7ae84c5c315",
 }
 
 

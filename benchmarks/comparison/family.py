@@ -302,8 +302,8 @@ def page(names: list[str], scale: str, done: dict[str, dict[str, list[Path]]], w
               "once as cores), without the first round; the metrics' `cpu_s`. Unlike wall clock it does "
               "not grow with whatever else the machine ran, though runs sharing the cores still slow each "
               "other somewhat (caches, memory bandwidth). A cell marked (wall) comes from runs made "
-              "before protofl recorded CPU time: its wall clock, which grew with the load of the sitting "
-              "it was made in (two methods doing the same work can differ there by a factor of a few). "
+              "before protofl recorded CPU time: its wall clock, which grew with whatever else the machine "
+              "ran while it was made (two methods doing the same work can differ there by a factor of a few). "
               "benchmarks/timing.md has controlled timings.", "",
               f"Wall time of this invocation: {wall / 60:.1f} min (finished runs are reused)."]
     return "\n".join(lines) + "\n"

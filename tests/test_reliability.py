@@ -339,6 +339,16 @@ def test_check_reply_size_bound_without_declared_names():
     assert check_reply(small, SENT, client_size=5, model_bytes=36, patterns=None) is None
 
 
+def test_expect_arrays_names_what_a_reply_lacks():
+    from protofl.messages import expect_arrays
+    full = Record(arrays={"a": torch.zeros(2), "b": torch.zeros(0), "g": {"w": torch.zeros(1)}})
+    assert expect_arrays(full, "a", "b") is None  # an empty array is present
+    assert expect_arrays(full, "c") == "the reply must carry the array 'c'"
+    assert expect_arrays(full, "a", "c") == "the reply must carry the arrays 'a' and 'c'"
+    # a group in an array's place is not the array
+    assert expect_arrays(full, "a", "b", "g") == "the reply must carry the arrays 'a', 'b' and 'g'"
+
+
 BAD = 3  # the client that misbehaves
 
 

@@ -106,6 +106,16 @@ class Record:
 
 
 # -- schema checks a method's ``check_reply`` uses ------------------------------------------
+def expect_arrays(reply: Record, *names: str) -> Optional[str]:
+    """For a method's ``check_reply``: each named array is present, as a tensor (the other
+    checks here skip an absent array, so a method whose aggregate reads it asks for it)."""
+    if all(isinstance(reply.arrays.get(n), torch.Tensor) for n in names):
+        return None
+    quoted = [repr(n) for n in names]
+    listed = quoted[0] if len(quoted) == 1 else ", ".join(quoted[:-1]) + " and " + quoted[-1]
+    return f"the reply must carry the array{'s' if len(names) > 1 else ''} {listed}"
+
+
 def expect_shapes(reply: Record, **shapes: tuple) -> Optional[str]:
     """For a method's ``check_reply``: each named array, when present, has this shape
     (``-1`` matches any size along that dimension)."""

@@ -69,7 +69,7 @@ import torch
 import torch.nn.functional as F
 
 from ..errors import require
-from ..messages import Record, expect_shapes
+from ..messages import Record, expect_arrays, expect_shapes
 from ..nn.prototypes import aggregate_prototypes, class_means
 from ..nn.qp import simplex_qp
 from .base import ClientResult, cross_entropy, register, reply_weight, WeightsState
@@ -150,8 +150,9 @@ class FedPAC(FedPer):
     def check_reply(self, reply: Record, sent: Record) -> Optional[str]:
         C, d = self.info.num_classes, self.info.feature_dim
         # every reply carries all five (class_means gives zero rows for the classes a client lacks)
-        if not all(isinstance(reply.arrays.get(k), torch.Tensor) for k in ("proto", "counts", "v", "h")):
-            return "the reply must carry the arrays 'proto', 'counts', 'v' and 'h'"
+        missing = expect_arrays(reply, "proto", "counts", "v", "h")
+        if missing:
+            return missing
         head = reply.arrays.get("head")
         if not isinstance(head, dict) or not head or not all(self.is_personal(k) for k in head):
             return "group 'head' must hold the classifier's entries (head.*)"

@@ -77,7 +77,7 @@ import torch
 import torch.nn.functional as F
 
 from ..errors import require
-from ..messages import Record, expect_indices, expect_shapes
+from ..messages import Record, expect_arrays, expect_indices, expect_shapes
 from ..nn.privacy import release_class_means
 from ..nn.prototypes import NearestPrototype, aggregate_prototypes
 from .base import Algorithm, ClientResult, cross_entropy, Diagnostics, register, weights_of
@@ -154,10 +154,10 @@ class FedProto(Algorithm, Diagnostics):
     def check_reply(self, reply: Record, sent: Record) -> Optional[str]:
         # every reply carries all three arrays (a client without data: m_i = 0 rows of each);
         # classes and counts are int64 (they index and fill dense()'s tables)
-        arrays = [reply.arrays.get(k) for k in ("protos", "classes", "counts")]
-        if not all(isinstance(t, torch.Tensor) for t in arrays):
-            return "the reply must carry the arrays 'protos', 'classes' and 'counts'"
-        _, classes, counts = arrays
+        missing = expect_arrays(reply, "protos", "classes", "counts")
+        if missing:
+            return missing
+        classes, counts = reply.arrays["classes"], reply.arrays["counts"]
         if classes.dtype != torch.int64 or counts.dtype != torch.int64:
             return "arrays 'classes' and 'counts' must be int64"
         if classes.dim() != 1:

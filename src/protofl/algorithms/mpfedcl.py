@@ -117,7 +117,7 @@ import torch
 import torch.nn.functional as F
 
 from ..errors import require
-from ..messages import Record, expect_indices, expect_shapes
+from ..messages import Record, expect_arrays, expect_indices, expect_shapes
 from ..nn.clustering import dbscan_centroids, kmeans, pad_groups
 from ..nn.contrastive import prototype_supcon_loss
 from ..nn.privacy import prototype_privacy, release_class_kmeans, release_class_means
@@ -225,9 +225,10 @@ class MPFedCL(FedAvg):
     # -- server ------------------------------------------------------------------------------
     def check_reply(self, reply: Record, sent: Record) -> Optional[str]:
         # every reply carries both arrays (a client without data: 0 rows of each); aggregate reads them
-        protos, labels = reply.arrays.get("protos"), reply.arrays.get("labels")
-        if not (isinstance(protos, torch.Tensor) and isinstance(labels, torch.Tensor)):
-            return "the reply must carry the arrays 'protos' and 'labels'"
+        missing = expect_arrays(reply, "protos", "labels")
+        if missing:
+            return missing
+        labels = reply.arrays["labels"]
         if labels.dim() != 1:
             return f"array 'labels' has shape {tuple(labels.shape)}, expected (m,)"
         n = len(labels)

@@ -88,7 +88,7 @@ import torch
 import torch.nn.functional as F
 
 from ..errors import require
-from ..messages import Record, expect_shapes
+from ..messages import Record, expect_arrays, expect_shapes
 from ..nn.losses import balanced_logits, label_counts, relaxed_prior
 from ..nn.privacy import release_class_means
 from ..nn.prototypes import aggregate_prototypes, class_means
@@ -170,9 +170,9 @@ class ReBaFL(FedAvg):
 
     def check_reply(self, reply: Record, sent: Record) -> Optional[str]:
         C, d = self.info.num_classes, self.info.feature_dim
-        if self.hp.faug and not all(isinstance(reply.arrays.get(k), torch.Tensor) for k in ("proto", "counts")):
-            return "the reply must carry the arrays 'proto' and 'counts'"  # eq. 23 reads them
-        return expect_shapes(reply, proto=(C, d), counts=(C,))
+        # with feature augmentation eq. (23) reads both arrays
+        return ((expect_arrays(reply, "proto", "counts") if self.hp.faug else None)
+                or expect_shapes(reply, proto=(C, d), counts=(C,)))
 
     def aggregate(self, state: ReBaFLState, rnd, replies, ctx) -> ReBaFLState:
         replies = [(cid, r) for cid, r in replies if reply_weight(r, self.hp.weighting) > 0]

@@ -602,10 +602,10 @@ class BatchedExecutor(Executor):
                         at = slice(g.start, g.start + G * g.b)
                         xb = apply(augmentation[0], xb.reshape(G * g.b, *xs.shape[1:]), drawn["offsets"][at],
                                    drawn["flips"][at], augmentation[2]).view(G, g.b, *xs.shape[1:])
+                    params = stack.views(part.params)  # the step's values (grad_fn reads them too)
                     with autocast(jobs[0].ctx.runtime.cfg.execution.precision, dev.type):
                         fn = step_fn[g.whole and g.b == B]
-                        grads, value = fn(stack.views(part.params), part.frozen, part.buffers, extras,
-                                          xb, ys[rows_g])
+                        grads, value = fn(params, part.frozen, part.buffers, extras, xb, ys[rows_g])
                     if settings.dp_clip is not None:  # DP-SGD: per-sample (G, b, ...) -> private (G, ...)
                         z = None if noise is None else torch.stack(
                             [torch.randn(part.params.shape[1], generator=noise[i], device=dev) for i in g.jobs])
@@ -613,7 +613,7 @@ class BatchedExecutor(Executor):
                                                                  settings.dp_noise, z)))
                         value = value.mean(1)
                     if grad_fn is not None:
-                        grads = grad_fn(grads, part.extras, stack.views(part.params))
+                        grads = grad_fn(grads, part.extras, params)
                     flat = torch.cat([grads[k].reshape(G, -1) for k in names], dim=1)  # (G, n)
                     optimizer_step([part.params], [flat], part.state, settings)
                     stack.commit(part, None if g.whole else slots)

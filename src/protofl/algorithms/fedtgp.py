@@ -146,8 +146,8 @@ class FedTGP(FedProto):
         P, y = P.to(dev), y.to(dev)
         centres, n = aggregate_prototypes(list(tables), list(counts), "uniform")  # Q^c
         delta = adaptive_margin(centres, n > 0, self.hp.tau)
+        ctx.log("tgp_margin", delta)
         if len(y) == 0:  # no arriving reply holds a class (empty clients, noisy counts rounded to 0)
-            ctx.log("tgp_margin", delta)
             return state  # no pair to train the TGP on: it and the global prototypes stay
 
         gen = self.tgp().to(dev)
@@ -164,7 +164,6 @@ class FedTGP(FedProto):
                 opt.zero_grad(set_to_none=True)
                 loss.backward()
                 opt.step()
-        ctx.log("tgp_margin", delta)
         if self.hp.server_epochs > 0:
             ctx.log("tgp_loss", float(loss.detach()))
         with torch.no_grad():

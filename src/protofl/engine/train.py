@@ -341,6 +341,9 @@ def fit(model: nn.Module, x: torch.Tensor, y: torch.Tensor, *, loss: LossFn, ext
     sizes = batch_sizes(n, settings.batch_size, total)
     plan = augment_plan(augment[0], total, settings.batch_size, augment[1]) if augment else None
     as_rows = [p.unsqueeze(0) for p in params]  # the live parameters as one row each
+    # what ``grad`` reads as the current values: detached views, which the optimizer's
+    # in-place steps keep current
+    values = {k: p.detach() for k, p in zip(names, params)}
     state = optimizer_state(settings, as_rows)
     model.train()
     loss_sum = torch.zeros((), dtype=torch.float64, device=y.device)  # no host sync per step
@@ -361,7 +364,7 @@ def fit(model: nn.Module, x: torch.Tensor, y: torch.Tensor, *, loss: LossFn, ext
             grads = [g[0] for g in private_gradient([g.unsqueeze(0) for g in per], settings.dp_clip,
                                                     settings.dp_noise, z)]
             if grad is not None:  # after the noise: a transform of the private gradient
-                new = grad(dict(zip(names, grads)), extras, {k: p.detach() for k, p in zip(names, params)})
+                new = grad(dict(zip(names, grads)), extras, values)
                 grads = [new[k] for k in names]
             optimizer_step(as_rows, [g.unsqueeze(0) for g in grads], state, settings)
             loss_sum += value.detach() * b
@@ -373,7 +376,7 @@ def fit(model: nn.Module, x: torch.Tensor, y: torch.Tensor, *, loss: LossFn, ext
         value.backward()
         if grad is not None:
             new = grad({k: torch.zeros_like(p) if p.grad is None else p.grad for k, p in zip(names, params)}, extras,
-                       {k: p.detach() for k, p in zip(names, params)})
+                       values)
             live = list(range(len(params)))
             grads = [new[k] for k in names]
         else:

@@ -467,8 +467,11 @@ def nway_kshot(
     Client i gets ``n_i = clip(round(N(ways, stdev)), 1, C)`` distinct classes chosen
     uniformly at random, and ``k_i = max(1, round(N(shots, stdev)))`` samples of each of
     them (one ``k_i`` per client, as FedProto's ``k_list``). The same ``stdev`` is used
-    for ways and shots, as in FedProto's code (which draws uniform integers in a
-    ``+-stdev`` window instead of a rounded normal: same mean, similar spread).
+    for ways and shots, as in FedProto's code. The paper says only "a random noise" with
+    that standard deviation; the rounded normal is one reading of it. The authors' code
+    draws uniform integers instead: ``n_i`` from ``max(2, ways - stdev)`` to
+    ``ways + stdev`` (never a single class, where the rounded normal gives some clients
+    one) and ``k_i`` in a window around ``shots`` that depends on the dataset.
     Samples are drawn without replacement across clients; if a class runs out,
     :class:`ValueError` names it, needed vs available. Unused samples stay unused.
     Rounding is half-to-even (``np.rint``).

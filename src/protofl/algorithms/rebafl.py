@@ -60,7 +60,8 @@ methods/rebafl.py, tools.py, models/cnn.py):
   client holds one class) and leaves out their prototypes on the server; here they
   augment and send prototypes like every client.
 * ``prototype_memory`` (default off, as in the paper and the code): the global prototypes
-  are aggregated over the arriving clients only (eqs. 22-23, Algorithm 1 lines 7-9), so a
+  are aggregated over the arriving clients only (Algorithm 1 lines 6-9, a sum over S_t, and
+  the sentence after eq. 23; eqs. 22-23 print the sums over all m clients), so a
   class that no arriving client holds has none that round. The paper expects this
   ("the global prototypes might not contain all classes, therefore we only augment those
   available classes"; eq. 18 is "designed mainly in consideration of the possible missing

@@ -349,7 +349,9 @@ def mlp_mnist(input_shape: tuple, num_classes: int) -> FLModel:
 
     body: Flatten -> Linear(prod(input_shape) = 784 for MNIST, 512) -> ReLU ->
     Linear(512, 512) -> ReLU -> Linear(512, 256) -> ReLU; feature_dim 256.
-    head: Linear(256, num_classes).
+    head: Linear(256, num_classes). The paper's Table III prints ReLU beside that last layer
+    too; a ReLU on the logits would clip every negative logit to zero, so it is read as a
+    misprint and left out.
     """
     d_in = math.prod(input_shape)
     _positive("mlp_mnist", input_size=d_in)

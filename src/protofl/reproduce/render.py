@@ -194,10 +194,11 @@ VERDICT_RULES = (
     "Verdicts: paired over the seeds above (same seed = same partition, initial weights and sampled "
     "clients), at level 0.05, three ways. *shown*: the one-sided paired t-test gives p < 0.05, i.e. the 90 % "
     "interval printed beside it lies on the claim's side (for \"each of\": against every listed method; for ≈: "
-    "the 90 % interval lies inside the margin, *shown equal*; for \"steadier\": a smaller spread of the metric over "
+    "the 90 % interval lies inside the margin, *shown equal*; for \"not worse\": the 90 % interval's lower end lies "
+    "above minus the margin; for \"steadier\": a smaller spread of the metric over "
     "the last evaluations; for \"std over seeds\": the Pitman-Morgan test); *contradicted*: the opposite is shown at "
     "the same level (for \"each of\": against one of the k methods at 0.05 / k; for ≈: the interval lies wholly "
-    "beyond the margin, *shown different*); *not shown*: neither; *not comparable*: fewer than three paired "
+    "beyond the margin, *shown different*; for \"not worse\": its upper end lies below minus the margin); *not shown*: neither; *not comparable*: fewer than three paired "
     "seeds, the planned seeds not all finished, or a method without the metric. A difference that is the same on "
     "every seed counts only when at least one test sample in size. The Wilcoxon signed-rank p beside it cannot "
     "fall below 0.125 with three seeds (docs/reproduce.md).")

@@ -314,6 +314,23 @@ def test_batchnorm_models_are_refused_for_dp_sgd():  # (digits are too small for
     check_privacy(cfg, algo, nn.Sequential(nn.Linear(3, 4), nn.GroupNorm(2, 4)))
 
 
+def test_the_prototype_mode_refusal_names_every_method_it_serves():
+    """The refusal's list of methods that privacy.mode: prototype serves is the registry's."""
+    import re
+    from protofl.engine.privacy import check_privacy
+    from protofl.algorithms import ALGORITHMS
+    from protofl.algorithms.base import TaskInfo
+
+    info = TaskInfo(num_classes=10, num_clients=4, feature_dim=16, input_shape=(64,), seed=0, rounds=2)
+    cfg = from_dict({"privacy": {"mode": "prototype"}})
+    made = {n: ALGORITHMS.get(n)(ALGORITHMS.get(n).Hyper(), info) for n in ALGORITHMS.names()}
+    serves = {n for n, algo in made.items() if algo.prototype_releases(cfg.privacy) > 0}
+    with pytest.raises(ConfigError) as e:
+        check_privacy(cfg, made["fedavg"])
+    named = set(re.search(r"methods that do: ([a-z_, ]+)\)", str(e.value)).group(1).split(", "))
+    assert named == serves and "fedfa" in serves
+
+
 def test_fingerprint_and_saved_config_unchanged_without_privacy():
     assert "privacy" not in from_dict({}).to_dict()
     assert from_dict({"privacy": {"mode": "none", "clip": 3}}).fingerprint() == from_dict({}).fingerprint()

@@ -258,7 +258,7 @@ def check_privacy(cfg: Config, algorithm: Any, model: Optional[nn.Module] = None
         if algorithm.prototype_releases(p) <= 0:
             raise ConfigError("privacy.mode", p.mode, f"{name} sends no prototypes protofl makes private (methods "
                               "that do: fedproto, fedtgp, fedgh, fedpcl, fednh, mpfedcl, spfedcl, fpl, rebafl, "
-                              "feddistill)")
+                              "feddistill, fedfa)")
     elif p.mode == "sample":
         if arrays != ():
             raise ConfigError("privacy.mode", p.mode, f"{name}'s replies carry arrays besides the model weights "

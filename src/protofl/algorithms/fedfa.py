@@ -17,6 +17,8 @@ classifiers; the server averages the clients' updated anchors as it averages the
         a_c^k = m^e a_c + (1 - m^e) mu_c,   e the epochs it trained;  a_c^k = a_c otherwise
         reply w_k and a^k
     server: w_{t+1} = FedAvg;  a <- sum_k n_k a^k / sum_k n_k          (the same weights)
+            (a client lacking class c sends a_c back unchanged and counts in its average,
+            as in the code: a class's anchor moves by the share of the clients holding it)
     init:   C <= d: a = C distinct rows of the d x d identity, chosen at random;
             C > d: rows drawn from N(0, I) and scaled to unit norm
 
@@ -31,7 +33,9 @@ no equation numbers are cited; the steps above are those of the authors' release
 (github.com/TailinZhou/FedFA: utils/AnchorLoss.py, utils/optimizer.py's
 fedfa_cl_optimizer, server_se1.py's fedfa_anchorloss, read for this module). Defaults from
 its args_fmnist.py and args_cifar10_c2.py: lam = 0.1 (``--lambda_anchor``), m = 0.5 per
-epoch (``--momentum_anchor``); gamma = 1, the code's unweighted calibration loss.
+epoch (``--momentum_anchor``); gamma = 1, the code's unweighted calibration loss (its
+weight, not its step: the code's Adam step moves each classifier parameter by about its
+lr, 1e-3, whatever the gradient's size, where here the step is lr * gamma * gradient).
 PFLlib, FL-bench and fluke do not implement it.
 
 Choices and deviations:
@@ -62,7 +66,9 @@ Personalized model: the client's model after local training (FedAvg's convention
 anchors are the ``proto_*`` geometry logs' class vectors. Under ``privacy.mode:
 prototype`` the class means and counts behind the local anchors are released privately
 (:func:`protofl.nn.privacy.release_class_means`, one release a round); the weights w_k
-travel unprotected (docs/privacy.md).
+travel unprotected (docs/privacy.md). Which classes a client holds is then read from the
+noisy counts (the true ones would leak): an absent class can come out held, and its anchor
+is then moved towards a mean of noise.
 """
 from __future__ import annotations
 

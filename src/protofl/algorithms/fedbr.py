@@ -17,8 +17,8 @@ set of pseudo-data x_p shared by every client.
       model's and away from the local data's, in the space of a psi trained to tell them apart
     server: w_{t+1} = sum_i (n_i / n) w_i over (phi, h, psi)  (FedAvg)
 
-Sources. The paper's method section could not be read here (only its abstract, introduction
-and Figure 4's caption: "the three terms in (2) and (3)": the cross-entropy of (x, y) and of
+Sources. The paper's method section could not be read here (only its abstract, the start of
+its introduction and Figure 4's caption: "the three terms in (2) and (3)": the cross-entropy of (x, y) and of
 (x_p, y~_p), and a contrastive loss of phi_i(x), phi_i(x_p) and phi_g(x_p); we read (2) as
 the min and (3) as the max objective above). The objective, its signs and temperatures, the
 pseudo-data and every default are taken from the authors' code (github.com/lins-lab/fedbr:
@@ -26,6 +26,9 @@ pseudo-data and every default are taken from the authors' code (github.com/lins-
 ``fedbr/scripts/train_fed.py``): mu = 0.5, lam = 1, tau1 = tau2 = 2 (they multiply the
 cosine, so tau2 = 0 removes the negative), P = 32 (the code: the batch size), K = 10; psi is
 Linear(d, 2d) -> ReLU -> Linear(2d, 2d) -> ReLU -> Linear(2d, d), averaged like the model.
+A third-party reproduction (github.com/kvu228/FedBR, REPRODUCE.md) quotes the paper's
+Appendix A as 32 pseudo-data sent once, tau1 = tau2 = 2, mu = 0.5, lam = 1 (as the code) and psi
+of width 256 and output 128 (unverified here; the code's 2d and d are used).
 PFLlib, FL-bench and fluke do not implement FedBR.
 
 Inputs must be real-valued (a model reading token ids is refused: a mean of token ids is no

@@ -123,6 +123,18 @@ def test_check_reply_asks_for_the_means_in_the_pseudo_data_round_only():
     assert "shape" in algo.check_reply(Record(weights={}, arrays={"pseudo": torch.zeros(3, 2)}), first)
     assert "after" in algo.check_reply(Record(weights={}, arrays={"pseudo": torch.zeros(2, 2)}), later)
     assert algo.check_reply(Record(weights={}), later) is None
+    assert algo.check_reply(Record(weights={}, num_samples=0), first) is None  # no data, no means
+
+
+def test_a_client_without_data_sends_no_means_and_the_round_goes_on(digits_cfg, tmp_path):
+    cfg = digits_cfg("algorithm.name=fedbr", "algorithm.num_pseudo=4", "rounds=2", "eval.personal=false",
+                     "partition.name=dirichlet", "partition.beta=0.01", "partition.num_clients=8",
+                     "partition.min_size=0", "participation.fraction=1.0")
+    _, result, seen = record_run(cfg, tmp_path / "run")
+    r1 = [reply for rnd, _, _, reply, _ in seen if rnd == 1]
+    assert any(reply.num_samples == 0 and "pseudo" not in reply.arrays for reply in r1)  # the empty client
+    assert result.server_state.pseudo.shape == (4, 1, 8, 8)
+    assert all(row["rejected"] == 0 for row in result.rows)
 
 
 def test_mu_and_lam_zero_train_fedavgs_model_bit_for_bit(digits_cfg, tmp_path):

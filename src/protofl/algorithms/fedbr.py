@@ -24,7 +24,8 @@ the min and (3) as the max objective above). The objective, its signs and temper
 pseudo-data and every default are taken from the authors' code (github.com/lins-lab/fedbr:
 ``FedBR.update`` in ``fedbr/algorithms.py``, ``get_augmentation_mean_data`` in
 ``fedbr/scripts/train_fed.py``): mu = 0.5, lam = 1, tau1 = tau2 = 2 (they multiply the
-cosine, so tau2 = 0 removes the negative), P = 32 (the code: the batch size), K = 10; psi is
+cosine, so tau2 = 0 removes the negative), P = 32 (the code: its batch size, 32 on CIFAR, 64
+on RotatedMNIST, 128 otherwise), K = 10; psi is
 Linear(d, 2d) -> ReLU -> Linear(2d, 2d) -> ReLU -> Linear(2d, d), averaged like the model.
 A third-party reproduction (github.com/kvu228/FedBR, REPRODUCE.md) quotes the paper's
 Appendix A as 32 pseudo-data sent once, tau1 = tau2 = 2, mu = 0.5, lam = 1 (as the code) and psi
@@ -32,8 +33,9 @@ of width 256 and output 128 (unverified here; the code's 2d and d are used).
 PFLlib, FL-bench and fluke do not implement FedBR.
 
 Inputs must be real-valued (a model reading token ids is refused: a mean of token ids is no
-input). Privacy: the pseudo-data are means of K = 10 raw inputs of one client, sent to the server
-and broadcast to every client. That is a release of (averaged) training data, which no
+input). Privacy: every client of the pseudo-data round uploads P means of K = 10 of its raw
+inputs (the server keeps about P / |S_1| of each client's) and the kept ones are broadcast
+to every client. That is a release of (averaged) training data, which no
 privacy mode of protofl covers: ``privacy.mode`` client, sample and prototype are refused.
 
 On the engine: ``adapt_model`` adds ``model.proj`` (psi). Round 1 (the first round in which
@@ -48,7 +50,8 @@ Deviations from the authors' code, and choices:
 * The code builds the pseudo-data in the simulator, before round 1, from every training
   client. Here the clients of round 1 build them (the server holds no data), and round 1 is
   plain FedAvg. With partial participation only round 1's clients contribute.
-* The broadcast carries x_p every round (the paper: sent once); a client keeps nothing.
+* The broadcast carries x_p every round (the paper, as the reproduction above quotes its
+  Appendix A: sent once); a client keeps nothing.
 * Min and max in one step (simultaneous descent-ascent): psi's gradient of the step's loss
   is replaced by -(1/mu) times it, so psi takes a step of lr * dL_con/dpsi up while the
   model steps down, both from the same point. The code alternates: psi steps first (on
@@ -57,9 +60,16 @@ Deviations from the authors' code, and choices:
 * Pairing: the code pairs pseudo-datum j with local sample j of the batch (P equals its
   batch size); here with sample j mod B, so any batch size B works (equal to the code's
   when B = P).
-* g = phi_g(x_p) is computed in eval mode (the code: train mode, BatchNorm batch statistics).
+* g = phi_g(x_p) is computed in eval mode (the code: train mode; its featurizers have no
+  BatchNorm, so only the ViT's dropout differs there).
 * The code's options ``use_Mixture`` (the pseudo-data are mixed with a local sample and
   take a soft label) and ``use_Mixup`` are off by default and not implemented.
+* The server averages with the run's weighting, n_i / n by default; the code averages the
+  sampled clients uniformly (``algorithm.weighting=uniform`` does that).
+* With ``training.clip_grad`` set, psi's reversed gradient is clipped together with the
+  model's (one global norm), so psi's ascent can shrink the model's step; the code clips
+  nothing.
+* A client without training data sends no means in the pseudo-data round.
 * Personalized model (PM, PA): the client's model after local training.
 """
 from __future__ import annotations
@@ -148,8 +158,8 @@ class FedBR(FedAvg):
 
     def aggregate(self, state: FedBRState, rnd, replies, ctx) -> FedBRState:
         new = super().aggregate(state, rnd, replies, ctx)
-        if state.pseudo is None and replies:  # the pseudo-data round: slot j from a client drawn uniformly
-            means = [r.arrays["pseudo"] for _, r in replies]
+        means = [r.arrays["pseudo"] for _, r in replies if "pseudo" in r.arrays]
+        if state.pseudo is None and means:  # the pseudo-data round: slot j from a client drawn uniformly
             pick = ctx.rng(rnd, "fedbr-pseudo").integers(0, len(means), size=self.hp.num_pseudo)
             pseudo = torch.stack([means[int(k)][j] for j, k in enumerate(pick)])
             new = dataclasses.replace(new, pseudo=pseudo)
@@ -158,6 +168,8 @@ class FedBR(FedAvg):
     def check_reply(self, reply: Record, sent: Record) -> Optional[str]:
         if "pseudo" in sent.arrays:
             return "pseudo-data sent after the pseudo-data round" if "pseudo" in reply.arrays else None
+        if "pseudo" not in reply.arrays and reply.num_samples == 0:
+            return None  # a client without data sends no means
         if not isinstance(reply.arrays.get("pseudo"), torch.Tensor):  # aggregate builds x_p from it
             return "the random sample means (array 'pseudo') missing from a reply of the pseudo-data round"
         return expect_shapes(reply, pseudo=(self.hp.num_pseudo, *self.info.input_shape))
@@ -168,9 +180,10 @@ class FedBR(FedAvg):
         if x_p is None:  # the pseudo-data round: FedAvg, and P random sample means of the local data
             fitted = await ctx.fit(msg.weights, trainable=("body.", "head."))
             x = ctx.data[0]
-            idx = ctx.rng("fedbr-rsm").integers(0, len(x), size=(self.hp.num_pseudo, self.hp.mean_of))
             result = self.result(fitted, ctx)
-            result.reply.arrays["pseudo"] = random_sample_means(x, torch.as_tensor(idx, device=x.device))
+            if len(x):  # a client without data has no means to send
+                idx = ctx.rng("fedbr-rsm").integers(0, len(x), size=(self.hp.num_pseudo, self.hp.mean_of))
+                result.reply.arrays["pseudo"] = random_sample_means(x, torch.as_tensor(idx, device=x.device))
             return result
         x_p = x_p.to(ctx.data[0].device)
         # phi_g(x_p), the frozen global features (made under inference mode: cloned, psi is applied to them)

@@ -124,6 +124,36 @@ def combination_weights(V: torch.Tensor, H: torch.Tensor, i: int, floor: float =
     return alpha
 
 
+def head_problem(algo: FedPer, reply: Record, sent: Record) -> Optional[str]:
+    """Why the reply's group 'head' is not a linear classifier d -> C of the model (None: it is).
+    Against the sent classifier when one was sent, else any linear one, with or without a bias."""
+    C, d = algo.info.num_classes, algo.info.feature_dim
+    head = reply.arrays.get("head")
+    if not isinstance(head, dict) or not head or not all(algo.is_personal(k) for k in head):
+        return "group 'head' must hold the classifier's entries (head.*)"
+    sent_head = algo.personal_part(sent.weights)  # the combined classifier, when it was sent
+    # the classifier is linear, d -> C (every protofl model's head), with or without a bias
+    ref = {k: tuple(v.shape) for k, v in sent_head.items()} or {"head.weight": (C, d), "head.bias": (C,)}
+    keys_ok = set(head) == set(ref) if sent_head else ("head.weight" in head and set(head) <= set(ref))
+    if not keys_ok:
+        return f"group 'head' holds {sorted(head)}, expected the classifier's entries {sorted(ref)}"
+    for k, t in head.items():
+        if tuple(t.shape) != ref[k]:
+            return f"head entry {k!r} has shape {tuple(t.shape)}, expected {ref[k]}"
+    return None
+
+
+def model_heads_only(replies: list, heads: dict, method: str) -> list:
+    """The replies whose classifier has the model's entries (check_reply let through any linear
+    one; a bias the model lacks, or no bias where it has one, cannot enter a combination)."""
+    shapes = {k: v.shape[1:] for k, v in heads.items()}
+    odd = [cid for cid, r in replies if {k: t.shape for k, t in r.arrays["head"].items()} != shapes]
+    if odd:
+        log.warning("%s: left out the replies of clients %s, whose classifier entries are not the model's",
+                    method, odd)
+    return [(cid, r) for cid, r in replies if cid not in odd]
+
+
 @register
 class FedPAC(FedPer):
     name = "fedpac"
@@ -153,30 +183,11 @@ class FedPAC(FedPer):
         missing = expect_arrays(reply, "proto", "counts", "v", "h")
         if missing:
             return missing
-        head = reply.arrays.get("head")
-        if not isinstance(head, dict) or not head or not all(self.is_personal(k) for k in head):
-            return "group 'head' must hold the classifier's entries (head.*)"
-        sent_head = self.personal_part(sent.weights)  # the combined classifier, when it was sent
-        # the classifier is linear, d -> C (every protofl model's head), with or without a bias
-        ref = {k: tuple(v.shape) for k, v in sent_head.items()} or {"head.weight": (C, d), "head.bias": (C,)}
-        keys_ok = set(head) == set(ref) if sent_head else ("head.weight" in head and set(head) <= set(ref))
-        if not keys_ok:
-            return f"group 'head' holds {sorted(head)}, expected the classifier's entries {sorted(ref)}"
-        for k, t in head.items():
-            if tuple(t.shape) != ref[k]:
-                return f"head entry {k!r} has shape {tuple(t.shape)}, expected {ref[k]}"
-        return expect_shapes(reply, proto=(C, d), counts=(C,), h=(C, d), v=(1,))
+        return head_problem(self, reply, sent) or expect_shapes(reply, proto=(C, d), counts=(C,), h=(C, d), v=(1,))
 
     def aggregate(self, state: FedPACState, rnd, replies, ctx) -> FedPACState:
-        replies = [(cid, r) for cid, r in replies if reply_weight(r, self.hp.weighting) > 0]
-        # check_reply let through linear classifiers; one whose entries are not the model's (a
-        # bias the model lacks, or no bias where it has one) cannot enter the combination
-        shapes = {k: v.shape[1:] for k, v in state.heads.items()}
-        odd = [cid for cid, r in replies if {k: t.shape for k, t in r.arrays["head"].items()} != shapes]
-        if odd:
-            log.warning("FedPAC: left out the replies of clients %s, whose classifier entries are not the model's",
-                        odd)
-            replies = [(cid, r) for cid, r in replies if cid not in odd]
+        replies = model_heads_only([(cid, r) for cid, r in replies if reply_weight(r, self.hp.weighting) > 0],
+                                   state.heads, "FedPAC")
         if not replies:
             return state
         new = super().aggregate(state, rnd, replies, ctx)  # f: FedAvg over the shared entries

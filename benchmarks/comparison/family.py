@@ -113,9 +113,10 @@ class Claim:
 # "improves existing algorithms" is at least "above FedAvg".
 LEFT_OUT = ("Left out: FedPCL and FedPAC (no comparative sentence in what could be read of them), FPL (its "
             "claims are about domain shift), FedGH (its rivals, \"seven state-of-the-art personalized FL "
-            "models\", are not named in its abstract), and FedETF's personalization (its personalized model "
+            "models\", are not named in its abstract), FedETF's personalization (its personalized model "
             "is the fine-tuning after the last round, which scale cpu does not run: eval.final_all_clients "
-            "is off).")
+            "is off) and FedUV (every copy of its abstract that could be read cuts its claim sentence off, and "
+            "its paper's text could not be read).")
 CLAIMS: list[Claim] = [
     Claim("fedetf-generalization", "FedETF (Li et al., ICCV 2023)",
           "We devise several effective modules to better adapt the ETF structure in FL, achieving both high "
@@ -153,6 +154,18 @@ CLAIMS: list[Claim] = [
           "own test data. Here: one architecture, PA above FedProto's; the sizes (\"by up to 18.96%\" over "
           "FedProto, \"by a large gap\" over the others) are not tested.",
           "pa", "fedtgp", "fedproto"),
+    Claim("fedfa-above-fedavg", "FedFA (Zhou, Zhang & Tsang, IEEE TMC 2024)",
+          "Extensive experiments show that FedFA significantly outperforms existing approaches on various "
+          "classification datasets under label distribution skew and feature distribution skew.", "abstract",
+          "The paper: several classification datasets under label and feature skew (its experiments section "
+          "could not be read). Here: its global model (GM) above FedAvg's, the weakest reading of "
+          "\"outperforms existing approaches\".", "gm", "fedfa", "fedavg"),
+    Claim("fedbr-above-fedavg", "FedBR (Guo, Tang & Lin, ICML 2023)",
+          "We conducted several experiments to test FedBR and found that it consistently outperforms other "
+          "SOTA FL methods.", "abstract",
+          "The paper: its experiments (their settings could not be read; the authors' code, built on "
+          "DomainBed, loads datasets such as RotatedMNIST, RotatedCIFAR10, PACS and DomainNet). Here: its global model (GM) above FedAvg's, "
+          "the weakest reading of \"outperforms other SOTA FL methods\".", "gm", "fedbr", "fedavg"),
 ]
 
 @dataclass(frozen=True)

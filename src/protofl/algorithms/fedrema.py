@@ -37,7 +37,8 @@ Choices and deviations:
   code's ``torch.rand_like(proto) * 0.5``) drawn by the server from its round stream;
   ``probe: prototypes`` (the code's ``--sim_type 1``): the probes are the round's global
   prototypes, the plain mean over the clients holding a class of their class means after
-  training (classes nobody holds are no probe).
+  training; the similarity is the mean over the classes held (the code divides by C,
+  counting classes nobody holds as 0, which scales g_t by the share of classes held).
 * One temperature T for every client's softmax (default 1). The random-probe code sharpens
   client i's own prediction with T = 0.5 and its peers' with T = 1 (its prototype probe
   uses 1 for both); an own/peer asymmetry we do not reproduce.

@@ -174,3 +174,17 @@ def test_prototype_probe_runs_and_batches(digits_cfg, tmp_path):
     for ra, rb in zip(rows["sequential"], rows["batched"]):
         assert ra["rema_ccp"] == rb["rema_ccp"] and ra["rema_peers"] == rb["rema_peers"]
         assert math.isclose(ra["train_loss"], rb["train_loss"], rel_tol=1e-5)
+
+
+def test_replies_with_another_classifier_are_left_out_with_a_warning_under_fedremas_logger(caplog):
+    from protofl.algorithms.fedpac import model_heads_only
+
+    heads = {"weight": torch.zeros(3, 2, 4), "bias": torch.zeros(3, 2)}  # 3 clients, a 4 -> 2 head
+    good = Record(weights={}, arrays={"head": {"weight": torch.zeros(2, 4), "bias": torch.zeros(2)}})
+    odd = Record(weights={}, arrays={"head": {"weight": torch.zeros(2, 4)}})  # no bias
+    with caplog.at_level("WARNING"):
+        kept = model_heads_only([(0, good), (2, odd)], heads, "FedReMa")
+    assert [cid for cid, _ in kept] == [0]
+    assert [(r.name, r.getMessage()) for r in caplog.records] == [
+        ("protofl.algorithms.fedrema",
+         "FedReMa: left out the replies of clients [2], whose classifier entries are not the model's")]

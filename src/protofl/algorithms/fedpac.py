@@ -76,8 +76,6 @@ from .base import ClientResult, cross_entropy, register, reply_weight, WeightsSt
 from .fedavg import FedAvgHyper
 from .fedper import FedPer
 
-log = logging.getLogger(__name__)
-
 
 @dataclass
 class FedPACHyper(FedAvgHyper):
@@ -145,12 +143,13 @@ def head_problem(algo: FedPer, reply: Record, sent: Record) -> Optional[str]:
 
 def model_heads_only(replies: list, heads: dict, method: str) -> list:
     """The replies whose classifier has the model's entries (check_reply let through any linear
-    one; a bias the model lacks, or no bias where it has one, cannot enter a combination)."""
+    one; a bias the model lacks, or no bias where it has one, cannot enter a combination).
+    The warning names ``method`` and goes to its module's logger (``protofl.algorithms.<method>``)."""
     shapes = {k: v.shape[1:] for k, v in heads.items()}
     odd = [cid for cid, r in replies if {k: t.shape for k, t in r.arrays["head"].items()} != shapes]
     if odd:
-        log.warning("%s: left out the replies of clients %s, whose classifier entries are not the model's",
-                    method, odd)
+        logging.getLogger(f"{__package__}.{method.lower()}").warning(
+            "%s: left out the replies of clients %s, whose classifier entries are not the model's", method, odd)
     return [(cid, r) for cid, r in replies if cid not in odd]
 
 

@@ -50,24 +50,27 @@ def strip_timing(rows):
     return [{k: v for k, v in r.items() if k not in TIMING_KEYS} for r in rows]
 
 
-def record_run(cfg, run_dir):
-    """Run ``cfg`` sequentially, keeping every task's (round, cid, msg, reply, state).
+def record_run(cfg, run_dir, batched: bool = False):
+    """Run ``cfg`` sequentially (or on the batched executor), keeping every task's (round,
+    cid, msg, reply, state).
 
     Returns (simulation, result, seen).
     """
+    from protofl.engine.batched import BatchedExecutor
     from protofl.engine.executor import SequentialExecutor
     from protofl.engine.simulation import Simulation
 
     seen = []
 
-    class Recording(SequentialExecutor):
+    class Recording(BatchedExecutor if batched else SequentialExecutor):
         def run(self, tasks):
             outs = super().run(tasks)
             seen.extend((t.rnd, t.cid, t.msg, o.reply, o.state) for t, o in zip(tasks, outs))
             return outs
 
-    sim = Simulation(cfg, run_dir=run_dir,
-                     executor_factory=lambda s: Recording(s.runtime, cfg.execution.threads))
+    ex = cfg.execution
+    sim = Simulation(cfg, run_dir=run_dir, executor_factory=lambda s: (
+        Recording(s.runtime, ex.batch_clients, ex.threads) if batched else Recording(s.runtime, ex.threads)))
     return sim, sim.run(), seen
 
 

@@ -123,3 +123,20 @@ def test_every_method_batched_equals_sequential(name, digits_cfg, tmp_path):
     assert [r["train_samples"] for r in seq.rows] == [r["train_samples"] for r in bat.rows]
     for ra, rb in zip(seq.rows, bat.rows):
         assert math.isclose(ra["train_loss"], rb["train_loss"], rel_tol=1e-5)
+
+
+@pytest.mark.parametrize("name", ALGORITHMS.names())
+def test_every_method_takes_a_client_without_data_on_both_executors(name, digits_cfg, tmp_path):
+    # Dirichlet(0.01) over 8 clients leaves client 3 without a sample: it is sampled, trains
+    # nothing, and its reply (n_k = 0) must pass the checks and leave no NaN in the server state
+    # (ctx.features answers it (0, d), as for any other client)
+    cfg = digits_cfg(f"algorithm.name={name}", "rounds=2", "partition.name=dirichlet", "partition.beta=0.01",
+                     "partition.num_clients=8", "partition.min_size=0", "participation.fraction=1.0",
+                     "eval.final_all_clients=false")
+    for ex in ("sequential", "batched"):
+        sim, res, seen = record_run(cfg, tmp_path / ex, batched=ex == "batched")
+        assert [k for k in range(8) if len(sim.fed.train_idx[k]) == 0] == [3]
+        assert res.summary["status"] == "complete" and all(row["rejected"] == 0 for row in res.rows), ex
+        assert {rnd for rnd, cid, _, reply, _ in seen if cid == 3 and reply.num_samples == 0} == {1, 2}
+        bad = [k for k, t in float_tensors(sim, res).items() if t.is_floating_point() and not bool(t.isfinite().all())]
+        assert not bad, (ex, bad)

@@ -195,10 +195,10 @@ class FedDistill(Algorithm):
         # one loss for every client of a round (the batched executor stacks them); without a
         # teacher the second term is 0
         fitted = await ctx.fit(state.weights, self.distill_loss, extras=extras)
-        z = await ctx.features(fitted.weights) if len(y) else None
+        z = await ctx.features(fitted.weights)
         model = ctx.shared_model(fitted.weights)
         with torch.no_grad():  # (N, C) after training, eval mode
-            out = outputs(model.head(z), self.hp.distill) if z is not None else torch.zeros(0, C, device=y.device)
+            out = outputs(model.head(z), self.hp.distill)
         means, counts = release_class_means(ctx, out, y, C)  # F_bar_i; private under privacy.mode: prototype
         reply = Record(arrays=sparse(means.detach().cpu(), counts.cpu()))
         return ClientResult(reply, state=Record(weights=fitted.weights), personal=model)

@@ -178,7 +178,7 @@ class FedFA(FedAvg):
         _, y = ctx.data
         a = msg.arrays["anchors"].to(y.device)
         fitted = await ctx.fit(msg.weights, self.anchored_loss, extras={"anchors": a})
-        z = await ctx.features(fitted.weights) if len(y) else torch.zeros(0, a.shape[1], device=y.device)
+        z = await ctx.features(fitted.weights)
         means, counts = release_class_means(ctx, z, y, self.info.num_classes)  # private under privacy.*
         epochs = fitted.stats.samples / max(ctx.num_samples, 1)
         local = local_anchors(a, means, counts, self.hp.anchor_momentum, epochs)

@@ -134,7 +134,7 @@ class FedGH(FedProto):
         C = self.info.num_classes
         _, y = ctx.data
         fitted = await ctx.fit({**state.weights, **msg.weights})  # own extractor, the global header
-        z = await ctx.features(fitted.weights) if len(y) else torch.zeros(0, self.info.feature_dim, device=y.device)
+        z = await ctx.features(fitted.weights)
         protos, counts = release_class_means(ctx, z, y, C)  # R_i^s, after training (private under privacy.*)
         reply = Record(arrays=sparse(protos.detach().cpu(), counts.cpu()))
         return ClientResult(reply, state=Record(weights=fitted.weights), personal=ctx.shared_model(fitted.weights))

@@ -179,7 +179,7 @@ class FedPCL(FedProto):
         loss, extras = (self.contrastive_loss, a) if bool(a["has"].any()) else (self.zero_loss, {})
         trainable = ("body.1.",) if self.hp.backbone == "frozen" else ("body.",)  # never the unused head
         weights = (await ctx.fit(state.weights, loss, extras=extras, trainable=trainable)).weights
-        z = await ctx.features(weights) if len(y) else torch.zeros(0, self.info.feature_dim, device=y.device)
+        z = await ctx.features(weights)
         protos, counts = class_means(z, y, C)  # C_i^k after training (the local predictor's, exact)
         sent = release_class_means(ctx, z, y, C) if prototype_privacy(ctx) else (protos, counts)  # what leaves
         body = ctx.shared_model(weights).body

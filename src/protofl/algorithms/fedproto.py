@@ -213,8 +213,8 @@ class FedProto(Algorithm, Diagnostics):
         fitted = await ctx.fit(state.weights, loss, extras=extras)  # from the client's own model
 
         # local prototypes: class means of the embeddings after training (eval mode)
-        # (N, d) embeddings; a client without data has none
-        z = await ctx.features(fitted.weights) if len(y) else torch.zeros(0, self.info.feature_dim, device=y.device)
+        # (N, d) embeddings ((0, d) for a client without data)
+        z = await ctx.features(fitted.weights)
         protos, counts = release_class_means(ctx, z, y, C)  # private under privacy.mode: prototype
         reply = Record(arrays=sparse(protos.detach().cpu(), counts.cpu()))
         model = ctx.shared_model(fitted.weights)

@@ -167,7 +167,7 @@ class FPL(FedAvg):
         loss, extras = self.local_objective(msg.arrays["pool"]["protos"].to(y.device),
                                             msg.arrays["pool"]["labels"].to(y.device))
         fitted = await ctx.fit(msg.weights, loss, extras=extras)
-        z = await ctx.features(fitted.weights) if len(y) else torch.zeros(0, self.info.feature_dim, device=y.device)
+        z = await ctx.features(fitted.weights)
         protos, counts = release_class_means(ctx, z, y, self.info.num_classes)  # private under privacy.*
         reply = Record(weights=fitted.weights, arrays=sparse(protos.detach().cpu(), counts.cpu()))
         return ClientResult(reply, personal=ctx.shared_model(fitted.weights))

@@ -499,44 +499,49 @@ class BatchedExecutor(Executor):
         """``model.<part>`` of every job's weights on its inputs, in eval mode, stacked: the
         clients' inference batches (:func:`~protofl.engine.train.embed_batches`) taken one
         batch index at a time, a short batch repeating its last row to the longest's size."""
-        dev = self.runtime.device
         out: list[Optional[torch.Tensor]] = [None] * len(jobs)
         by_part: dict[tuple, list[int]] = defaultdict(list)
         for i, j in enumerate(jobs):
             by_part[(j.request.part, model_key(j.ctx.runtime, j.ctx.cid))].append(i)
         for (part, _), idx in by_part.items():
             module = getattr(jobs[idx[0]].ctx.architecture, part)
-            prefix = part + "."
-            xs = [jobs[i].request.x if jobs[i].request.x is not None else jobs[i].ctx.data[0] for i in idx]
-            for i, x in zip(idx, xs):
-                if len(x) == 0:
-                    out[i] = x.new_zeros((0,))
-            live = [(i, x) for i, x in zip(idx, xs) if len(x)]
-            if not live:
-                continue
-            keys = [k[len(prefix):] for k in jobs[live[0][0]].request.weights if k.startswith(prefix)]
-            W = {k: torch.stack([jobs[i].request.weights[prefix + k].to(dev) for i, _ in live]) for k in keys}
-            data = torch.cat([x.to(dev) for _, x in live])
-            offsets = np.concatenate([[0], np.cumsum([len(x) for _, x in live])[:-1]])
-            plans = [embed_batches(len(x)) for _, x in live]
             was = module.training
             module.eval()
             try:
-                fn = vmap(lambda w, xb: functional_call(module, w, (xb,)))
-                pieces: list[list[torch.Tensor]] = [[] for _ in live]
-                for b in range(max(len(p) for p in plans)):
-                    width = max(e - s for p in plans if b < len(p) for s, e in [p[b]])
-                    rows = np.stack([o + (np.minimum(np.arange(p[b][0], p[b][0] + width), p[b][1] - 1) if b < len(p)
-                                          else np.zeros(width, np.int64)) for o, p in zip(offsets, plans)])
-                    z = fn(W, data[torch.from_numpy(rows).to(dev)])  # (J, width, d)
-                    for c, p in enumerate(plans):
-                        if b < len(p):
-                            pieces[c].append(z[c, :p[b][1] - p[b][0]])
+                self._part_features(module, part + ".", [jobs[i] for i in idx], idx, out)
             finally:
                 module.train(was)
-            for c, (i, _) in enumerate(live):
-                out[i] = torch.cat(pieces[c])
         return out
+
+    def _part_features(self, module: nn.Module, prefix: str, jobs: list[_Job], idx: list[int],
+                       out: list[Optional[torch.Tensor]]) -> None:
+        """:meth:`_features` for the jobs of one part and architecture (``module`` in eval mode)."""
+        dev = self.runtime.device
+        xs = [j.request.x if j.request.x is not None else j.ctx.data[0] for j in jobs]
+        for j, i, x in zip(jobs, idx, xs):
+            if len(x) == 0:  # no samples: the part on the empty batch, (0, d) as for the others
+                w = {k[len(prefix):]: v.to(dev) for k, v in j.request.weights.items() if k.startswith(prefix)}
+                out[i] = functional_call(module, w, (x.to(dev),))
+        live = [(j, i, x) for j, i, x in zip(jobs, idx, xs) if len(x)]
+        if not live:
+            return
+        keys = [k[len(prefix):] for k in live[0][0].request.weights if k.startswith(prefix)]
+        W = {k: torch.stack([j.request.weights[prefix + k].to(dev) for j, _, _ in live]) for k in keys}
+        data = torch.cat([x.to(dev) for _, _, x in live])
+        offsets = np.concatenate([[0], np.cumsum([len(x) for _, _, x in live])[:-1]])
+        plans = [embed_batches(len(x)) for _, _, x in live]
+        fn = vmap(lambda w, xb: functional_call(module, w, (xb,)))
+        pieces: list[list[torch.Tensor]] = [[] for _ in live]
+        for b in range(max(len(p) for p in plans)):
+            width = max(e - s for p in plans if b < len(p) for s, e in [p[b]])
+            rows = np.stack([o + (np.minimum(np.arange(p[b][0], p[b][0] + width), p[b][1] - 1) if b < len(p)
+                                  else np.zeros(width, np.int64)) for o, p in zip(offsets, plans)])
+            z = fn(W, data[torch.from_numpy(rows).to(dev)])  # (J, width, d)
+            for c, p in enumerate(plans):
+                if b < len(p):
+                    pieces[c].append(z[c, :p[b][1] - p[b][0]])
+        for c, (_, i, _) in enumerate(live):
+            out[i] = torch.cat(pieces[c])
 
     # -- training ----------------------------------------------------------------------------
     def _fit(self, jobs: list[_Job]) -> list[Any]:

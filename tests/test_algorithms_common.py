@@ -12,7 +12,7 @@ from protofl.algorithms import ALGORITHMS
 from protofl.engine.simulation import Simulation
 from protofl.messages import Record
 
-from conftest import record_run, strip_timing, worker_path_executor
+from conftest import record_run, StopAfter, strip_timing, worker_path_executor
 
 
 def test_every_method_has_a_family_and_the_readme_table_lists_it_there():
@@ -55,10 +55,16 @@ def test_every_method_two_rounds_on_digits(name, digits_cfg, tmp_path):
         assert reply.num_samples == len(sim.fed.train_idx[cid])  # the engine attaches n_k
     # same seed -> identical results, also through the process workers' code path (the
     # method shipped and every task and reply pickled, two stand-in workers, largest client
-    # first); tests/test_speed_invariance.py runs real worker processes
-    # (the every-client evaluation after the last round left out: the rounds are the point)
-    again = Simulation(cfg.replace(**{"eval.final_all_clients": False}), run_dir=tmp_path / "b",
-                       executor_factory=worker_path_executor).run()
+    # first; tests/test_speed_invariance.py runs real worker processes), and when the run is
+    # killed in round 2 (before its checkpoint) and resumed from round 1's: the server state,
+    # the client states (clients 2, 3 and 9 are sampled in both rounds) and the generators
+    # come back. The every-client evaluation after the last round left out: the rounds are the point
+    cfg_b = cfg.replace(**{"eval.final_all_clients": False, "output.checkpoint_every": 1})
+    with pytest.raises(KeyboardInterrupt):
+        Simulation(cfg_b, run_dir=tmp_path / "b", callbacks=[StopAfter(2)], executor_factory=worker_path_executor).run()
+    resumed = Simulation(cfg_b, run_dir=tmp_path / "b", executor_factory=worker_path_executor)
+    again = resumed.run(resume=True)
+    assert resumed.start_round == 2
     assert strip_timing(again.rows) == [{k: v for k, v in r.items() if not k.startswith("all_")}
                                         for r in strip_timing(res.rows)]
 

@@ -146,3 +146,38 @@ def test_every_method_takes_a_client_without_data_on_both_executors(name, digits
         assert {rnd for rnd, cid, _, reply, _ in seen if cid == 3 and reply.num_samples == 0} == {1, 2}
         bad = [k for k, t in float_tensors(sim, res).items() if t.is_floating_point() and not bool(t.isfinite().all())]
         assert not bad, (ex, bad)
+
+
+# methods that refuse a model reading token ids, and the words of their one-line error
+REFUSE_TOKENS = {"fedbr": "needs real-valued inputs"}
+
+
+@pytest.mark.parametrize("name", ALGORITHMS.names())
+def test_every_method_on_token_ids_and_an_lstm(name, digits_cfg, tmp_path, monkeypatch):
+    # 120 random sequences of 12 token ids, 4 classes, a one-layer LSTM: every method runs
+    # (or refuses in one line); the batched executor asked for runs the clients one after
+    # another, saying why (vmap has no rule for the fused LSTM: ctx.features failed under it)
+    from protofl.config import ConfigError
+    from protofl.data.dataset import Dataset
+    from protofl.data.datasets import DATASETS
+
+    def tokens(root, seed):
+        g = torch.Generator().manual_seed(seed)
+        x, y = torch.randint(0, 80, (120, 12), generator=g), torch.arange(120) % 4
+        return Dataset("tokens", x, y, x[:40].clone(), y[:40].clone(), num_classes=4, kind="tokens")
+
+    monkeypatch.setitem(DATASETS._items, "tokens", tokens)
+    cfg = digits_cfg(f"algorithm.name={name}", "rounds=2", "data.name=tokens", "partition.name=iid",
+                     "partition.num_clients=3", "participation.fraction=1.0", "model.name=lstm_shakespeare",
+                     "model.hidden=8", "model.num_layers=1", "execution.executor=batched")
+    if name in REFUSE_TOKENS:
+        with pytest.raises(ConfigError, match=REFUSE_TOKENS[name]):
+            Simulation(cfg, run_dir=tmp_path).run()
+        return
+    sim = Simulation(cfg, run_dir=tmp_path)
+    res = sim.run()
+    assert res.summary["status"] == "complete"
+    mode = res.summary["execution"]
+    assert mode["executor"] == "sequential" and "recurrent layer" in mode["executor_note"], mode
+    bad = [k for k, t in float_tensors(sim, res).items() if t.is_floating_point() and not bool(t.isfinite().all())]
+    assert not bad and all(0.0 <= r["pa"] <= 1.0 for r in res.rows), bad

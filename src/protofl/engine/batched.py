@@ -85,6 +85,9 @@ def why_not_batched(runtime: ClientRuntime) -> Optional[str]:
     model = runtime.models.live(dict(cfg.model.params))[0]
     if any(isinstance(m, _RANDOM) for m in model.modules()):
         return f"model {cfg.model.name!r} has dropout (its masks would differ from a sequential run)"
+    if any(isinstance(m, nn.RNNBase) for m in model.modules()):  # torch.func has no batching rule for
+        # the fused recurrent kernels: it loops over the clients (training) or fails (inference)
+        return f"model {cfg.model.name!r} has a recurrent layer (vmap cannot stack it)"
     dtypes = {p.dtype for p in model.parameters()}
     if len(dtypes) > 1:
         return f"model {cfg.model.name!r} mixes parameter dtypes ({sorted(map(str, dtypes))})"

@@ -67,6 +67,20 @@ def test_virtual_features_have_the_gaussian_covariance():
     assert torch.allclose(torch.cov(z.T), Sig[0].double(), atol=0.05)
 
 
+def test_virtual_features_move_as_little_as_sigma_does():
+    # two nearly equal eigenvalues: a 1e-9 change of Sigma turns its eigenvectors by 45
+    # degrees; V diag(sqrt(lambda)) would move the draws by O(1), the symmetric root by ~1e-9
+    R = torch.tensor([[1.0, -1.0], [1.0, 1.0]], dtype=torch.float64) / 2 ** 0.5
+    S1 = torch.diag(torch.tensor([1.0, 1.0 + 1e-9], dtype=torch.float64))
+    S2 = R @ torch.diag(torch.tensor([1.0, 1.0 + 2e-9], dtype=torch.float64)) @ R.T
+    assert float((S1 - S2).abs().max()) < 2e-9
+    e = torch.tensor([[[1.0, 0.0], [0.0, 1.0], [0.6, -0.8]]], dtype=torch.float64)
+    mean = torch.zeros(1, 2)
+    a, b = virtual_features(mean, S1[None], e), virtual_features(mean, S2[None], e)
+    assert float((a - b).abs().max()) < 1e-8
+    assert torch.allclose(a[0], e[0], atol=1e-8)  # Sigma ~ I: the draws are the noise itself
+
+
 class Server:
     device = torch.device("cpu")
 

@@ -121,11 +121,16 @@ def global_gaussians(mu, cov, n) -> tuple[torch.Tensor, torch.Tensor, torch.Tens
 
 def virtual_features(mean: torch.Tensor, Sigma: torch.Tensor, eps: torch.Tensor) -> torch.Tensor:
     """Draws from N(mean_c, Sigma_c) given standard normal noise: mean (P, d), Sigma (P, d, d)
-    (symmetric positive semi-definite), eps (P, M, d) -> (P, M, d) = mean + eps A^T with
-    A = V diag(sqrt(lambda)), Sigma = V diag(lambda) V^T, so that A A^T = Sigma."""
+    (symmetric positive semi-definite), eps (P, M, d) -> (P, M, d) = mean + eps A with A the
+    symmetric square root of Sigma, V diag(sqrt(lambda)) V^T for Sigma = V diag(lambda) V^T,
+    so that A A^T = Sigma.
+
+    The symmetric root is a continuous function of Sigma; V diag(sqrt(lambda)) alone is
+    not (the eigenvectors of nearly equal eigenvalues turn freely under a rounding-sized
+    change of Sigma), so the same noise gave other draws on another executor or machine."""
     lam, V = torch.linalg.eigh(Sigma.double())
-    A = V * lam.clamp(min=0).sqrt().unsqueeze(1)  # (P, d, d): column j of V times sqrt(lambda_j)
-    return mean.double().unsqueeze(1) + eps.double() @ A.transpose(1, 2)
+    A = (V * lam.clamp(min=0).sqrt().unsqueeze(1)) @ V.transpose(1, 2)  # (P, d, d), symmetric
+    return mean.double().unsqueeze(1) + eps.double() @ A
 
 
 # ---------------------------------------------------------------------------------------

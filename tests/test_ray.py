@@ -1,7 +1,8 @@
 """The Ray backend on a real 2-node Ray cluster on this machine (127.0.0.1 only).
 
 The cluster fixture starts a head and a worker node (``ray start``, one CPU each, each with
-its own ``--temp-dir`` under the test's tmp folder; :class:`LocalRayCluster`) and stops
+its own ``--temp-dir`` under the test's tmp folder, or a short folder of the system temp dir
+when that one is too deep for Ray's Unix sockets; :class:`LocalRayCluster`) and stops
 every process they started by PID: the processes of the two ``ray start`` process groups,
 their descendants, and anything naming the temp dir or the head's port (Ray's
 client-server proxy does not name the temp dir). Never ``ray stop``: it would stop every
@@ -79,6 +80,29 @@ METHODS = {
 
 
 # -- no cluster needed ------------------------------------------------------------------------------
+def test_a_deep_root_gets_short_node_folders_for_rays_sockets():
+    import shutil
+    import tempfile
+    from pathlib import Path
+
+    from protofl.engine.ray_local import SOCKET_PATH_MAX, SOCKET_TAIL
+
+    base = Path(tempfile.mkdtemp())  # the system temp dir: shallower than pytest's tmp_path
+    try:
+        shallow = base / "c"
+        room = SOCKET_PATH_MAX - len(SOCKET_TAIL) - len(str(shallow.resolve()))
+        if room < 0:
+            pytest.skip("this machine's temporary folder is itself too deep")
+        assert LocalRayCluster(shallow).node_dir(0) == shallow / "h"  # fits: under root, as asked
+        deep = LocalRayCluster(base / "c" / ("d" * room))  # one character too deep
+        assert deep.nodes_root != deep.root and deep.nodes_root.is_dir()
+        assert len(str(deep.node_dir(0)) + SOCKET_TAIL[2:]) <= SOCKET_PATH_MAX
+        deep.stop()  # nothing was started; the short folder goes
+        assert not deep.nodes_root.exists()
+    finally:
+        shutil.rmtree(base, ignore_errors=True)
+
+
 def test_ray_config_errors_are_one_line(monkeypatch):
     with pytest.raises(ConfigError, match="explicitly"):
         load_config(DIGITS, ["execution.backend=ray", "execution.address=auto"])

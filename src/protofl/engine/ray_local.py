@@ -4,8 +4,13 @@
 127.0.0.1, each with its own ``--temp-dir`` under ``root`` and ``cpus`` CPUs, and stops
 every process they started by PID: the processes of each ``ray start`` process group (Ray
 daemonizes them, so they are not its children), their descendants, and anything naming
-``root`` or the head's port (Ray's client-server proxy names neither the temp dir nor,
-always, the group). Never ``ray stop``: it stops every Ray cluster of the machine's users.
+the nodes' folder or the head's port (Ray's client-server proxy names neither the temp dir
+nor, always, the group). Never ``ray stop``: it stops every Ray cluster of the machine's users.
+
+Ray puts Unix sockets about 70 characters deep in a node's temp dir
+(``session_<date>_<time>_<pid>/sockets/plasma_store``), and a socket path may not exceed
+107 bytes: when ``root`` is too deep for that (a test's temporary folder), the node folders
+go to a short folder of the system temp dir instead, removed by :meth:`stop`.
 
 ``RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER`` is removed from the Ray processes' environment:
 with it set to 0 the second ``ray start`` refuses to join ("Multi-node Ray clusters are
@@ -18,13 +23,21 @@ protofl as the caller.
 from __future__ import annotations
 
 import os
+import shutil
 import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 from typing import Optional
+
+
+# the deepest socket Ray makes in a node's temp dir, with a 7-digit pid, and the longest
+# Unix socket path Linux takes (sun_path is 108 bytes with its terminating NUL)
+SOCKET_TAIL = "/h/session_2026-01-01_00-00-00_000000_4194304/sockets/plasma_store"
+SOCKET_PATH_MAX = 107
 
 
 def free_port() -> int:
@@ -67,6 +80,9 @@ class LocalRayCluster:
                  fast_failure_detection: bool = True, timeout: float = 180.0) -> None:
         self.root = Path(root)
         self.root.mkdir(parents=True, exist_ok=True)
+        # node folders: under root, or a short folder when root is too deep for the sockets
+        deep = len(str(self.root.resolve())) + len(SOCKET_TAIL) > SOCKET_PATH_MAX
+        self.nodes_root = Path(tempfile.mkdtemp(prefix="protofl-ray-")) if deep else self.root
         self.nodes, self.cpus, self.timeout = nodes, cpus, timeout
         self.port = free_port()
         self.address = f"127.0.0.1:{self.port}"
@@ -75,7 +91,7 @@ class LocalRayCluster:
         self.startup_s: Optional[float] = None
 
     def node_dir(self, i: int) -> Path:
-        return self.root / ("h" if i == 0 else f"w{i}")  # short: Unix socket paths are limited
+        return self.nodes_root / ("h" if i == 0 else f"w{i}")  # short: Unix socket paths are limited
 
     def _ray_start(self, args: list[str], name: str) -> None:
         ray = str(Path(sys.executable).with_name("ray"))
@@ -120,7 +136,7 @@ class LocalRayCluster:
         """Everything this cluster runs: by process group, temp dir or head port, plus descendants."""
         procs = _procs()
         mine = {pid for pid, (_, pgid, cmd) in procs.items()
-                if pgid in self.started or str(self.root) in cmd
+                if pgid in self.started or str(self.nodes_root) in cmd
                 or ("ray.util.client.server" in cmd and f":{self.port} " in cmd + " ")}
         while True:
             kids = {pid for pid, (ppid, _, _) in procs.items() if ppid in mine} - mine
@@ -139,17 +155,20 @@ class LocalRayCluster:
         return pids[0]
 
     def stop(self) -> None:
-        """SIGKILL every process of the cluster, by PID, until none is left."""
+        """SIGKILL every process of the cluster, by PID, until none is left (then remove the
+        short node folder, if one was made)."""
         for _ in range(10):
             pids = self.processes()
             if not pids:
-                return
+                break
             for pid in pids:
                 try:
                     os.kill(pid, signal.SIGKILL)
                 except ProcessLookupError:
                     pass
             time.sleep(0.3)
+        if self.nodes_root != self.root and not self.processes():
+            shutil.rmtree(self.nodes_root, ignore_errors=True)
 
     def __enter__(self) -> "LocalRayCluster":
         return self.start()

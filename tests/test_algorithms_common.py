@@ -135,10 +135,11 @@ def test_every_method_batched_equals_sequential(name, digits_cfg, tmp_path):
 def test_every_method_takes_a_client_without_data_on_both_executors(name, digits_cfg, tmp_path):
     # Dirichlet(0.01) over 8 clients leaves client 3 without a sample: it is sampled, trains
     # nothing, and its reply (n_k = 0) must pass the checks and leave no NaN in the server state
-    # (ctx.features answers it (0, d), as for any other client)
+    # (ctx.features answers it (0, d), as for any other client); 2 steps a round: the empty
+    # client is the point, not the training
     cfg = digits_cfg(f"algorithm.name={name}", "rounds=2", "partition.name=dirichlet", "partition.beta=0.01",
                      "partition.num_clients=8", "partition.min_size=0", "participation.fraction=1.0",
-                     "eval.final_all_clients=false")
+                     "training.steps=2", "eval.final_all_clients=false")
     for ex in ("sequential", "batched"):
         sim, res, seen = record_run(cfg, tmp_path / ex, batched=ex == "batched")
         assert [k for k in range(8) if len(sim.fed.train_idx[k]) == 0] == [3]
@@ -169,7 +170,7 @@ def test_every_method_on_token_ids_and_an_lstm(name, digits_cfg, tmp_path, monke
     monkeypatch.setitem(DATASETS._items, "tokens", tokens)
     cfg = digits_cfg(f"algorithm.name={name}", "rounds=2", "data.name=tokens", "partition.name=iid",
                      "partition.num_clients=3", "participation.fraction=1.0", "model.name=lstm_shakespeare",
-                     "model.hidden=8", "model.num_layers=1", "execution.executor=batched")
+                     "model.hidden=8", "model.num_layers=1", "training.steps=2", "execution.executor=batched")
     if name in REFUSE_TOKENS:
         with pytest.raises(ConfigError, match=REFUSE_TOKENS[name]):
             Simulation(cfg, run_dir=tmp_path).run()

@@ -101,6 +101,11 @@ def float_tensors(sim, res) -> dict[str, torch.Tensor]:
     return out
 
 
+def non_finite(sim, res) -> list[str]:
+    """The paths of :func:`float_tensors` that hold a NaN or an infinity."""
+    return [k for k, t in float_tensors(sim, res).items() if t.is_floating_point() and not bool(t.isfinite().all())]
+
+
 @pytest.mark.parametrize("name", ALGORITHMS.names())
 def test_every_method_batched_equals_sequential(name, digits_cfg, tmp_path):
     # 4 clients of different sizes, all sampled; batch 24: they take different numbers of
@@ -145,8 +150,7 @@ def test_every_method_takes_a_client_without_data_on_both_executors(name, digits
         assert [k for k in range(8) if len(sim.fed.train_idx[k]) == 0] == [3]
         assert res.summary["status"] == "complete" and all(row["rejected"] == 0 for row in res.rows), ex
         assert {rnd for rnd, cid, _, reply, _ in seen if cid == 3 and reply.num_samples == 0} == {1, 2}
-        bad = [k for k, t in float_tensors(sim, res).items() if t.is_floating_point() and not bool(t.isfinite().all())]
-        assert not bad, (ex, bad)
+        assert not non_finite(sim, res), (ex, non_finite(sim, res))
 
 
 # methods that refuse a model reading token ids, and the words of their one-line error
@@ -180,5 +184,4 @@ def test_every_method_on_token_ids_and_an_lstm(name, digits_cfg, tmp_path, monke
     assert res.summary["status"] == "complete"
     mode = res.summary["execution"]
     assert mode["executor"] == "sequential" and "recurrent layer" in mode["executor_note"], mode
-    bad = [k for k, t in float_tensors(sim, res).items() if t.is_floating_point() and not bool(t.isfinite().all())]
-    assert not bad and all(0.0 <= r["pa"] <= 1.0 for r in res.rows), bad
+    assert not non_finite(sim, res) and all(0.0 <= r["pa"] <= 1.0 for r in res.rows), non_finite(sim, res)

@@ -20,15 +20,11 @@ from protofl.config import ConfigError
 from protofl.engine.simulation import Simulation
 
 from conftest import StopAfter, strip_timing
-from test_algorithms_common import float_tensors
+from test_algorithms_common import float_tensors, non_finite
 
 pytestmark = pytest.mark.long
 
 METHODS = ALGORITHMS.names()
-
-
-def non_finite(sim, res) -> list[str]:
-    return [k for k, t in float_tensors(sim, res).items() if t.is_floating_point() and not bool(t.isfinite().all())]
 
 
 def sweep(check) -> None:

@@ -90,7 +90,8 @@ class ServerOptHyper:
         require(0 <= self.server_momentum < 1, f"{section}.server_momentum", self.server_momentum,
                 "must be in [0, 1)")
         require(0 <= self.server_beta2 < 1, f"{section}.server_beta2", self.server_beta2, "must be in [0, 1)")
-        require(self.server_tau > 0, f"{section}.server_tau", self.server_tau, "must be > 0")
+        require(0 < self.server_tau <= 1e18, f"{section}.server_tau", self.server_tau,
+                "must be > 0 and at most 1e18 (v starts at tau^2, a float32)")
 
     @property
     def eta(self) -> float:

@@ -174,6 +174,22 @@ def test_ray_equals_sequential_on_two_nodes(driver, tmp_path):
         assert sorted(json.loads((tmp_path / f"{name}-ray" / "summary.json").read_text())) == sorted(ref.summary)
 
 
+@pytest.mark.long  # every method: about 3 s each on the cluster; the default run covers 3 here, and
+# every method through the workers' code path, which Ray's actors share (ClientRuntime.run)
+def test_every_method_on_the_cluster_equals_sequential(driver, tmp_path):
+    from protofl.algorithms import ALGORITHMS
+
+    failed = {}
+    for name in ALGORITHMS.names():
+        method = [f"algorithm.name={name}", "training.steps=2", "eval.final_all_clients=false"]
+        ref = Simulation(digits(tmp_path, *method), run_dir=tmp_path / f"{name}-seq").run()
+        res = Simulation(digits(tmp_path, *method, *ray_overrides(driver)), run_dir=tmp_path / f"{name}-ray").run()
+        ex = res.summary["execution"]
+        if strip_timing(res.rows) != strip_timing(ref.rows) or ex["nodes"] != 2:
+            failed[name] = ex
+    assert not failed, failed
+
+
 def test_driver_killed_then_resumed_with_cluster_state(cluster, tmp_path):
     method = METHODS["fedproto-hetero"]
     ref = Simulation(digits(tmp_path, *method, "rounds=4"), run_dir=tmp_path / "seq").run()

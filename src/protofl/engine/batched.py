@@ -511,23 +511,25 @@ class BatchedExecutor(Executor):
             was = module.training
             module.eval()
             try:
-                self._part_features(module, part + ".", [jobs[i] for i in idx], idx, out)
+                for i, z in zip(idx, self._part_features(module, part + ".", [jobs[i] for i in idx])):
+                    out[i] = z
             finally:
                 module.train(was)
         return out
 
-    def _part_features(self, module: nn.Module, prefix: str, jobs: list[_Job], idx: list[int],
-                       out: list[Optional[torch.Tensor]]) -> None:
-        """:meth:`_features` for the jobs of one part and architecture (``module`` in eval mode)."""
+    def _part_features(self, module: nn.Module, prefix: str, jobs: list[_Job]) -> list[torch.Tensor]:
+        """:meth:`_features` for the jobs of one part and architecture (``module`` in eval mode),
+        in their order."""
         dev = self.runtime.device
+        out: list[Optional[torch.Tensor]] = [None] * len(jobs)
         xs = [j.request.x if j.request.x is not None else j.ctx.data[0] for j in jobs]
-        for j, i, x in zip(jobs, idx, xs):
+        for i, (j, x) in enumerate(zip(jobs, xs)):
             if len(x) == 0:  # no samples: the part on the empty batch, (0, d) as for the others
                 w = {k[len(prefix):]: v.to(dev) for k, v in j.request.weights.items() if k.startswith(prefix)}
                 out[i] = functional_call(module, w, (x.to(dev),))
-        live = [(j, i, x) for j, i, x in zip(jobs, idx, xs) if len(x)]
+        live = [(j, i, x) for i, (j, x) in enumerate(zip(jobs, xs)) if len(x)]
         if not live:
-            return
+            return out
         keys = [k[len(prefix):] for k in live[0][0].request.weights if k.startswith(prefix)]
         W = {k: torch.stack([j.request.weights[prefix + k].to(dev) for j, _, _ in live]) for k in keys}
         data = torch.cat([x.to(dev) for _, _, x in live])
@@ -545,6 +547,7 @@ class BatchedExecutor(Executor):
                     pieces[c].append(z[c, :p[b][1] - p[b][0]])
         for c, (_, i, _) in enumerate(live):
             out[i] = torch.cat(pieces[c])
+        return out
 
     # -- training ----------------------------------------------------------------------------
     def _fit(self, jobs: list[_Job]) -> list[Any]:

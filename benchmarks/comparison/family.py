@@ -24,7 +24,11 @@ checks the script and says nothing about the methods.
 
 Each setting is one ``protofl sweep`` (its runs under ``--runs``, default
 runs/comparison/SCALE/SETTING): a finished run is reused and an interrupted one resumes,
-so the table can be built over several sittings. The page lists every registered method
+so the table can be built over several sittings. ``--records
+benchmarks/comparison/records/cpu`` keeps the record of every finished run there (its
+summary, metrics, config and partition: ``protofl.records``), committed beside the page,
+so the page is rebuilt from them with ``--no-run`` on any machine and the runs still to
+do go on from them. The page lists every registered method
 by family; a cell that lacks some of its seeds shows how many it has, and a method with
 no finished run shows "–". Fashion-MNIST is none of the papers' datasets, so no paper
 number sits beside ours here; the papers' own tables are rebuilt by ``protofl reproduce``.
@@ -48,6 +52,7 @@ import time
 from dataclasses import dataclass
 from datetime import date
 from pathlib import Path
+from typing import Optional
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent))
@@ -57,6 +62,7 @@ from protofl import api  # noqa: E402
 from protofl.algorithms import ALGORITHMS  # noqa: E402
 from protofl.algorithms.base import by_family  # noqa: E402
 from protofl.config import load_config  # noqa: E402
+from protofl.records import copy_records  # noqa: E402
 from protofl.report import tables  # noqa: E402
 from protofl.reproduce import stats  # noqa: E402
 from protofl.reproduce.run import run_value  # noqa: E402
@@ -286,12 +292,15 @@ def per_round(row: dict) -> str:
     return f"{wall} (wall)" if wall != "–" else wall
 
 
-def page(names: list[str], scale: str, done: dict[str, dict[str, list[Path]]], wall: float) -> str:
+def page(names: list[str], scale: str, done: dict[str, dict[str, list[Path]]], wall: float,
+         hide: Optional[dict[str, str]] = None) -> str:
+    """The page; ``hide``: more flags whose value the shown command replaces (harness.shown_command)."""
     seeds = len(SCALES[scale][0])
     lines = [f"# Every method side by side: Fashion-MNIST, scale {scale}", "",
              f"Measured {date.today().isoformat()}; {len(names)} methods x {len(SETTINGS)} settings x seeds "
              f"{', '.join(map(str, SCALES[scale][0]))}. Written by:", "", "```",
-             shown_command("benchmarks/comparison/family.py", sys.argv[1:], {"--data-dir": "DATA", "--runs": "RUNS"}),
+             shown_command("benchmarks/comparison/family.py", sys.argv[1:], {"--data-dir": "DATA", "--runs": "RUNS",
+                                                                              **(hide or {})}),
              "```", "",
              DESCRIPTION[scale], ""]
     for setting, (label, _) in SETTINGS.items():
@@ -342,6 +351,9 @@ def main() -> int:
                    help="run only the exploratory entries (EXPLORATORY), in place of --methods")
     p.add_argument("--no-run", action="store_true", help="only the table, from the runs finished so far")
     p.add_argument("--out", default=None, help="the page (default benchmarks/comparison/fmnist.md at scale cpu)")
+    p.add_argument("--records", default=None,
+                   help="a folder of run records (protofl.records; the page's: benchmarks/comparison/records/cpu): "
+                        "its finished runs are not run again, and every run finished is added to it")
     args = p.parse_args()
 
     if args.claim_methods:
@@ -364,16 +376,27 @@ def main() -> int:
     for setting in settings:
         cfg = setting_config(setting, args.scale, args.data_dir)
         out = runs_root / setting
-        if not args.no_run:
-            print(f"[comparison] {setting}: {len(names)} methods x {len(seeds)} seeds -> {out}", flush=True)
-            todo = extra if args.exploratory else methods
-            sweep(cfg, {}, seeds, out, todo, jobs=args.jobs, log=lambda m: print(m, flush=True))
+        planned = plan(cfg, {}, seeds, out, {**methods, **extra})
+        folders = [r.dir.relative_to(out) for r in planned]
+        records = Path(args.records) / setting if args.records else None
+        if records is not None:
+            copy_records(records, out, folders)
+        try:
+            if not args.no_run:
+                print(f"[comparison] {setting}: {len(names)} methods x {len(seeds)} seeds -> {out}", flush=True)
+                todo = extra if args.exploratory else methods
+                sweep(cfg, {}, seeds, out, todo, jobs=args.jobs, log=lambda m: print(m, flush=True))
+        finally:  # a run finished before an interruption keeps its record too
+            if records is not None:
+                copy_records(out, records, folders)
         groups: dict[str, list[Path]] = {}
-        for r in plan(cfg, {}, seeds, out, {**methods, **extra}):
+        for r in planned:
             if api.is_complete(r.dir, r.cfg.rounds):
                 groups.setdefault(r.label, []).append(r.dir)
         done[setting] = groups
-    text = page(names, args.scale, done, time.perf_counter() - t0)
+    # an absolute --records folder names the machine: shown as RECORDS (a relative one as given)
+    hide = {"--records": "RECORDS"} if args.records and Path(args.records).is_absolute() else {}
+    text = page(names, args.scale, done, time.perf_counter() - t0, hide)
     dest = Path(args.out) if args.out else (HERE / "fmnist.md" if args.scale == "cpu" else None)
     print(text)
     if dest is not None:

@@ -136,7 +136,8 @@ def cmd_reproduce(args) -> int:
         data, why = R.default_data(spec, args.scale, overrides)
         if why:
             print(why, file=sys.stderr)
-    p = R.plan(spec.variant(data), args.scale, seeds, overrides, Path(args.out) if args.out else None)
+    p = R.plan(spec.variant(data), args.scale, seeds, overrides, Path(args.out) if args.out else None,
+               Path(args.records) if args.records else None)
     if args.dry_run:
         print(f"data: {p.spec.runs_on} ({p.spec.dataset})")
         missing = R.data_missing(p)
@@ -150,8 +151,16 @@ def cmd_reproduce(args) -> int:
         print(f"{p.num_runs} runs in all")
         return 0
     only = R.row_labels(p, args.methods) if args.methods else None
-    failed = [] if args.no_run else R.execute(p, jobs=args.jobs, log=lambda m: print(m, file=sys.stderr),
-                                              methods=only)
+    brought = R.use_records(p)
+    if brought:
+        print(f"{len(brought)} finished run(s) from the records in {p.records}", file=sys.stderr)
+    try:
+        failed = [] if args.no_run else R.execute(p, jobs=args.jobs, log=lambda m: print(m, file=sys.stderr),
+                                                  methods=only)
+    finally:  # a run finished before an interruption keeps its record too
+        kept = R.keep_records(p)
+        if kept:
+            print(f"{len(kept)} run record(s) written to {p.records}", file=sys.stderr)
     from .reproduce.render import write_all
 
     files = write_all(R.collect(p))
@@ -387,6 +396,10 @@ def build_parser() -> argparse.ArgumentParser:
     sp.add_argument("--jobs", type=int, help="runs at once (default: CPU count / cores one run uses)")
     sp.add_argument("--out", help="output folder (default <output.dir>/reproduce/TABLE/SCALE; on the paper's data "
                                   "<output.dir>/reproduce/TABLE/paper-data/SCALE)")
+    sp.add_argument("--records", help="a folder of run records (each finished run's summary, metrics, config "
+                                      "and partition, without checkpoints or machine paths; docs/reproduce.md): the "
+                                      "runs finished there are not run again, and every run finished here is added "
+                                      "to it, e.g. benchmarks/reproductions/records/TABLE/SCALE")
     sp.add_argument("--data-dir", help="data root (default: $PROTOFL_DATA, then ~/.cache/protofl/data)")
     sp.add_argument("--data", choices=("paper", "substitute"),
                     help="paper: the paper's own datasets (fetched when missing), models and augmentation; "

@@ -3,6 +3,7 @@
     protofl reproduce list
     protofl reproduce fednh-table1 --scale cpu --data-dir DATA [--data paper|substitute] [--seeds 3,4] [key=value ...]
     protofl reproduce index --write benchmarks/RESULTS.md
+    protofl reproduce fednh-table1 --records benchmarks/reproductions/records/fednh-table1/cpu --no-run
 
 A table is data (``reproduce/tables/<name>.yaml``, :mod:`protofl.reproduce.spec`): the
 paper's numbers with their source, and the grid that rebuilds them at three scales. The
@@ -19,17 +20,17 @@ from pathlib import Path
 from typing import Callable, Optional
 
 from .render import write_all
-from .run import collect, data_missing, default_data, execute, Plan, plan, Results, row_labels
+from .run import collect, data_missing, default_data, execute, keep_records, Plan, plan, Results, row_labels, use_records
 from .spec import all_specs, DATA, get_spec, SCALES, TableSpec
 
 __all__ = ["DATA", "SCALES", "Plan", "Results", "TableSpec", "all_specs", "collect", "data_missing", "default_data",
-           "execute", "get_spec", "plan", "reproduce", "row_labels"]
+           "execute", "get_spec", "keep_records", "plan", "reproduce", "row_labels", "use_records"]
 
 
 def reproduce(name: str, scale: str = "cpu", seeds: Optional[list[int]] = None,
               overrides: Optional[list[str]] = None, out: Optional[Path] = None, jobs: Optional[int] = None,
               log: Callable[[str], None] = print, run: bool = True,
-              data: Optional[str] = None) -> tuple[Results, list[Path], list]:
+              data: Optional[str] = None, records: Optional[Path] = None) -> tuple[Results, list[Path], list]:
     """Run (or reuse) every run of table ``name`` at ``scale`` and write its outputs.
 
     ``seeds``: exploratory seeds besides the scale's own. ``data``: paper | substitute
@@ -42,7 +43,11 @@ def reproduce(name: str, scale: str = "cpu", seeds: Optional[list[int]] = None,
         data, why = default_data(spec, scale, overrides)
         if why:
             log(why)
-    p = plan(spec.variant(data), scale, seeds, overrides, out)
-    failed = execute(p, jobs=jobs, log=log) if run else []
+    p = plan(spec.variant(data), scale, seeds, overrides, out, records)
+    use_records(p)
+    try:
+        failed = execute(p, jobs=jobs, log=log) if run else []
+    finally:
+        keep_records(p)
     res = collect(p)
     return res, write_all(res), failed

@@ -47,6 +47,7 @@ from ..config import check_here, Config, load_config, parse_override
 from ..data.build import build_federated, datasets_read
 from ..data.datasets import resolve_root
 from ..errors import ConfigError, InputError, one_line
+from ..records import copy_records
 from ..report.plots import read_metrics
 from ..report.tables import mean_std, select_value
 from ..sweeps import plan as sweep_plan, sweep
@@ -85,6 +86,7 @@ class Plan:
     overrides: list[str]
     out: Path
     settings: list[SettingPlan]
+    records: Optional[Path] = None  # the folder of the runs' records (protofl.records), if any
 
     @property
     def num_runs(self) -> int:
@@ -119,10 +121,12 @@ def method_specs(spec: TableSpec, setting: Setting, scale: str) -> dict[str, dic
 
 
 def plan(spec: TableSpec, scale: str = "cpu", seeds: Optional[list[int]] = None,
-         overrides: Optional[list[str]] = None, out: Optional[Path] = None) -> Plan:
+         overrides: Optional[list[str]] = None, out: Optional[Path] = None,
+         records: Optional[Path] = None) -> Plan:
     """Every run of ``spec`` at ``scale``, validated (``overrides``: ``key=value`` strings
     applied last, to every setting). ``seeds``: exploratory seeds to run besides the
-    scale's own (those always run; naming them again changes nothing)."""
+    scale's own (those always run; naming them again changes nothing). ``records``: the
+    folder of the runs' records (:func:`use_records`)."""
     if scale not in SCALES:
         raise ConfigError("--scale", scale, f"expected one of {', '.join(SCALES)}")
     sc = spec.scales[scale]
@@ -149,7 +153,7 @@ def plan(spec: TableSpec, scale: str = "cpu", seeds: Optional[list[int]] = None,
             sp.runs += pt.runs
         sp.cfg = sp.parts[0].cfg
         settings.append(sp)
-    return Plan(spec, scale, seeds, overrides, out, settings)
+    return Plan(spec, scale, seeds, overrides, out, settings, Path(records) if records is not None else None)
 
 
 def default_out(spec: TableSpec, scale: str, output_dir: Path) -> Path:
@@ -238,25 +242,52 @@ def ensure_data(p: Plan) -> None:
 FOLDER_RECORD = "reproduce.json"
 
 
-def claim_out(p: Plan) -> None:
-    """Mark ``p.out`` as this table's on this data; refuse a folder that holds the pages of
-    the other data (or of another table): a ConfigError naming both. A folder with a
-    table.md from before pages named their data holds the substitute's."""
+def claim_out(p: Plan, folder: Optional[Path] = None, option: str = "--out") -> None:
+    """Mark ``folder`` (default ``p.out``) as this table's on this data; refuse a folder that
+    holds the pages or runs of the other data (or of another table): a ConfigError naming
+    both. A folder with a table.md from before pages named their data holds the
+    substitute's."""
+    folder = p.out if folder is None else folder
     want = {"table": p.spec.name, "data": p.spec.runs_on}
     have = None
     try:
-        have = json.loads((p.out / FOLDER_RECORD).read_text())
+        have = json.loads((folder / FOLDER_RECORD).read_text())
     except (OSError, ValueError):
-        page = p.out / "table.md"
+        page = folder / "table.md"
         if page.is_file():
             s = read_summary(page) or {}
             have = {"table": s.get("table", p.spec.name), "data": page_data(s, p.spec)}
     if isinstance(have, dict) and (have.get("table"), have.get("data")) != (want["table"], want["data"]):
-        raise ConfigError("--out", str(p.out), f"holds {have.get('table')} on the {have.get('data')} data; "
-                          f"{want['table']} on the {want['data']} data needs a folder of its own (leave --out "
-                          f"out for the default)")
-    p.out.mkdir(parents=True, exist_ok=True)
-    (p.out / FOLDER_RECORD).write_text(json.dumps(want) + "\n")
+        raise ConfigError(option, str(folder), f"holds {have.get('table')} on the {have.get('data')} data; "
+                          f"{want['table']} on the {want['data']} data needs a folder of its own"
+                          + (" (leave --out out for the default)" if option == "--out" else ""))
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / FOLDER_RECORD).write_text(json.dumps(want) + "\n")
+
+
+def use_records(p: Plan) -> list[Path]:
+    """Bring the finished runs of ``p.records`` (run records, :mod:`protofl.records`) into
+    ``p.out``, where they count as finished and are not run again; returns the runs
+    brought. Nothing without records."""
+    if p.records is None:
+        return []
+    claim_out(p, p.records, "--records")
+    claim_out(p)
+    return copy_records(p.records, p.out, _run_folders(p))
+
+
+def keep_records(p: Plan) -> list[Path]:
+    """Write the record of every run of ``p.out`` finished since into ``p.records``;
+    returns the runs written. Nothing without records."""
+    if p.records is None:
+        return []
+    claim_out(p, p.records, "--records")
+    return copy_records(p.out, p.records, _run_folders(p))
+
+
+def _run_folders(p: Plan) -> list[Path]:
+    """Every run folder of the plan, relative to its output folder."""
+    return [r.dir.relative_to(p.out) for sp in p.settings for r in sp.runs]
 
 
 def row_labels(p: Plan, text: str) -> list[str]:
@@ -570,4 +601,6 @@ def command_line(p: Plan) -> str:
         parts.append(o if re.fullmatch(r"[\w.=,+\-:/@\[\]]+", o) else f"'{o}'")
     if has_root:
         parts += ["--data-dir", "DATA"]
+    if p.records is not None:  # a relative folder as given (a page's records beside it), else a name
+        parts += ["--records", p.records.as_posix() if not p.records.is_absolute() else "RECORDS"]
     return " ".join(parts)

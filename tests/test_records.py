@@ -1,0 +1,149 @@
+"""Run records (protofl.records): what of a finished run is recorded, without machine paths;
+a cut run is never taken for a finished one; a disagreeing record is refused; a table run
+again from its records runs nothing and gives the same page; every published page whose
+records are committed is rebuilt from them, word for word."""
+import json
+import re
+import shutil
+from pathlib import Path
+
+import pytest
+import yaml
+
+from protofl.cli import main
+from protofl.config import ConfigError, load_config
+from protofl.errors import InputError
+from protofl.records import CONFIG, copy_records, DATA_ROOT, finished, finished_runs, METRICS, RECORD, SUMMARY
+from protofl.reproduce import all_specs, collect, get_spec, plan, reproduce
+from protofl.reproduce.pages import read_summary
+from protofl.reproduce.render import markdown_page
+
+from test_reproduce import write_spec
+
+ROOT = Path(__file__).resolve().parents[1]
+PAGES = ROOT / "benchmarks" / "reproductions"
+
+
+def fake_run(folder: Path, status="complete", done=3, rounds=3, fp="abcd1234", gm=(0.5, 0.6, 0.7)) -> Path:
+    folder.mkdir(parents=True)
+    (folder / METRICS).write_text("".join(json.dumps({"round": r + 1, "gm": g}) + "\n" for r, g in enumerate(gm)))
+    (folder / "clients.json").write_text(json.dumps({"num_clients": 2, "train_counts": [[1, 0], [0, 1]]}))
+    (folder / CONFIG).write_text(yaml.safe_dump({"seed": 0, "rounds": rounds, "data": {"name": "digits",
+                                                 "root": "/home/someone/data"},
+                                                 "output": {"dir": str(folder.parent), "name": folder.name}}))
+    (folder / SUMMARY).write_text(json.dumps({"status": status, "rounds_completed": done, "rounds": rounds,
+                                              "fingerprint": fp}))
+    (folder / "checkpoint.pt").write_bytes(b"\0" * 64)
+    (folder / "model.pt").write_bytes(b"\0" * 64)
+    return folder
+
+
+def test_only_finished_runs_are_recorded_and_no_machine_path(tmp_path):
+    src = tmp_path / "runs"
+    fake_run(src / "s1" / "FedAvg-s0-aaaa")
+    fake_run(src / "s1" / "FedAvg-s1-bbbb", status="running", done=2)  # cut: never recorded
+    fake_run(src / "s1" / "FedAvg-s2-cccc", status="complete", done=2)  # a summary that lacks rounds
+    (src / "s1" / "sweep.md").write_text("a table")
+    assert finished_runs(src) == [src / "s1" / "FedAvg-s0-aaaa"]
+    written = copy_records(src, tmp_path / "rec")
+    run = tmp_path / "rec" / "s1" / "FedAvg-s0-aaaa"
+    assert written == [run]
+    assert sorted(p.name for p in run.iterdir()) == sorted(RECORD)  # no checkpoint, no model
+    assert not (tmp_path / "rec" / "s1" / "sweep.md").exists()
+    assert (run / METRICS).read_bytes() == (src / "s1" / "FedAvg-s0-aaaa" / METRICS).read_bytes()
+    cfg = yaml.safe_load((run / CONFIG).read_text())
+    assert cfg["data"]["root"] == DATA_ROOT and cfg["output"] == {"dir": "s1", "name": "FedAvg-s0-aaaa"}
+    assert str(tmp_path) not in (run / CONFIG).read_text() and "/home/someone" not in (run / CONFIG).read_text()
+    # copying again writes nothing; only= limits the copy to the runs named
+    assert copy_records(src, tmp_path / "rec") == []
+    assert copy_records(src, tmp_path / "other", only=[Path("s1/FedAvg-s1-bbbb")]) == []
+
+
+def test_a_cut_copy_is_not_finished_and_is_completed_later(tmp_path):
+    src = fake_run(tmp_path / "runs" / "FedAvg-s0-aaaa").parent
+    cut = fake_run(tmp_path / "rec" / "FedAvg-s0-aaaa", status="running", done=1)
+    assert finished(cut) is None
+    assert copy_records(src, tmp_path / "rec") == [cut]
+    assert finished(cut)["status"] == "complete" and (cut / METRICS).read_text().count("\n") == 3
+
+
+def test_a_record_that_disagrees_is_refused_never_overwritten(tmp_path):
+    src = fake_run(tmp_path / "runs" / "FedAvg-s0-aaaa").parent
+    other = fake_run(tmp_path / "rec" / "FedAvg-s0-aaaa", gm=(0.5, 0.6, 0.8))
+    with pytest.raises(InputError, match="differs"):
+        copy_records(src, tmp_path / "rec")
+    assert (other / METRICS).read_text().endswith('"gm": 0.8}\n')
+    (src / "FedAvg-s0-aaaa" / SUMMARY).unlink()
+    fake_run(tmp_path / "runs2" / "FedAvg-s0-aaaa", fp="ffff0000")
+    with pytest.raises(InputError, match="differs"):
+        copy_records(tmp_path / "runs2", tmp_path / "rec")
+    (tmp_path / "runs2" / "FedAvg-s0-aaaa" / "clients.json").unlink()
+    with pytest.raises(InputError, match="without clients.json"):
+        copy_records(tmp_path / "runs2", tmp_path / "rec3")
+
+
+def test_a_table_run_again_from_its_records_runs_nothing(tmp_path, monkeypatch):
+    spec = load_spec_toy(tmp_path, monkeypatch)
+    logs = []
+    res, files, failed = reproduce("toy", "smoke", out=tmp_path / "out", jobs=1, log=logs.append,
+                                   overrides=["execution.workers=0"], records=tmp_path / "rec")
+    assert not failed and len(finished_runs(tmp_path / "rec")) == 6
+    assert not list((tmp_path / "rec").rglob("*.pt"))
+    # the recorded config is the run's config: the same fingerprint, read back
+    for run in finished_runs(tmp_path / "rec"):
+        assert load_config(run / CONFIG).fingerprint() == finished(run)["fingerprint"]
+    # elsewhere, from the records alone: every run is skipped, and the page is the same
+    again = []
+    res2, _, _ = reproduce("toy", "smoke", out=tmp_path / "elsewhere", jobs=1, log=again.append,
+                           overrides=["execution.workers=0"], records=tmp_path / "rec")
+    assert sum("skip" in m for m in again) == 6 and not any(m.startswith("[run") for m in again)
+    assert markdown_page(res2, date="D", mach="M") == markdown_page(res, date="D", mach="M")
+    assert "--records RECORDS" in markdown_page(res, date="D", mach="M")  # an absolute folder is not shown
+    # a records folder of another table is refused before anything runs
+    (tmp_path / "rec" / "reproduce.json").write_text(json.dumps({"table": "other", "data": "substitute"}))
+    with pytest.raises(ConfigError, match="--records"):
+        reproduce("toy", "smoke", out=tmp_path / "third", jobs=1, log=again.append,
+                  overrides=["execution.workers=0"], records=tmp_path / "rec")
+
+
+def load_spec_toy(tmp_path, monkeypatch):
+    from protofl.reproduce.spec import load_spec
+    spec = load_spec(write_spec(tmp_path))
+    monkeypatch.setattr("protofl.reproduce.get_spec", lambda name: spec)
+    return spec
+
+
+def published_with_records():
+    """(page, records folder) of every published page whose run records are committed."""
+    out = []
+    for page in sorted(PAGES.glob("*.md")):
+        s = read_summary(page) or {}
+        folder = PAGES / "records" / page.name[:-len(".md")] / s.get("scale", "")
+        if s and folder.is_dir():
+            out.append((page, folder))
+    return out
+
+
+def test_every_published_page_with_records_is_rebuilt_from_them(tmp_path, monkeypatch):
+    """The page's own command with --no-run, on a copy of its records: the same page but
+    the line naming the date and machine it was made on."""
+    pages = published_with_records()
+    for page, folder in pages:
+        text = page.read_text(encoding="utf-8")
+        command = re.search(r"^```\n(protofl reproduce .*)\n```$", text, re.M).group(1).split()
+        assert "--records" in command and (ROOT / command[command.index("--records") + 1]) == folder
+        recs = tmp_path / page.stem / "records"
+        shutil.copytree(folder, recs)
+        args = [a for a in command[2:]]
+        args[args.index("--records") + 1] = str(recs)
+        if "--data-dir" in args:
+            args[args.index("--data-dir") + 1] = str(tmp_path / "no-data")
+        assert main(args + ["--no-run", "--out", str(tmp_path / page.stem / "out")]) == 0
+        made = (tmp_path / page.stem / "out" / "table.md").read_text(encoding="utf-8")
+        drop = re.compile(r"^Made by `protofl reproduce` on .*$|^protofl reproduce .*$", re.M)
+        assert drop.sub("", made) == drop.sub("", text), page.name
+        # nothing was written into the records: the check only reads them
+        assert sorted(p.relative_to(recs) for p in recs.rglob("*")) == \
+            sorted(p.relative_to(folder) for p in folder.rglob("*"))
+    if not pages:
+        pytest.skip("no published page has committed run records yet")

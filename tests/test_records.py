@@ -160,3 +160,27 @@ def test_every_published_page_with_records_is_rebuilt_from_them(tmp_path, monkey
             sorted(p.relative_to(folder) for p in folder.rglob("*"))
     if not pages:
         pytest.skip("no published page has committed run records yet")
+
+
+def test_a_sweep_goes_on_from_its_records_elsewhere(tmp_path, capsys):
+    """`protofl sweep --records`: one seed on one machine, both seeds on another from the
+    first's records: only the new seed runs, and the table is the one run in one go."""
+    from conftest import DIGITS
+
+    args = ["sweep", str(DIGITS), "rounds=1", "partition.num_clients=4", "--grid", "algorithm.name=fedavg,local",
+            "--jobs", "1"]
+    assert main([*args, "--seeds", "0", "--out", str(tmp_path / "a"), "--records", str(tmp_path / "rec")]) == 0
+    assert len(finished_runs(tmp_path / "rec")) == 2
+    capsys.readouterr()
+    assert main([*args, "--seeds", "0,1", "--out", str(tmp_path / "b"), "--records", str(tmp_path / "rec")]) == 0
+    err = capsys.readouterr().err
+    assert len(re.findall(r"^\[skip", err, re.M)) == 2 and len(re.findall(r"^\[run", err, re.M)) == 2, err
+    assert len(finished_runs(tmp_path / "rec")) == 4
+    assert main([*args, "--seeds", "0,1", "--out", str(tmp_path / "c")]) == 0
+
+    def table(folder):  # all but the seconds per round
+        lines = (tmp_path / folder / "sweep.csv").read_text().splitlines()
+        col = lines[0].split(",").index("s_per_round")
+        return [[v for i, v in enumerate(ln.split(",")) if i != col] for ln in lines]
+
+    assert table("b") == table("c")

@@ -87,15 +87,24 @@ def cmd_sweep(args) -> int:
     from . import api
     from .config import config_from_args
     from .report import tables
-    from .sweeps import parse_grid, sweep
+    from .records import copy_records
+    from .sweeps import parse_grid, plan, sweep
 
     cfg = config_from_args(args)
     grid = parse_grid(args.grid or [])
     methods = api.parse_methods(args.methods) if args.methods else None
     seeds = [int(s) for s in args.seeds.split(",") if s.strip()] if args.seeds else [cfg.seed]
     out = Path(args.out) if args.out else Path(cfg.output.dir) / "sweep"
-    rows, out, failed = sweep(cfg, grid, seeds, out, methods=methods, jobs=args.jobs,
-                              log=lambda m: print(m, file=sys.stderr))
+    records = Path(args.records) if args.records else None
+    folders = [r.dir.relative_to(out) for r in plan(cfg, grid, seeds, out, methods)] if records else []
+    if records is not None:
+        copy_records(records, out, folders)
+    try:
+        rows, out, failed = sweep(cfg, grid, seeds, out, methods=methods, jobs=args.jobs,
+                                  log=lambda m: print(m, file=sys.stderr))
+    finally:  # a run finished before an interruption keeps its record too
+        if records is not None:
+            copy_records(out, records, folders)
     print(tables.to_markdown(rows))
     print(f"table: {out / 'sweep.md'} and {out / 'sweep.csv'}")
     if failed:
@@ -375,6 +384,8 @@ def build_parser() -> argparse.ArgumentParser:
     sp.add_argument("--jobs", type=int, help="runs at once (default: up to the CPU count / the cores one run keeps "
                     "busy; a worker process starts only when a core is idle and the runs left outweigh its start-up)")
     sp.add_argument("--out", help="output folder (default <output.dir>/sweep)")
+    sp.add_argument("--records", help="a folder of run records (docs/reproduce.md): its finished runs are not run "
+                                      "again, and every run finished is added to it")
     sp.add_argument("--workers", help="worker processes per run (0 = sequential, auto)")
     sp.add_argument("--quiet", action="store_true")
     sp.set_defaults(func=cmd_sweep)

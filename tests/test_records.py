@@ -69,8 +69,12 @@ def test_a_cut_copy_is_not_finished_and_is_completed_later(tmp_path):
 
 def test_a_record_that_disagrees_is_refused_never_overwritten(tmp_path):
     src = fake_run(tmp_path / "runs" / "FedAvg-s0-aaaa").parent
+    # the same run made twice: other timings, the same results: accepted, nothing written
+    twice = fake_run(tmp_path / "twice" / "FedAvg-s0-aaaa")
+    (twice / METRICS).write_text((twice / METRICS).read_text().replace("}", ', "wall_s": 1.5}'))
+    assert copy_records(src, tmp_path / "twice") == [] and "wall_s" in (twice / METRICS).read_text()
     other = fake_run(tmp_path / "rec" / "FedAvg-s0-aaaa", gm=(0.5, 0.6, 0.8))
-    with pytest.raises(InputError, match="differs"):
+    with pytest.raises(InputError, match="differs .* other results"):
         copy_records(src, tmp_path / "rec")
     assert (other / METRICS).read_text().endswith('"gm": 0.8}\n')
     (src / "FedAvg-s0-aaaa" / SUMMARY).unlink()

@@ -61,13 +61,21 @@ def without_machine(config_text: str, run_dir: Path, root: Path) -> str:
     return yaml.safe_dump(cfg, sort_keys=False)
 
 
+def results(run_dir: Path) -> list[dict]:
+    """A run's metrics rows without its timings (keys ending in ``_s``: seconds, which two
+    runs of the same config never share)."""
+    rows = [json.loads(line) for line in (run_dir / METRICS).read_text().splitlines() if line.strip()]
+    return [{k: v for k, v in row.items() if not k.endswith("_s")} for row in rows]
+
+
 def copy_records(src: Path, dest: Path, only: Optional[Iterable[Path]] = None) -> list[Path]:
     """Copy the record of every finished run under ``src`` (``only``: of these run folders,
     relative to ``src``) to the same place under ``dest`` where no finished run is yet;
     returns the run folders written under ``dest``.
 
-    A finished run on both sides must be the same run: a different fingerprint, or
-    different metrics, is an error naming the folder (never overwritten)."""
+    A finished run on both sides must be the same run: a different fingerprint, or other
+    results (its metrics but the timings), is an error naming the folder (never
+    overwritten): runs are deterministic, so the same config gives the same results."""
     src, dest = Path(src), Path(dest)
     runs = finished_runs(src) if only is None else [src / rel for rel in only if finished(src / rel) is not None]
     written = []
@@ -76,10 +84,9 @@ def copy_records(src: Path, dest: Path, only: Optional[Iterable[Path]] = None) -
         to = dest / rel
         have = finished(to)
         if have is not None:
-            if have.get("fingerprint") != finished(run).get("fingerprint") or \
-                    (to / METRICS).read_bytes() != (run / METRICS).read_bytes():
+            if have.get("fingerprint") != finished(run).get("fingerprint") or results(to) != results(run):
                 raise InputError(f"{to}: a finished run that differs from {run} (another config or other "
-                                 "metrics); remove one of them")
+                                 "results); remove one of them")
             continue
         missing = [name for name in RECORD if not (run / name).is_file()]
         if missing:

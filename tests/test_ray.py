@@ -32,6 +32,23 @@ from conftest import DIGITS, strip_timing  # noqa: E402
 pytestmark = pytest.mark.ray
 
 PROTOFL = [sys.executable, "-m", "protofl"]
+# `protofl ARGS` whose driver kills itself (SIGKILL) when round 3's row is out, after the
+# checkpoint of round 2
+DIE_IN_ROUND_3 = """
+import os, signal, sys
+from protofl.cli import main
+from protofl.engine.callbacks import Callback
+from protofl.engine.simulation import Simulation
+
+class Die(Callback):
+    def on_round(self, row):
+        if row["round"] == 3:
+            os.kill(os.getpid(), signal.SIGKILL)
+
+init = Simulation.__init__
+Simulation.__init__ = lambda self, cfg, callbacks=(), *a, **k: init(self, cfg, [*callbacks, Die()], *a, **k)
+sys.exit(main(sys.argv[1:]))
+"""
 
 
 @pytest.fixture(scope="module")
@@ -197,18 +214,13 @@ def test_driver_killed_then_resumed_with_cluster_state(cluster, tmp_path):
             "training.epochs=1", f"output.dir={tmp_path}", "output.name=ray", "output.checkpoint_every=1",
             "execution.threads=1", *method, *ray_overrides(cluster, "execution.state=cluster"), "--quiet"]
     metrics = tmp_path / "ray" / "metrics.jsonl"
-    with open(tmp_path / "first.log", "wb") as log:
-        first = subprocess.Popen(args, stdout=log, stderr=subprocess.STDOUT, env=ray_env())
-        try:
-            deadline = time.monotonic() + 120
-            while len(read_rows(metrics)) < 2 and first.poll() is None and time.monotonic() < deadline:
-                time.sleep(0.1)
-            assert first.poll() is None, (tmp_path / "first.log").read_text()
-            os.kill(first.pid, signal.SIGKILL)  # the driver dies mid-run (checkpoint of round >= 2)
-        finally:
-            first.kill()
-            first.wait()
-    assert len(read_rows(metrics)) < 4
+    # the driver dies (SIGKILL) in round 3, after round 2's checkpoint: killed from inside, at
+    # a known round, since a poll from outside lost the race to a fast machine (all 4 rounds
+    # done between two polls)
+    first = subprocess.run([sys.executable, "-c", DIE_IN_ROUND_3, *args[3:]], capture_output=True, text=True,
+                           timeout=180, env=ray_env())
+    assert first.returncode == -signal.SIGKILL, first.stdout + first.stderr
+    assert len(read_rows(metrics)) == 3
     res = subprocess.run([*args, "--resume"], capture_output=True, text=True, timeout=180, env=ray_env())
     assert res.returncode == 0, res.stdout + res.stderr
     assert strip_timing(read_rows(metrics)) == strip_timing(ref.rows)

@@ -14,7 +14,7 @@ from protofl.cli import main
 from protofl.config import ConfigError, load_config
 from protofl.errors import InputError
 from protofl.records import CONFIG, copy_records, DATA_ROOT, finished, finished_runs, METRICS, RECORD, SUMMARY
-from protofl.reproduce import all_specs, collect, get_spec, plan, reproduce
+from protofl.reproduce import reproduce
 from protofl.reproduce.pages import read_summary
 from protofl.reproduce.render import markdown_page
 

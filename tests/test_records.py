@@ -142,7 +142,7 @@ def published_with_records():
     return out
 
 
-def test_every_published_page_with_records_is_rebuilt_from_them(tmp_path, monkeypatch):
+def test_every_published_page_with_records_is_rebuilt_from_them(tmp_path):
     """The page's own command with --no-run, on a copy of its records: the same page but
     the line naming the date and machine it was made on."""
     pages = published_with_records()

@@ -217,7 +217,7 @@ def test_driver_killed_then_resumed_with_cluster_state(cluster, tmp_path):
     # the driver dies (SIGKILL) in round 3, after round 2's checkpoint: killed from inside, at
     # a known round, since a poll from outside lost the race to a fast machine (all 4 rounds
     # done between two polls)
-    first = subprocess.run([sys.executable, "-c", DIE_IN_ROUND_3, *args[3:]], capture_output=True, text=True,
+    first = subprocess.run([sys.executable, "-c", DIE_IN_ROUND_3, *args[len(PROTOFL):]], capture_output=True, text=True,
                            timeout=180, env=ray_env())
     assert first.returncode == -signal.SIGKILL, first.stdout + first.stderr
     assert len(read_rows(metrics)) == 3

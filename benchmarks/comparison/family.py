@@ -62,7 +62,7 @@ from protofl import api  # noqa: E402
 from protofl.algorithms import ALGORITHMS  # noqa: E402
 from protofl.algorithms.base import by_family  # noqa: E402
 from protofl.config import load_config  # noqa: E402
-from protofl.records import copy_records  # noqa: E402
+from protofl.records import carried  # noqa: E402
 from protofl.report import tables  # noqa: E402
 from protofl.reproduce import stats  # noqa: E402
 from protofl.reproduce.run import run_value  # noqa: E402
@@ -378,17 +378,11 @@ def main() -> int:
         out = runs_root / setting
         planned = plan(cfg, {}, seeds, out, {**methods, **extra})
         folders = [r.dir.relative_to(out) for r in planned]
-        records = Path(args.records) / setting if args.records else None
-        if records is not None:
-            copy_records(records, out, folders)
-        try:
+        with carried(Path(args.records) / setting if args.records else None, out, folders):
             if not args.no_run:
                 print(f"[comparison] {setting}: {len(names)} methods x {len(seeds)} seeds -> {out}", flush=True)
                 todo = extra if args.exploratory else methods
                 sweep(cfg, {}, seeds, out, todo, jobs=args.jobs, log=lambda m: print(m, flush=True))
-        finally:  # a run finished before an interruption keeps its record too
-            if records is not None:
-                copy_records(out, records, folders)
         groups: dict[str, list[Path]] = {}
         for r in planned:
             if api.is_complete(r.dir, r.cfg.rounds):

@@ -87,7 +87,7 @@ def cmd_sweep(args) -> int:
     from . import api
     from .config import config_from_args
     from .report import tables
-    from .records import copy_records
+    from .records import carried
     from .sweeps import parse_grid, plan, sweep
 
     cfg = config_from_args(args)
@@ -97,14 +97,9 @@ def cmd_sweep(args) -> int:
     out = Path(args.out) if args.out else Path(cfg.output.dir) / "sweep"
     records = Path(args.records) if args.records else None
     folders = [r.dir.relative_to(out) for r in plan(cfg, grid, seeds, out, methods)] if records else []
-    if records is not None:
-        copy_records(records, out, folders)
-    try:
+    with carried(records, out, folders):
         rows, out, failed = sweep(cfg, grid, seeds, out, methods=methods, jobs=args.jobs,
                                   log=lambda m: print(m, file=sys.stderr))
-    finally:  # a run finished before an interruption keeps its record too
-        if records is not None:
-            copy_records(out, records, folders)
     print(tables.to_markdown(rows))
     print(f"table: {out / 'sweep.md'} and {out / 'sweep.csv'}")
     if failed:
@@ -160,16 +155,9 @@ def cmd_reproduce(args) -> int:
         print(f"{p.num_runs} runs in all")
         return 0
     only = R.row_labels(p, args.methods) if args.methods else None
-    brought = R.use_records(p)
-    if brought:
-        print(f"{len(brought)} finished run(s) from the records in {p.records}", file=sys.stderr)
-    try:
-        failed = [] if args.no_run else R.execute(p, jobs=args.jobs, log=lambda m: print(m, file=sys.stderr),
-                                                  methods=only)
-    finally:  # a run finished before an interruption keeps its record too
-        kept = R.keep_records(p)
-        if kept:
-            print(f"{len(kept)} run record(s) written to {p.records}", file=sys.stderr)
+    log = lambda m: print(m, file=sys.stderr)  # noqa: E731
+    with R.records_carried(p, log):
+        failed = [] if args.no_run else R.execute(p, jobs=args.jobs, log=log, methods=only)
     from .reproduce.render import write_all
 
     files = write_all(R.collect(p))

@@ -11,7 +11,9 @@ records of its runs can be rebuilt and checked by anyone (``protofl reproduce TA
 on elsewhere: a run whose record is there is finished, and is not run again.
 
 :func:`copy_records` copies the record of every finished run under one folder to the same
-place under another, leaving the runs already finished there alone. The copied
+place under another, leaving the runs already finished there alone; :func:`carried` does
+it both ways around the runs of a grid (``--records`` of ``protofl sweep`` and ``protofl
+reproduce``). The copied
 ``config.yaml`` names no machine: its data root reads ``DATA`` and its output folder is
 the run's folder relative to the records' root (neither enters the fingerprint). A record
 is written summary last, so a copy cut short is not taken for a finished run.
@@ -20,8 +22,9 @@ from __future__ import annotations
 
 import json
 import shutil
+from contextlib import contextmanager
 from pathlib import Path
-from typing import Iterable, Optional
+from typing import Callable, Iterable, Iterator, Optional
 
 import yaml
 
@@ -100,3 +103,25 @@ def copy_records(src: Path, dest: Path, only: Optional[Iterable[Path]] = None) -
                 shutil.copyfile(run / name, to / name)
         written.append(to)
     return written
+
+
+@contextmanager
+def carried(records: Optional[Path], out: Path, folders: Iterable[Path],
+            log: Optional[Callable[[str], None]] = None) -> Iterator[None]:
+    """Around the runs of a grid (``folders``, relative to ``out``): the runs finished in
+    ``records`` are brought into ``out`` first, where they count as finished; when the block
+    ends, an interruption too, every run finished in ``out`` is written to ``records``.
+    ``records`` None: nothing. ``log``: a line for each copy that moved any run."""
+    if records is None:
+        yield
+        return
+    folders = list(folders)
+    brought = copy_records(records, out, folders)
+    if brought and log is not None:
+        log(f"{len(brought)} finished run(s) from the records in {records}")
+    try:
+        yield
+    finally:
+        written = copy_records(out, records, folders)
+        if written and log is not None:
+            log(f"{len(written)} run record(s) written to {records}")

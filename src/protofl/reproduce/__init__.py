@@ -20,11 +20,11 @@ from pathlib import Path
 from typing import Callable, Optional
 
 from .render import write_all
-from .run import collect, data_missing, default_data, execute, keep_records, Plan, plan, Results, row_labels, use_records
+from .run import collect, data_missing, default_data, execute, Plan, plan, records_carried, Results, row_labels
 from .spec import all_specs, DATA, get_spec, SCALES, TableSpec
 
 __all__ = ["DATA", "SCALES", "Plan", "Results", "TableSpec", "all_specs", "collect", "data_missing", "default_data",
-           "execute", "get_spec", "keep_records", "plan", "reproduce", "row_labels", "use_records"]
+           "execute", "get_spec", "plan", "records_carried", "reproduce", "row_labels"]
 
 
 def reproduce(name: str, scale: str = "cpu", seeds: Optional[list[int]] = None,
@@ -44,10 +44,7 @@ def reproduce(name: str, scale: str = "cpu", seeds: Optional[list[int]] = None,
         if why:
             log(why)
     p = plan(spec.variant(data), scale, seeds, overrides, out, records)
-    use_records(p)
-    try:
+    with records_carried(p):
         failed = execute(p, jobs=jobs, log=log) if run else []
-    finally:
-        keep_records(p)
     res = collect(p)
     return res, write_all(res), failed

@@ -36,9 +36,10 @@ from __future__ import annotations
 import json
 import math
 import re
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable, Optional, Sequence
+from typing import Callable, Iterator, Optional, Sequence
 
 import numpy as np
 
@@ -47,7 +48,7 @@ from ..config import check_here, Config, load_config, parse_override
 from ..data.build import build_federated, datasets_read
 from ..data.datasets import resolve_root
 from ..errors import ConfigError, InputError, one_line
-from ..records import copy_records
+from ..records import carried
 from ..report.plots import read_metrics
 from ..report.tables import mean_std, select_value
 from ..sweeps import plan as sweep_plan, sweep
@@ -126,7 +127,7 @@ def plan(spec: TableSpec, scale: str = "cpu", seeds: Optional[list[int]] = None,
     """Every run of ``spec`` at ``scale``, validated (``overrides``: ``key=value`` strings
     applied last, to every setting). ``seeds``: exploratory seeds to run besides the
     scale's own (those always run; naming them again changes nothing). ``records``: the
-    folder of the runs' records (:func:`use_records`)."""
+    folder of the runs' records (:func:`records_carried`)."""
     if scale not in SCALES:
         raise ConfigError("--scale", scale, f"expected one of {', '.join(SCALES)}")
     sc = spec.scales[scale]
@@ -265,29 +266,17 @@ def claim_out(p: Plan, folder: Optional[Path] = None, option: str = "--out") -> 
     (folder / FOLDER_RECORD).write_text(json.dumps(want) + "\n")
 
 
-def use_records(p: Plan) -> list[Path]:
-    """Bring the finished runs of ``p.records`` (run records, :mod:`protofl.records`) into
-    ``p.out``, where they count as finished and are not run again; returns the runs
-    brought. Nothing without records."""
-    if p.records is None:
-        return []
-    claim_out(p, p.records, "--records")
-    claim_out(p)
-    return copy_records(p.records, p.out, _run_folders(p))
-
-
-def keep_records(p: Plan) -> list[Path]:
-    """Write the record of every run of ``p.out`` finished since into ``p.records``;
-    returns the runs written. Nothing without records."""
-    if p.records is None:
-        return []
-    claim_out(p, p.records, "--records")
-    return copy_records(p.out, p.records, _run_folders(p))
-
-
-def _run_folders(p: Plan) -> list[Path]:
-    """Every run folder of the plan, relative to its output folder."""
-    return [r.dir.relative_to(p.out) for sp in p.settings for r in sp.runs]
+@contextmanager
+def records_carried(p: Plan, log: Optional[Callable[[str], None]] = None) -> Iterator[None]:
+    """:func:`protofl.records.carried` for the runs of the plan: the finished runs of
+    ``p.records`` brought into ``p.out`` before, every run finished written back after (an
+    interruption too); the records folder refused, as ``--out`` is, when it holds another
+    table or data. Nothing without records."""
+    if p.records is not None:
+        claim_out(p, p.records, "--records")
+        claim_out(p)
+    with carried(p.records, p.out, [r.dir.relative_to(p.out) for sp in p.settings for r in sp.runs], log):
+        yield
 
 
 def row_labels(p: Plan, text: str) -> list[str]:

@@ -116,6 +116,10 @@ def test_not_worse_is_one_sided_against_the_margin():
     assert stats.not_worse(by_seed(67.0, 67.5, 66.5), base, margin=1.0).verdict == stats.CONTRADICTED
     v = stats.not_worse(by_seed(68.5, 70.5, 69.5), base, margin=1.0)  # d + 1 = (-0.5, 1.5, 0.5): t = 0.866
     assert v.verdict == stats.NOT_SHOWN and v.tests[0].p_for == pytest.approx(t2_upper(0.5 * math.sqrt(3)))
+    # against several methods, the methods it is not shown for, without a double negative
+    v = stats.each_of(base, {"x": by_seed(70.0, 70.5, 70.2), "y": by_seed(68.5, 70.5, 69.5)},
+                      lambda a, b: stats.not_worse(a, b, margin=1.0), "not worse than")
+    assert v.verdict == stats.NOT_SHOWN and v.detail.startswith("not worse than y: not shown at p < 0.05. vs x:")
 
 
 def test_smaller_std_is_the_pitman_morgan_test():

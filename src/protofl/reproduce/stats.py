@@ -270,7 +270,10 @@ def each_of(a: dict[int, Optional[float]], others: dict[str, dict[int, Optional[
         cut = f"{ALPHA} / {k} = {ALPHA / k:.3g} (Bonferroni over the {k} rivals)" if k > 1 else f"{ALPHA}"
         return Verdict(CONTRADICTED, f"the opposite holds against {', '.join(against)} at p < {cut}. {lines}",
                        tests)
-    return Verdict(NOT_SHOWN, f"not {what} {', '.join(failed)} at p < {ALPHA}. {lines}", tests)
+    failed_text = ", ".join(failed)
+    if what.startswith("not "):  # "not worse than": no "not not worse than"
+        return Verdict(NOT_SHOWN, f"{what} {failed_text}: not shown at p < {ALPHA}. {lines}", tests)
+    return Verdict(NOT_SHOWN, f"not {what} {failed_text} at p < {ALPHA}. {lines}", tests)
 
 
 def best(a: dict[int, Optional[float]], others: dict[str, dict[int, Optional[float]]], step: Step = None) -> Verdict:

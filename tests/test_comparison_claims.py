@@ -99,3 +99,31 @@ def test_s_per_round_is_cpu_time_where_every_seed_has_it_else_wall_clock_marked(
     row = tables.compare_rows(mixed, metrics=["gm"])[0]
     assert row["cpu_per_round"] != row["cpu_per_round"]  # NaN
     assert family.per_round(row) == "5.00 (wall)"  # (5 + 7) / 2 and (3 + 5) / 2, averaged
+
+
+def diverged_run(root: Path, name: str, seed: int, rnd: int) -> Path:
+    d = fake_run(root, name, seed, [0.5] * (rnd - 1))
+    (d / "summary.json").write_text(json.dumps({"status": "diverged", "seed": seed, "rounds": 20,
+                                                "rounds_completed": rnd - 1,
+                                                "error": f"non-finite training loss (nan) in round {rnd} on client 4"}))
+    return d
+
+
+def test_a_diverged_run_is_counted_and_named_apart_from_the_cells(family, tmp_path, monkeypatch):
+    monkeypatch.setattr(family, "CLAIMS", [])
+    monkeypatch.setattr(family, "EXPLORATORY", [])
+    dir03 = {"fedavg": [fake_run(tmp_path / "d", "fedavg", s, [0.80]) for s in (0, 1, 2)],
+             "fedprox": [fake_run(tmp_path / "d", "fedprox", s, [0.70 + s / 100]) for s in (0, 1)]}
+    bad = {"dir0.3": {"fedprox": [diverged_run(tmp_path / "d", "fedprox", 2, 2)]},
+           "p50c2": {"fedavg": [diverged_run(tmp_path / "p", "fedavg", s, 3) for s in (0, 1, 2)]}}
+    text = family.page(["fedavg", "fedprox"], "cpu", {"dir0.3": dir03, "p50c2": {}}, 0.0, diverged=bad)
+    assert "5 of 6 runs finished; 1 diverged (below)." in text
+    assert "0 of 6 runs finished; 3 diverged (below)." in text
+    row = next(line for line in text.splitlines() if line.startswith("|") and " fedprox | " in line)
+    assert "| 70.50 ± 0.71 (2 of 3 seeds; 1 diverged) | – | – | = GM |" in row  # the metrics it lacks: –
+    assert "* fedprox seed 2: non-finite training loss (nan) in round 2 on client 4" in text
+    p50 = text.split("## P50C2")[1]
+    row = next(line for line in p50.splitlines() if line.startswith("|") and " fedavg | " in line)
+    assert row.count("diverged (3 of 3 seeds)") == 4 and row.endswith("| – |")
+    assert [f"* fedavg seed {s}: non-finite training loss (nan) in round 3 on client 4" in p50 for s in (0, 1, 2)] \
+        == [True] * 3

@@ -75,7 +75,7 @@ def test_nan_loss_stops_with_round_and_client_and_keeps_checkpoint(digits_cfg, t
     msg = str(err.value)
     assert f"round {err.value.rnd}" in msg and f"client {err.value.cid}" in msg
     summary = json.loads((d / "summary.json").read_text())
-    assert summary["status"] == "failed" and "non-finite" in summary["error"]
+    assert summary["status"] == "diverged" and "non-finite" in summary["error"]
     if err.value.rnd > 1:  # the checkpoint of the last good round is intact and loadable
         ck = torch.load(d / "checkpoint.pt", weights_only=False)
         assert ck["round"] == err.value.rnd - 1

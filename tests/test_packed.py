@@ -55,9 +55,18 @@ def test_a_run_that_diverges_stops_alone(tmp_path):
     _, out, failed = sweep(cfg, {"training.lr": [0.05, 1e30]}, [0], tmp_path / "packed",
                            methods=parse_methods("fedavg,fedprox(mu=0.1)"), log=lines.append)
     assert sorted(r.label for r in failed) == ["fedavg lr=1e+30", "fedprox lr=1e+30"]
-    assert any("[failed]" in x and "non-finite training loss" in x for x in lines)
-    ok = [r for r in done(out) if json.loads((out / r / "summary.json").read_text())["status"] == "complete"]
-    assert len(ok) == 2  # the other two finished every round
+    assert sum(x.startswith("[diverged]") and "non-finite training loss" in x for x in lines) == 2
+    status = {r: json.loads((out / r / "summary.json").read_text())["status"] for r in done(out)}
+    assert sorted(status.values()) == ["complete", "complete", "diverged", "diverged"]
+    ok = [r for r in done(out) if status[r] == "complete"]  # the other two finished every round
+    # the sweep again: a diverged run is a result (it would diverge again), skipped and named
+    again = []
+    _, _, failed2 = sweep(cfg, {"training.lr": [0.05, 1e30]}, [0], out,
+                          methods=parse_methods("fedavg,fedprox(mu=0.1)"), log=again.append)
+    assert sorted(r.label for r in failed2) == ["fedavg lr=1e+30", "fedprox lr=1e+30"]
+    assert sum(x.startswith("[skip") and ": diverged (non-finite training loss" in x for x in again) == 2
+    assert sum(x.startswith("[skip") and ": complete in" in x for x in again) == 2
+    assert not any(x.startswith(("[run", "[resume", "[pack")) for x in again)
     _, alone, _ = sweep(small(tmp_path, "training.clip_grad=null", "training.lr=0.05"), {}, [0], tmp_path / "alone",
                         methods=parse_methods("fedavg,fedprox(mu=0.1)"), jobs=1, log=lambda m: None)
     for name in done(alone):  # equal to the runs alone: the failed runs took nothing with them

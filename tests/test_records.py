@@ -60,6 +60,16 @@ def test_only_finished_runs_are_recorded_and_no_machine_path(tmp_path):
     assert copy_records(src, tmp_path / "other", only=[Path("s1/FedAvg-s1-bbbb")]) == []
 
 
+def test_a_diverged_run_is_recorded_as_the_result_it_is(tmp_path):
+    src = tmp_path / "runs"
+    div = fake_run(src / "FedAvg-s0-aaaa", status="diverged", done=1, gm=(0.5,))  # NaN in round 2 of 3
+    fake_run(src / "FedAvg-s1-bbbb", status="failed", done=1, gm=(0.5,))  # an error of the machine: not a result
+    fake_run(src / "FedAvg-s2-cccc", status="diverged", done=3)  # every round done: not a divergence
+    assert finished(div)["status"] == "diverged" and finished_runs(src) == [div]
+    assert copy_records(src, tmp_path / "rec") == [tmp_path / "rec" / "FedAvg-s0-aaaa"]
+    assert finished(tmp_path / "rec" / "FedAvg-s0-aaaa")["rounds_completed"] == 1
+
+
 def test_a_cut_copy_is_not_finished_and_is_completed_later(tmp_path):
     src = fake_run(tmp_path / "runs" / "FedAvg-s0-aaaa").parent
     cut = fake_run(tmp_path / "rec" / "FedAvg-s0-aaaa", status="running", done=1)

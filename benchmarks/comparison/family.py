@@ -30,7 +30,10 @@ summary, metrics, config and partition: ``protofl.records``), committed beside t
 so the page is rebuilt from them with ``--no-run`` on any machine and the runs still to
 do go on from them. The page lists every registered method
 by family; a cell that lacks some of its seeds shows how many it has, and a method with
-no finished run shows "–". Fashion-MNIST is none of the papers' datasets, so no paper
+no finished run shows "–". A run that diverged (a NaN/inf training loss stopped it: the
+same config diverges again in the same round) is a result, kept in the records like a
+finished one: its cells say how many seeds diverged, and the setting lists each
+divergence with its round. Fashion-MNIST is none of the papers' datasets, so no paper
 number sits beside ours here; the papers' own tables are rebuilt by ``protofl reproduce``.
 
 Claims (``CLAIMS``): where a paper of the family says in its own words that its method is
@@ -62,7 +65,7 @@ from protofl import api  # noqa: E402
 from protofl.algorithms import ALGORITHMS  # noqa: E402
 from protofl.algorithms.base import by_family  # noqa: E402
 from protofl.config import load_config  # noqa: E402
-from protofl.records import carried  # noqa: E402
+from protofl.records import carried, finished  # noqa: E402
 from protofl.report import tables  # noqa: E402
 from protofl.reproduce import stats  # noqa: E402
 from protofl.reproduce.run import run_value  # noqa: E402
@@ -195,6 +198,11 @@ EXPLORATORY: list[Exploratory] = [
                 "FedDecorr at the strength of its authors' code: their beta = 0.1 on their scaling of the term "
                 "is beta = 6.2 on the paper's term, which protofl's feddecorr computes "
                 "(docs/methods/global_baselines.md). Asked after the claim's verdict (beta = 0.1) was read."),
+    Exploratory("feddbe-sgd=feddbe(training.momentum=0)", "fedavg", "pa",
+                "FedDBE with its authors' optimizer: plain SGD, no momentum (their client has none, and their "
+                "kappa = 50 is set for it), where the page's recipe has momentum 0.9. Asked after FedDBE's "
+                "planned Dir(0.3) seed 2 diverged in round 2 (docs/methods/personalization.md). Its PA beside "
+                "FedAvg's under the page's recipe (momentum 0.9): two optimizers, so no like-for-like pair."),
 ]
 
 # the accuracy one test image is worth, for a metric over the whole balanced test set
@@ -274,13 +282,18 @@ def setting_config(setting: str, scale: str, data_dir: str | None):
     return load_config("fednh_fmnist", [f"{k}={v}" for k, v in overrides.items()])
 
 
-def cell(row: dict, m: str, seeds: int) -> str:
-    mean, std = row[m]
+def cell(row: Optional[dict], m: str, seeds: int, diverged: int = 0) -> str:
+    """A method's mean ± std over its finished runs; how many seeds it has when it lacks
+    some, and how many of them diverged."""
+    if row is None:
+        return f"diverged ({diverged} of {seeds} seeds)" if diverged else "–"
     n = row["count"][m]
-    if n == 0:
+    if n == 0:  # a metric the method does not have
         return "–"
-    text = tables.pct(mean, std)
-    return text if n == seeds else f"{text} ({n} of {seeds} seeds)"
+    text = tables.pct(*row[m])
+    if n == seeds:
+        return text
+    return f"{text} ({n} of {seeds} seeds" + (f"; {diverged} diverged)" if diverged else ")")
 
 
 def per_round(row: dict) -> str:
@@ -293,8 +306,9 @@ def per_round(row: dict) -> str:
 
 
 def page(names: list[str], scale: str, done: dict[str, dict[str, list[Path]]], wall: float,
-         hide: Optional[dict[str, str]] = None) -> str:
-    """The page; ``hide``: more flags whose value the shown command replaces (harness.shown_command)."""
+         hide: Optional[dict[str, str]] = None, diverged: Optional[dict[str, dict[str, list[Path]]]] = None) -> str:
+    """The page; ``hide``: more flags whose value the shown command replaces (harness.shown_command);
+    ``diverged``: setting -> method label -> its runs that diverged."""
     seeds = len(SCALES[scale][0])
     lines = [f"# Every method side by side: Fashion-MNIST, scale {scale}", "",
              f"Measured {date.today().isoformat()}; {len(names)} methods x {len(SETTINGS)} settings x seeds "
@@ -306,19 +320,30 @@ def page(names: list[str], scale: str, done: dict[str, dict[str, list[Path]]], w
     for setting, (label, _) in SETTINGS.items():
         groups = done.get(setting, {})
         rows = {r["method"]: r for r in tables.compare_rows(groups, metrics=METRICS)} if groups else {}
+        bad = {m: v for m, v in (diverged or {}).get(setting, {}).items() if m in names}
         have = sum(len(v) for label, v in groups.items() if label in names)  # the exploratory runs apart
-        lines += [f"## {label}", "", f"{have} of {len(names) * seeds} runs finished.", "",
+        count = f"{have} of {len(names) * seeds} runs finished"
+        if bad:
+            count += f"; {sum(map(len, bad.values()))} diverged (below)"
+        lines += [f"## {label}", "", count + ".", "",
                   "| family | method | GM | PM(V) | PA | GA | s/round |", "|---|---|---|---|---|---|---|"]
         for family, members in by_family(names).items():
             for name in members:
-                r = rows.get(name)
+                r, nb = rows.get(name), len(bad.get(name, []))
                 if r is None:
-                    lines.append(f"| {family} | {name} | – | – | – | – | – |")
+                    c = cell(None, "gm", seeds, nb)
+                    lines.append(f"| {family} | {name} | {c} | {c} | {c} | {c} | – |")
                     continue
-                ga = cell(r, "ga", seeds) if not r.get("global_model", True) else "= GM"
-                lines.append(f"| {family} | {name} | {cell(r, 'gm', seeds)} | {cell(r, 'pm_v', seeds)} | "
-                             f"{cell(r, 'pa', seeds)} | {ga} | {per_round(r)} |")
+                ga = cell(r, "ga", seeds, nb) if not r.get("global_model", True) else "= GM"
+                lines.append(f"| {family} | {name} | {cell(r, 'gm', seeds, nb)} | {cell(r, 'pm_v', seeds, nb)} | "
+                             f"{cell(r, 'pa', seeds, nb)} | {ga} | {per_round(r)} |")
         lines.append("")
+        if bad:
+            lines += ["Diverged: a NaN/inf training loss stopped these runs (each config diverges again in the "
+                      "same round); they are left out of the cells above.", ""]
+            lines += [f"* {name} seed {finished(d)['seed']}: {finished(d)['error']}"
+                      for name in names for d in bad.get(name, [])]
+            lines.append("")
     lines += claim_lines(done, SCALES[scale][0], SCALES[scale][1]["rounds"])
     lines += exploratory_lines(done, SCALES[scale][0])
     lines += ["GM: the global model on the balanced test set (– for a method without one). PM(V): each "
@@ -373,6 +398,7 @@ def main() -> int:
     extra = api.parse_methods(",".join(e.spec for e in EXPLORATORY))
     t0 = time.perf_counter()
     done: dict[str, dict[str, list[Path]]] = {}
+    bad: dict[str, dict[str, list[Path]]] = {}
     for setting in settings:
         cfg = setting_config(setting, args.scale, args.data_dir)
         out = runs_root / setting
@@ -387,10 +413,12 @@ def main() -> int:
         for r in planned:
             if api.is_complete(r.dir, r.cfg.rounds):
                 groups.setdefault(r.label, []).append(r.dir)
+            elif api.has_ended(r.dir, r.cfg.rounds):  # it diverged
+                bad.setdefault(setting, {}).setdefault(r.label, []).append(r.dir)
         done[setting] = groups
     # an absolute --records folder names the machine: shown as RECORDS (a relative one as given)
     hide = {"--records": "RECORDS"} if args.records and Path(args.records).is_absolute() else {}
-    text = page(names, args.scale, done, time.perf_counter() - t0, hide)
+    text = page(names, args.scale, done, time.perf_counter() - t0, hide, bad)
     dest = Path(args.out) if args.out else (HERE / "fmnist.md" if args.scale == "cpu" else None)
     print(text)
     if dest is not None:

@@ -35,6 +35,7 @@ from .engine.privacy import check_privacy
 from .engine.server import ServerContext
 from .engine.simulation import CHECKPOINT, METRICS, read_rows, run_dir_for, RunResult, Simulation, SUMMARY
 from .engine.task import model_mismatch, Task
+from .engine.train import DIVERGED
 from .errors import ConfigError, one_line
 from .report import tables
 from .report.html import write_report
@@ -117,6 +118,18 @@ def run(cfg: Config, resume: bool = False, callbacks: Iterable[Callback] = (),
 def is_complete(run_dir: Path, rounds: int) -> bool:
     s = read_summary(run_dir)
     return s is not None and s.get("status") == "complete" and s.get("rounds_completed") == rounds
+
+
+def has_ended(run_dir: Path, rounds: int) -> bool:
+    """The run of ``rounds`` rounds is complete, or diverged before its last round (a NaN/inf
+    loss, status ``diverged``): either way, running it again gives the same run."""
+    s = read_summary(run_dir)
+    if s is None or s.get("rounds") != rounds:
+        return False
+    done = s.get("rounds_completed")
+    if s.get("status") == DIVERGED:
+        return isinstance(done, int) and done < rounds
+    return s.get("status") == "complete" and done == rounds
 
 
 # ---------------------------------------------------------------------------------------

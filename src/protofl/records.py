@@ -28,6 +28,7 @@ from typing import Callable, Iterable, Iterator, Optional
 
 import yaml
 
+from .engine.train import DIVERGED
 from .errors import InputError
 
 SUMMARY, METRICS, CLIENTS, CONFIG = "summary.json", "metrics.jsonl", "clients.json", "config.yaml"
@@ -36,14 +37,19 @@ DATA_ROOT = "DATA"  # what a record's config says for the data root
 
 
 def finished(run_dir: Path) -> Optional[dict]:
-    """The summary of a finished run (status complete, every round done), else None."""
+    """The summary of a finished run, else None: status complete with every round done, or
+    status diverged (a NaN/inf loss stopped it before its last round: a result of its
+    config, which diverges again in the same round, and so part of a grid's record)."""
     try:
         s = json.loads((run_dir / SUMMARY).read_text())
     except (OSError, ValueError):
         return None
-    if not isinstance(s, dict) or s.get("status") != "complete" or s.get("rounds_completed") != s.get("rounds"):
+    if not isinstance(s, dict) or not isinstance(s.get("rounds"), int):
         return None
-    return s
+    done = s.get("rounds_completed")
+    if s.get("status") == DIVERGED:
+        return s if isinstance(done, int) and done < s["rounds"] else None
+    return s if s.get("status") == "complete" and done == s["rounds"] else None
 
 
 def finished_runs(root: Path) -> list[Path]:

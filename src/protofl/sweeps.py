@@ -6,8 +6,10 @@
   the old one's parameters, as on the command line); ``--methods`` crosses the grid with
   methods given in ``compare``'s syntax, e.g. ``"fedavg,fedprox(mu=0.1)"``.
 * Each run's folder is named by its label, seed and a fingerprint of its *whole* config
-  (rounds included): a run complete there is skipped, a run cut short (killed,
-  interrupted) continues from its last checkpoint, and a changed config gets a new folder.
+  (rounds included): a run complete there is skipped, and so is a run that diverged there
+  (a NaN/inf loss: the same config diverges again in the same round; it is left out of
+  the table and named), a run cut short (killed, interrupted) continues from its last
+  checkpoint, and a changed config gets a new folder.
 * Several runs go at once when the machine has idle cores: at most the CPU count divided
   by the cores one run keeps busy (its worker processes, or its threads). This process
   runs runs itself and worker processes take the others from the same queue, each run
@@ -40,7 +42,7 @@ from .engine.checkpoint import save_text
 from .engine.executor import resolve_workers
 from .engine.simulation import CHECKPOINT
 from .engine.trackers import prepare_trackers
-from .engine.train import NonFiniteLossError
+from .engine.train import DIVERGED, NonFiniteLossError
 
 SWEEP = "sweep"
 
@@ -149,7 +151,7 @@ def _run_here(cfg: Config, run_dir: Path, callbacks: Iterable[Callback] = ()) ->
     try:
         return run(cfg, resume=True, callbacks=callbacks, run_dir=run_dir).summary
     except NonFiniteLossError as e:
-        return {"status": "failed", "error": str(e)}
+        return {"status": DIVERGED, "error": str(e)}
 
 
 def _outcome(summary: dict) -> str:
@@ -179,20 +181,25 @@ def sweep(cfg: Config, grid: dict[str, list[Any]], seeds: list[int], out: Path,
     runs = plan(cfg, grid, seeds, out, methods)
     number = {id(r): k for k, r in enumerate(runs, start=1)}
     N = len(runs)
-    todo = [r for r in runs if not api.is_complete(r.dir, r.cfg.rounds)]
+    ended = {id(r): api.read_summary(r.dir) for r in runs if api.has_ended(r.dir, r.cfg.rounds)}
+    todo = [r for r in runs if id(r) not in ended]
     api.check_runs((r.label, r.cfg) for r in todo)
     out.mkdir(parents=True, exist_ok=True)
     save_text(out / "sweep.yaml", cfg.to_yaml())
     progress = OverallProgress(N)
+    failed: list[SweepRun] = []
     for r in runs:
-        if not any(r is t for t in todo):
-            log(f"[skip {number[id(r)]}/{N}] {r.label} seed {r.seed}: complete in {r.dir}")
+        if id(r) in ended:
+            summary = ended[id(r)]
+            how = "complete" if summary.get("status") == "complete" else f"diverged ({summary.get('error')})"
+            log(f"[skip {number[id(r)]}/{N}] {r.label} seed {r.seed}: {how} in {r.dir}")
             progress.finished(ran=False)
+            if summary.get("status") == DIVERGED:
+                failed.append(r)
     eager = jobs is not None
     if jobs is None:
         jobs = 1 if list(callbacks) else default_jobs(todo)
     jobs = min(max(1, int(jobs)), len(todo)) or 1
-    failed: list[SweepRun] = []
     queue: Optional[_SharedQueue] = None
 
     def started(r: SweepRun) -> str:
@@ -203,7 +210,8 @@ def sweep(cfg: Config, grid: dict[str, list[Any]], seeds: list[int], out: Path,
     def finished(r: SweepRun, summary: dict, seconds: float) -> None:
         progress.finished(ran=True, seconds=seconds)
         if summary.get("status") not in ("complete", "stopped"):  # stopped: privacy.target_epsilon reached
-            log(f"[failed] run {number[id(r)]}/{N} {r.label} seed {r.seed}: {summary.get('error')}")
+            log(f"[{summary.get('status', 'failed')}] run {number[id(r)]}/{N} {r.label} seed {r.seed}: "
+                f"{summary.get('error')}")
             failed.append(r)
         elif queue is not None:
             log(f"[done {progress.done}/{N}] run {number[id(r)]}/{N} {r.label} seed {r.seed}: "

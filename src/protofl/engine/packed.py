@@ -34,6 +34,7 @@ import torch
 from ..config import Config
 from .batched import BatchedExecutor
 from .executor import Executor
+from .train import DIVERGED, NonFiniteLossError
 
 
 class PackMember(Executor):
@@ -103,7 +104,8 @@ def run_packed(queue: list, build: Callable[[Any, Executor], Any], on_start: Cal
     """Run every item of ``queue`` packed: ``build(item, member)`` makes its Simulation (whose
     executor factory gives ``member``), ``on_start(item)`` and ``on_end(item, summary,
     seconds)`` frame each run. ``in_flight``: runs at once (None: :func:`choose_in_flight`).
-    A run that raises ends with a summary of status ``failed``; Ctrl-C interrupts every run
+    A run that raises ends with a summary of status ``failed`` (``diverged`` for a non-finite
+    loss); Ctrl-C interrupts every run
     in flight (each records it) and is raised."""
     waiting = deque(queue)
     pack = Pack(in_flight or 0)
@@ -134,6 +136,8 @@ def run_packed(queue: list, build: Callable[[Any, Executor], Any], on_start: Cal
             return True
         except StopIteration as done:
             on_end(run.item, done.value.summary, time.perf_counter() - run.t0)
+        except NonFiniteLossError as e:  # the run recorded its divergence in its summary
+            on_end(run.item, {"status": DIVERGED, "error": str(e)}, time.perf_counter() - run.t0)
         except Exception as e:  # noqa: BLE001 - the run recorded its failure in its summary
             on_end(run.item, {"status": "failed", "error": f"{type(e).__name__}: {e}"}, time.perf_counter() - run.t0)
         return False

@@ -49,7 +49,7 @@ from .server import global_metrics, ServerContext
 from .store import make_store
 from .task import Task
 from .trackers import make_trackers
-from .train import NonFiniteLossError, round_lr
+from .train import DIVERGED, NonFiniteLossError, round_lr
 from .validate import check_reply
 
 log = logging.getLogger("protofl")
@@ -312,7 +312,7 @@ class Simulation:
             status, error = "interrupted", "interrupted by the user"
             raise
         except Exception as e:  # the run did not finish; say why (NonFiniteLossError says it all)
-            status = "failed"
+            status = DIVERGED if isinstance(e, NonFiniteLossError) else "failed"
             error = str(e) if isinstance(e, NonFiniteLossError) else f"{type(e).__name__}: {e}"
             self._emit_quietly(emit, pending)  # the last finished round's row, as without overlap
             if isinstance(e, OSError) and not isinstance(e, (InputError, WriteError)):

@@ -42,6 +42,11 @@ OPTIMIZERS = ("sgd", "adam", "adamw")
 SCHEDULES = ("exponential", "cosine", "step")
 
 
+# the summary status of a run stopped by a NaN/inf training loss: a result of its config (the
+# same config diverges again in the same round), where "failed" is an error of the machine
+DIVERGED = "diverged"
+
+
 class NonFiniteLossError(FloatingPointError):
     """Local training produced a NaN/inf loss; carries the round and client."""
 

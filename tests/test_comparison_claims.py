@@ -127,3 +127,26 @@ def test_a_diverged_run_is_counted_and_named_apart_from_the_cells(family, tmp_pa
     assert row.count("diverged (3 of 3 seeds)") == 4 and row.endswith("| – |")
     assert [f"* fedavg seed {s}: non-finite training loss (nan) in round 3 on client 4" in p50 for s in (0, 1, 2)] \
         == [True] * 3
+
+
+def test_the_published_page_is_rebuilt_from_its_records(family, tmp_path, monkeypatch, capsys):
+    """fmnist.md's own command with --no-run on a copy of its committed records: the same page
+    but its date, its command line and its wall time; nothing is written into the records."""
+    import re
+    import shutil
+    root = FAMILY.parents[2]
+    text = (FAMILY.parent / "fmnist.md").read_text(encoding="utf-8")
+    command = re.search(r"^```\n(python benchmarks/comparison/family\.py .*)\n```$", text, re.M).group(1).split()
+    assert "--no-run" in command and "--records" in command, "the page is made from its records alone"
+    folder = root / command[command.index("--records") + 1]
+    recs = tmp_path / "records"
+    shutil.copytree(folder, recs)
+    args = command[2:]
+    args[args.index("--records") + 1] = str(recs)
+    monkeypatch.setattr(sys, "argv", ["family.py", *args, "--runs", str(tmp_path / "runs"),
+                                      "--out", str(tmp_path / "page.md")])
+    assert family.main() == 0
+    capsys.readouterr()
+    drop = re.compile(r"^Measured \d{4}-\d\d-\d\d; |^python benchmarks/comparison/family\.py .*$|^Wall time .*$", re.M)
+    assert drop.sub("", (tmp_path / "page.md").read_text(encoding="utf-8")) == drop.sub("", text)
+    assert sorted(p.relative_to(recs) for p in recs.rglob("*")) == sorted(p.relative_to(folder) for p in folder.rglob("*"))

@@ -203,6 +203,13 @@ EXPLORATORY: list[Exploratory] = [
                 "kappa = 50 is set for it), where the page's recipe has momentum 0.9. Asked after FedDBE's "
                 "planned Dir(0.3) seed 2 diverged in round 2 (docs/methods/personalization.md). Its PA beside "
                 "FedAvg's under the page's recipe (momentum 0.9): two optimizers, so no like-for-like pair."),
+    Exploratory("pfedme-sgd=pfedme(training.momentum=0)", "fedavg", "pa",
+                "pFedMe with its authors' optimizer for the local update: plain SGD, no momentum. Under the "
+                "page's momentum 0.9 the update pulls w towards theta~ by about eta lam / (1 - momentum) = "
+                "0.01 x 15 / 0.1 = 1.5 of the gap a step, past theta~ (the method's docstring asks for well "
+                "below 1; 0.075 in the authors' setting), and every planned Dir(0.3) run diverged in round 1. "
+                "Asked after that; its PA beside FedAvg's under the page's recipe: two optimizers, so no "
+                "like-for-like pair."),
 ]
 
 # the accuracy one test image is worth, for a metric over the whole balanced test set

@@ -336,8 +336,10 @@ def page(names: list[str], scale: str, done: dict[str, dict[str, list[Path]]], w
             for name in members:
                 r, nb = rows.get(name), len(bad.get(name, []))
                 if r is None:
-                    c = cell(None, "gm", seeds, nb)
-                    lines.append(f"| {family} | {name} | {c} | {c} | {c} | {c} | – |")
+                    c = gm = ga = cell(None, "gm", seeds, nb)  # none finished: "–", or how many diverged
+                    if nb:  # GM or GA, as the method has a global model or not
+                        gm, ga = (c, "= GM") if ALGORITHMS.get(name).has_global_model else ("–", c)
+                    lines.append(f"| {family} | {name} | {gm} | {c} | {c} | {ga} | – |")
                     continue
                 ga = cell(r, "ga", seeds, nb) if not r.get("global_model", True) else "= GM"
                 lines.append(f"| {family} | {name} | {cell(r, 'gm', seeds, nb)} | {cell(r, 'pm_v', seeds, nb)} | "

@@ -114,11 +114,14 @@ def test_a_diverged_run_is_counted_and_named_apart_from_the_cells(family, tmp_pa
     monkeypatch.setattr(family, "EXPLORATORY", [])
     dir03 = {"fedavg": [fake_run(tmp_path / "d", "fedavg", s, [0.80]) for s in (0, 1, 2)],
              "fedprox": [fake_run(tmp_path / "d", "fedprox", s, [0.70 + s / 100]) for s in (0, 1)]}
-    bad = {"dir0.3": {"fedprox": [diverged_run(tmp_path / "d", "fedprox", 2, 2)]},
+    bad = {"dir0.3": {"fedprox": [diverged_run(tmp_path / "d", "fedprox", 2, 2)],
+                      "fedproto": [diverged_run(tmp_path / "d", "fedproto", 0, 1)]},
            "p50c2": {"fedavg": [diverged_run(tmp_path / "p", "fedavg", s, 3) for s in (0, 1, 2)]}}
-    text = family.page(["fedavg", "fedprox"], "cpu", {"dir0.3": dir03, "p50c2": {}}, 0.0, diverged=bad)
-    assert "5 of 6 runs finished; 1 diverged (below)." in text
-    assert "0 of 6 runs finished; 3 diverged (below)." in text
+    text = family.page(["fedavg", "fedprox", "fedproto"], "cpu", {"dir0.3": dir03, "p50c2": {}}, 0.0, diverged=bad)
+    assert "5 of 9 runs finished; 2 diverged (below)." in text
+    assert "0 of 9 runs finished; 3 diverged (below)." in text
+    row = next(line for line in text.splitlines() if line.startswith("|") and " fedproto | " in line)
+    assert row.endswith("| fedproto | – | diverged (1 of 3 seeds) | diverged (1 of 3 seeds) | diverged (1 of 3 seeds) | – |")
     row = next(line for line in text.splitlines() if line.startswith("|") and " fedprox | " in line)
     assert "| 70.50 ± 0.71 (2 of 3 seeds; 1 diverged) | – | – | = GM |" in row  # the metrics it lacks: –
     assert "* fedprox seed 2: non-finite training loss (nan) in round 2 on client 4" in text

@@ -94,7 +94,11 @@ DESCRIPTION = {
             "evaluation after rounds 10 and 20. Fashion-MNIST is none of the papers' datasets, so no paper "
             "number sits beside ours; the papers' own tables are rebuilt by `protofl reproduce` "
             "(benchmarks/RESULTS.md). 20 rounds rank the methods early in training: an ordering here is not "
-            "a paper's ordering after 100-200 rounds."),
+            "a paper's ordering after 100-200 rounds. Some cells repeat another method's by construction: "
+            "APFL's, Ditto's and FedAvg-FT's global models are FedAvg's; CCVR and CREFF change only the "
+            "server's classifier, so their clients' models (PM(V), PA) are FedAvg's; FedBN is FedAvg on a "
+            "model without BatchNorm (cnn_fmnist has none); FedRoD's global model is trained as "
+            "BSM-FedAvg's."),
     "smoke": "SMOKE scale: 2 rounds on 2,000 images (20 Dirichlet clients, 5 a round; 10 two-class clients, 5 a "
              "round), one local epoch, one seed; it checks the script and says nothing about the methods.",
 }

@@ -153,7 +153,9 @@ CLAIMS: list[Claim] = [
           "shown (+5.45 points, p = 0.051) to shown (+5.60, p = 0.043) when CCVR's virtual features came to "
           "be drawn through the symmetric square root of each covariance (2026-11-26; a change made so that "
           "rounding no longer changes the draws, not for this claim): this close to 0.05, the verdict "
-          "depends on which draws from the same Gaussians calibrate the classifier.", "gm", "ccvr", "fedavg"),
+          "depends on which draws from the same Gaussians calibrate the classifier. All the page's runs were "
+          "made again on 2026-11-27 (the earlier ones were lost), on another machine: +5.64, p = 0.044.",
+          "gm", "ccvr", "fedavg"),
     Claim("feddecorr-improves-fedavg", "FedDecorr (Shi et al., ICLR 2023)",
           "FedDecorr, which is implementation-friendly and computationally-efficient, yields consistent "
           "improvements over baselines on standard benchmark datasets.", "abstract",
@@ -161,7 +163,9 @@ CLAIMS: list[Claim] = [
           "without the regularizer (the authors' scripts: 10 clients, MobileNetV2). Here: FedAvg with "
           "FedDecorr above FedAvg in GM, with a small CNN and 50-100 clients, and beta = 0.1 on the paper's "
           "term (the authors' code scales its term so that their 0.1 is about 6.2 here: "
-          "docs/methods/global_baselines.md).", "gm", "feddecorr", "fedavg"),
+          "docs/methods/global_baselines.md). Its Dir(0.3) verdict was contradicted (-0.11 points) in the "
+          "page's first runs, which were lost; made again on 2026-11-27 on another machine it is +0.00, not "
+          "shown: here the two are within rounding of each other.", "gm", "feddecorr", "fedavg"),
     Claim("fedtgp-above-fedproto", "FedTGP (Zhang et al., AAAI 2024)",
           "Experimental results reveal that FedTGP outperforms FedProto … and surpasses other baseline "
           "methods …", "Introduction (the PDF breaks the name as Fed-Proto)",

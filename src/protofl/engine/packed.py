@@ -105,8 +105,7 @@ def run_packed(queue: list, build: Callable[[Any, Executor], Any], on_start: Cal
     executor factory gives ``member``), ``on_start(item)`` and ``on_end(item, summary,
     seconds)`` frame each run. ``in_flight``: runs at once (None: :func:`choose_in_flight`).
     A run that raises ends with a summary of status ``failed`` (``diverged`` for a non-finite
-    loss); Ctrl-C interrupts every run
-    in flight (each records it) and is raised."""
+    loss); Ctrl-C interrupts every run in flight (each records it) and is raised."""
     waiting = deque(queue)
     pack = Pack(in_flight or 0)
 

@@ -356,8 +356,8 @@ def page(names: list[str], scale: str, done: dict[str, dict[str, list[Path]]], w
         if bad:
             lines += ["Diverged: a NaN/inf training loss stopped these runs (each config diverges again in the "
                       "same round); they are left out of the cells above.", ""]
-            lines += [f"* {name} seed {finished(d)['seed']}: {finished(d)['error']}"
-                      for name in names for d in bad.get(name, [])]
+            lines += [f"* {name} seed {s['seed']}: {s['error']}"
+                      for name in names for s in map(finished, bad.get(name, []))]
             lines.append("")
     lines += claim_lines(done, SCALES[scale][0], SCALES[scale][1]["rounds"])
     lines += exploratory_lines(done, SCALES[scale][0])
@@ -428,7 +428,7 @@ def main() -> int:
         for r in planned:
             if api.is_complete(r.dir, r.cfg.rounds):
                 groups.setdefault(r.label, []).append(r.dir)
-            elif api.has_ended(r.dir, r.cfg.rounds):  # it diverged
+            elif api.ended(r.dir, r.cfg.rounds) is not None:  # it diverged
                 bad.setdefault(setting, {}).setdefault(r.label, []).append(r.dir)
         done[setting] = groups
     # an absolute --records folder names the machine: shown as RECORDS (a relative one as given)

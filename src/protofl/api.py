@@ -35,8 +35,8 @@ from .engine.privacy import check_privacy
 from .engine.server import ServerContext
 from .engine.simulation import CHECKPOINT, METRICS, read_rows, run_dir_for, RunResult, Simulation, SUMMARY
 from .engine.task import model_mismatch, Task
-from .engine.train import DIVERGED
 from .errors import ConfigError, one_line
+from .records import finished
 from .report import tables
 from .report.html import write_report
 
@@ -120,16 +120,12 @@ def is_complete(run_dir: Path, rounds: int) -> bool:
     return s is not None and s.get("status") == "complete" and s.get("rounds_completed") == rounds
 
 
-def has_ended(run_dir: Path, rounds: int) -> bool:
-    """The run of ``rounds`` rounds is complete, or diverged before its last round (a NaN/inf
-    loss, status ``diverged``): either way, running it again gives the same run."""
-    s = read_summary(run_dir)
-    if s is None or s.get("rounds") != rounds:
-        return False
-    done = s.get("rounds_completed")
-    if s.get("status") == DIVERGED:
-        return isinstance(done, int) and done < rounds
-    return s.get("status") == "complete" and done == rounds
+def ended(run_dir: Path, rounds: int) -> Optional[dict]:
+    """The summary of the run when it is a run of ``rounds`` rounds that is complete or
+    diverged before its last round (a NaN/inf loss; :func:`protofl.records.finished`):
+    either way, running it again gives the same run. Else None."""
+    s = finished(Path(run_dir))
+    return s if s is not None and s.get("rounds") == rounds else None
 
 
 # ---------------------------------------------------------------------------------------

@@ -181,7 +181,7 @@ def sweep(cfg: Config, grid: dict[str, list[Any]], seeds: list[int], out: Path,
     runs = plan(cfg, grid, seeds, out, methods)
     number = {id(r): k for k, r in enumerate(runs, start=1)}
     N = len(runs)
-    ended = {id(r): api.read_summary(r.dir) for r in runs if api.has_ended(r.dir, r.cfg.rounds)}
+    ended = {id(r): s for r in runs if (s := api.ended(r.dir, r.cfg.rounds)) is not None}
     todo = [r for r in runs if id(r) not in ended]
     api.check_runs((r.label, r.cfg) for r in todo)
     out.mkdir(parents=True, exist_ok=True)

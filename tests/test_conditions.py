@@ -92,7 +92,7 @@ def test_heterogeneous_models_run_or_are_refused_in_one_line(digits_cfg, tmp_pat
                     "model.per_client={hidden: [[16], [24]]}", refusals=refusals))
 
 
-@pytest.mark.parametrize("mode", ["client", "sample", "prototype"])
+@pytest.mark.parametrize("mode", ["client", "sample"])
 def test_every_privacy_mode_runs_or_is_refused_in_one_line(mode, digits_cfg, tmp_path):
     def check(name):
         for ex in ("sequential", "batched"):

@@ -148,7 +148,7 @@ def test_mu_and_lam_zero_train_fedavgs_model_bit_for_bit(digits_cfg, tmp_path):
     assert any(k.startswith("proj.") for k in got["fedbr"])
 
 
-@pytest.mark.parametrize("mode", ["client", "sample", "prototype"])
+@pytest.mark.parametrize("mode", ["client", "sample"])
 def test_no_privacy_mode_covers_the_pseudo_data(mode, tmp_path, capsys):
     rc = main(["run", str(DIGITS), "algorithm.name=fedbr", f"privacy.mode={mode}", "rounds=1",
                f"output.dir={tmp_path}", "--quiet"])

@@ -1,7 +1,8 @@
 """Differential privacy (privacy.*, docs/privacy.md): the mechanisms on hand-computed
-tensors, the noise's calibration, the accountant against published values, the three
-modes end to end (off-switch bit for bit, both executors, resume, Flower's transport),
-the budget and every bad input."""
+tensors, the noise's calibration, the accountant against published values, both modes
+end to end (off-switch bit for bit, both executors, Flower's transport), the ledger
+against a recount, the budget and every bad input. The noise's secrecy, resume under a
+secret and the empirical audits: tests/test_privacy_audit.py."""
 from __future__ import annotations
 
 import copy
@@ -23,9 +24,9 @@ from protofl.engine.participation import Participation  # noqa: E402
 from protofl.engine.privacy import Accountant, ClientPrivacy, clip_update, ServerPrivacy  # noqa: E402
 from protofl.engine.simulation import Simulation  # noqa: E402
 from protofl.engine.train import TrainSettings, fit  # noqa: E402
-from protofl.nn.privacy import clip_rows, private_class_means, private_gradient, private_kmeans  # noqa: E402
+from protofl.nn.privacy import (clip_rows, NoiseStream, private_class_means, private_gradient,  # noqa: E402
+                                private_kmeans)
 from protofl.nn.prototypes import class_means  # noqa: E402
-from protofl.rng import torch_gen  # noqa: E402
 
 from conftest import DIGITS, kill_and_resume, strip_timing  # noqa: E402
 
@@ -64,16 +65,17 @@ def test_clip_update_bounds_the_update_and_keeps_small_ones_bit_for_bit():
         out, norm = clip_update(w, sent, clip=0.5)
         clipped = math.sqrt(sum(float((out[k] - sent[k]).double().pow(2).sum()) for k in ("w", "b")))
         if norm <= 0.5:
-            assert all(out[k] is w[k] for k in w)  # untouched: the same tensors
+            assert all(out[k] is w[k] for k in ("w", "b"))  # untouched: the same tensors
         else:
             assert clipped == pytest.approx(0.5, rel=1e-6) and clipped <= 0.5 * (1 + 1e-6)
-        assert torch.equal(out["n"], w["n"])  # integer buffers are not an update
+        # integer buffers (a count of batches says how much data there was) go back as sent
+        assert torch.equal(out["n"], sent["n"]) and not torch.equal(w["n"], sent["n"])
 
 
 def test_private_class_means_without_noise_is_class_means_bit_for_bit():
     gen = torch.Generator().manual_seed(1)
     z, y = torch.randn(40, 6, generator=gen), torch.randint(0, 5, (40,), generator=gen)
-    m, n = private_class_means(z, y, 7, clip=math.inf, sigma=0.0, generator=gen)
+    m, n = private_class_means(z, y, 7, clip=math.inf, sigma=0.0, generator=NoiseStream(b"k" * 32, ()))
     m0, n0 = class_means(z, y, 7)
     assert torch.equal(m, m0) and torch.equal(n, n0) and n.dtype == torch.int64
     # clipping: every feature's norm at most C before the mean
@@ -87,7 +89,7 @@ def test_private_kmeans_without_noise_finds_two_separated_groups():
     a = torch.randn(30, 2, generator=gen) * 0.05 + torch.tensor([1.0, 0.0])
     b = torch.randn(30, 2, generator=gen) * 0.05 + torch.tensor([0.0, 1.0])
     z, y = torch.cat([a, b]), torch.zeros(60, dtype=torch.int64)
-    centers, counts = private_kmeans(z, y, 1, k=2, steps=5, clip=10.0, sigma=0.0, generator=gen)
+    centers, counts = private_kmeans(z, y, 1, k=2, steps=5, clip=10.0, sigma=0.0, generator=NoiseStream(b"k" * 32, ()))
     got = sorted(centers[0].tolist())
     assert torch.allclose(torch.tensor(got), torch.tensor(sorted([a.mean(0).tolist(), b.mean(0).tolist()])),
                           atol=1e-5)
@@ -102,7 +104,7 @@ def test_prototype_noise_has_std_sqrt2_sigma_c_on_sums_and_sqrt2_sigma_on_counts
     # empirical std is within 2 % of its value (the estimate's relative std is 0.22 %)
     C, sigma, K, d = 3.0, 0.7, 2000, 50
     z, y = torch.zeros(1, d), torch.zeros(1, dtype=torch.int64)
-    gen = torch_gen(0, "test")
+    gen = NoiseStream(b"t" * 32, ("test",))
     from protofl.nn.privacy import private_sums
 
     sums, counts = private_sums(z, y, K, C, sigma, gen)
@@ -132,6 +134,31 @@ def test_dp_sgd_noise_has_std_sigma_c_over_b():
     z = torch.randn(1, 200_000, generator=torch.Generator().manual_seed(3))
     (out,) = private_gradient([torch.zeros(1, 8, 200_000)], clip=1.5, sigma=1.2, noise=z)
     assert float(out.std()) == pytest.approx(1.2 * 1.5 / 8, rel=0.01)
+    # Poisson batches: divided by the expected batch size, whatever the batch drew
+    (out,) = private_gradient([torch.zeros(1, 3, 200_000)], clip=1.5, sigma=1.2, noise=z, batch=8)
+    assert float(out.std()) == pytest.approx(1.2 * 1.5 / 8, rel=0.01)
+
+
+def test_private_gradient_masks_padding_and_bounds_a_non_finite_sample():
+    g = torch.tensor([[[3.0, 4.0], [0.3, 0.4], [float("nan"), 1.0], [100.0, 0.0]]])  # (1, 4, 2)
+    mask = torch.tensor([[True, True, True, False]])  # the last row is padding
+    (out,) = private_gradient([g], clip=1.0, sigma=0.0, mask=mask, batch=10)
+    # sample 0 clipped to 1, sample 1 as it is, the NaN sample counts as 0, the padding as nothing
+    expect = (torch.tensor([3.0, 4.0]) / (5 + 1e-6) + torch.tensor([0.3, 0.4])) / 10
+    assert torch.allclose(out[0], expect, atol=1e-7) and torch.isfinite(out).all()
+
+
+def test_poisson_batches_draw_each_sample_with_probability_q():
+    from protofl.engine.train import poisson_rows
+
+    rows = poisson_rows(50, 0.2, 2000, NoiseStream(b"k" * 32, ()))  # (steps, widest), -1 padded
+    drawn = rows >= 0
+    sizes = drawn.sum(1)
+    assert rows.shape[0] == 2000 and rows.shape[1] == sizes.max()
+    assert sizes.mean() == pytest.approx(10, abs=0.3) and sizes.min() < 5 < 15 < sizes.max()  # Binomial(50, 0.2)
+    counts = np.bincount(rows[drawn], minlength=50)
+    assert counts.min() > 300 and counts.max() < 500  # each sample ~ 400 times of 2000
+    assert all(np.all(np.diff(r[r >= 0]) > 0) for r in rows[:50])  # each sample at most once a step
 
 
 # ---------------------------------------------------------------------------------------
@@ -178,53 +205,95 @@ def test_poisson_sampling_asks_each_client_with_probability_q():
 # ---------------------------------------------------------------------------------------
 # noise streams
 # ---------------------------------------------------------------------------------------
-def test_noise_streams_are_per_seed_round_client_and_purpose():
-    cfg = from_dict({"privacy": {"mode": "prototype"}})
+def test_noise_streams_are_per_key_round_client_and_purpose():
+    cfg = from_dict({"privacy": {"mode": "sample"}})
+    k1, k2 = b"1" * 32, b"2" * 32
 
-    def draw(rnd, cid, purpose, seed=0):
+    def draw(rnd, cid, purpose, key=k1, seed=0):
         cfg.seed = seed
-        p = ClientPrivacy(cfg, rnd, cid)
-        return torch.randn(4, generator=p.generator(purpose))
+        p = ClientPrivacy(cfg, rnd, cid, key=key)
+        return p.generator(purpose).normal((4,))
 
     assert torch.equal(draw(1, 2, "a"), draw(1, 2, "a"))
-    for other in (draw(2, 2, "a"), draw(1, 3, "a"), draw(1, 2, "b"), draw(1, 2, "a", seed=1)):
+    assert torch.equal(draw(1, 2, "a"), draw(1, 2, "a", seed=1))  # the seed plays no part: the key does
+    for other in (draw(2, 2, "a"), draw(1, 3, "a"), draw(1, 2, "b"), draw(1, 2, "a", key=k2)):
         assert not torch.equal(draw(1, 2, "a"), other)
-    p = ClientPrivacy(cfg, 1, 2)
-    assert not torch.equal(torch.randn(4, generator=p.generator("a")), torch.randn(4, generator=p.generator("a")))
+    p = ClientPrivacy(cfg, 1, 2, key=k1)
+    assert not torch.equal(p.generator("a").normal((4,)), p.generator("a").normal((4,)))
+    with pytest.raises(RuntimeError, match="has no noise key"):
+        ClientPrivacy(cfg, 1, 2)
+    # privacy.noise: seeded: keyed by the seed, replayable (for tests only)
+    cfg = from_dict({"privacy": {"mode": "sample", "noise": "seeded"}})
+    assert torch.equal(draw(1, 2, "a", key=None), draw(1, 2, "a", key=None))
+    assert not torch.equal(draw(1, 2, "a", key=None), draw(1, 2, "a", key=None, seed=1))
+
+
+def test_noise_streams_are_shake256_gaussians_no_32_bit_seed_can_replay():
+    a, b = NoiseStream(b"k" * 32, ("x", 1)), NoiseStream(b"k" * 32, ("x", 1))
+    z = a.normal((200_000,))
+    assert torch.equal(z, b.normal((200_000,)))  # the same key and label: the same draws
+    assert not torch.equal(a.normal((4,)), NoiseStream(b"k" * 32, ("x", 1)).normal((4,)))  # the next block
+    assert float(z.mean()) == pytest.approx(0, abs=0.01) and float(z.std()) == pytest.approx(1, rel=0.01)
+    assert stats_normal_pvalue(z.double().numpy()) > 1e-4  # a Gaussian (Kolmogorov-Smirnov)
+    u = NoiseStream(b"k" * 32, ("u",)).uniform((100_000,))
+    assert 0 <= float(u.min()) and float(u.max()) < 1 and float(u.mean()) == pytest.approx(0.5, abs=0.005)
+    # every bit of the key counts (a torch.Generator would keep 32 bits of a seed)
+    for i in range(32):
+        for bit in (1, 128):
+            k = bytearray(b"k" * 32)
+            k[i] ^= bit
+            assert not torch.equal(NoiseStream(bytes(k), ("x", 1)).normal((4,)), z[:4])
+
+
+def stats_normal_pvalue(x: np.ndarray) -> float:
+    from scipy import stats
+
+    return float(stats.kstest(x, "norm").pvalue)
 
 
 # ---------------------------------------------------------------------------------------
-# end to end: off-switch, executors, resume, Flower
+# end to end: off-switch, executors, Flower
 # ---------------------------------------------------------------------------------------
-@pytest.mark.parametrize("name, mode", [("fedavg", "client"), ("fedproto", "prototype"), ("fednh", "prototype"),
-                                        ("fedgh", "prototype"), ("feddistill", "prototype")])
-def test_no_noise_and_no_clip_equal_the_plain_run_bit_for_bit(name, mode, digits_cfg, tmp_path):
-    base = (f"algorithm.name={name}", "rounds=2", "algorithm.weighting=uniform" if name == "fedavg" else "seed=0")
+SEEDED = "privacy.noise=seeded"  # replayable noise: two runs can be compared
+
+
+def test_client_level_without_noise_and_clip_equals_the_plain_run_bit_for_bit(digits_cfg):
+    base = ("rounds=2", "algorithm.weighting=uniform")
     plain = run(digits_cfg(*base, "output.name=plain"))
-    dp = run(digits_cfg(*base, f"privacy.mode={mode}", "privacy.clip=.inf", "privacy.noise_multiplier=0",
+    dp = run(digits_cfg(*base, "privacy.mode=client", "privacy.clip=.inf", "privacy.noise_multiplier=0", SEEDED,
                         "output.name=dp"))
-    for r in (*dp.rows, *plain.rows):
-        r.pop("bytes_down")  # the broadcast carries the clip under client mode
-    assert results(dp.rows) == results(plain.rows)
+    for a, b in zip(results(plain.rows), results(dp.rows)):
+        b.pop("bytes_down"), b.pop("privacy_seeded")  # the broadcast carries the clip
+        # what client-level DP leaves out of a row: its values were computed without noise
+        assert set(a) - set(b) == {"train_loss", "train_samples", "rejected", "pa", "pa_std", "evaluated_clients",
+                                   "bytes_down", "pm_v", "pm_v_std", "pm_l", "pm_l_std", "acc", "acc_std",
+                                   "weight_diversity", "pa_clients", *(k for k in a if k.startswith("all_"))} & set(a)
+        assert all(a[k] == v for k, v in b.items())
     assert all(r["epsilon"] == math.inf for r in dp.rows)
-    if name in ("fedavg", "fednh"):  # the global model, every bit (FedProto and FedGH have none)
-        a, b = torch.load(plain.dir / "model.pt"), torch.load(dp.dir / "model.pt")
-        assert all(torch.equal(a[k], b[k]) for k in a)
+    x, y = torch.load(plain.dir / "model.pt"), torch.load(dp.dir / "model.pt")
+    assert all(torch.equal(x[k], y[k]) for k in x)
 
 
-def test_dp_sgd_without_noise_and_clip_is_sgd_up_to_float_rounding(digits_cfg):
-    plain = run(digits_cfg("rounds=2", "output.name=plain"))
-    dp = run(digits_cfg("rounds=2", "privacy.mode=sample", "privacy.clip=.inf", "privacy.noise_multiplier=0",
-                        "output.name=dp"))
-    for a, b in zip(plain.rows, dp.rows):
-        assert b["gm"] == pytest.approx(a["gm"], abs=1 / 450) and b["train_loss"] == pytest.approx(a["train_loss"],
-                                                                                                    rel=1e-4)
+def test_dp_sgd_of_every_sample_without_noise_or_clip_is_gradient_descent():
+    # q = B / n~ = 1 (the released count within a batch): every sample in every batch, so DP-SGD
+    # without noise or clip is full-batch gradient descent, up to float rounding
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(4, 8), nn.ReLU(), nn.Linear(8, 3))
+    x, y = torch.randn(20, 4), torch.randint(0, 3, (20,))
+    names = [k for k, _ in model.named_parameters()]
+    plain = copy.deepcopy(model)
+    fit(plain, x, y, loss=cross_entropy, extras={}, names=names, generator=torch.Generator().manual_seed(0),
+        settings=TrainSettings(lr=0.3, momentum=0.9, batch_size=20, epochs=3))
+    fit(model, x, y, loss=cross_entropy, extras={}, names=names, generator=NoiseStream(b"k" * 32, ()),
+        settings=TrainSettings(lr=0.3, momentum=0.9, batch_size=20, epochs=3, dp_clip=math.inf, dp_n=20))
+    for (k, a), b in zip(plain.named_parameters(), model.parameters()):
+        assert torch.allclose(a, b, atol=1e-6), k
 
 
-@pytest.mark.parametrize("name, mode", [("fedavg", "sample"), ("fedproto", "prototype"), ("fedavg", "client")])
+@pytest.mark.parametrize("name, mode", [("fedavg", "sample"), ("fedproto", "sample"), ("fedavg", "client")])
 def test_both_executors_give_equal_results_under_dp(name, mode, digits_cfg):
     over = (f"algorithm.name={name}", "rounds=2", f"privacy.mode={mode}", "privacy.clip=1.0",
-            "privacy.noise_multiplier=0.7")
+            "privacy.noise_multiplier=0.7", SEEDED)
     seq = run(digits_cfg(*over, "execution.executor=sequential", "output.name=seq"))
     bat = run(digits_cfg(*over, "execution.executor=batched", "output.name=bat"))
     assert bat.summary["execution"]["executor"] == "batched"
@@ -236,28 +305,14 @@ def test_both_executors_give_equal_results_under_dp(name, mode, digits_cfg):
                 assert b[k] == pytest.approx(v, abs=1e-5, rel=1e-5), k
 
 
-@pytest.mark.parametrize("mode", ["client", "sample"])
-def test_resume_after_kill_is_bit_identical(mode, digits_cfg, tmp_path):
-    cfg = digits_cfg(f"privacy.mode={mode}", "privacy.clip=0.5", "privacy.noise_multiplier=0.6", "rounds=4",
-                     "output.checkpoint_every=2", *(("privacy.adaptive_clip=true", "privacy.count_noise=1.0",
-                                                     "participation.sampling=poisson") if mode == "client" else ()))
-    full, resumed = kill_and_resume(cfg, tmp_path, after=3)  # last checkpoint: round 2
-    assert strip_timing(resumed.rows) == strip_timing(full.rows)
-    if mode == "sample":
-        return
-    clips = [r["privacy_clip"] for r in full.rows]
-    assert clips[0] == 0.5 and len(set(clips)) == 4  # the clip follows the updates' norms
-    eps = [r["epsilon"] for r in full.rows]
-    assert eps == sorted(eps) and eps[0] > 0
-
-
-def test_clients_clip_their_updates_and_prototype_releases_are_counted(digits_cfg, monkeypatch):
+def test_clients_clip_their_updates(digits_cfg, monkeypatch):
     norms = []
     original = ServerPrivacy.release
 
     def spy(self, rnd, shared, kept, server):
         for t, o in kept:
             norms.append(clip_update(o.reply.weights, t.msg.weights, math.inf)[1])
+            assert o.reply.num_samples == 1  # the public weight, not n_k
         return original(self, rnd, shared, kept, server)
 
     monkeypatch.setattr(ServerPrivacy, "release", spy)
@@ -267,14 +322,29 @@ def test_clients_clip_their_updates_and_prototype_releases_are_counted(digits_cf
 
 
 def test_target_epsilon_stops_the_run_with_a_status(digits_cfg, capsys, tmp_path):
-    res = run(digits_cfg("rounds=10", "privacy.mode=prototype", "algorithm.name=fedproto",
-                         "privacy.noise_multiplier=3", "privacy.target_epsilon=3", "output.name=t"))
+    over = ("rounds=10", "privacy.mode=sample", "algorithm.name=fedproto", "privacy.noise_multiplier=3",
+            "privacy.target_epsilon=3")
+    res = run(digits_cfg(*over, "output.name=t"))
     assert res.summary["status"] == "stopped" and 1 <= res.summary["rounds_completed"] < 10
     assert "privacy budget" in res.summary["error"] and res.rows[-1]["epsilon"] <= 3
-    code = main(["run", str(DIGITS), "rounds=10", "privacy.mode=prototype", "algorithm.name=fedproto",
-                 "privacy.noise_multiplier=3", "privacy.target_epsilon=3", f"output.dir={tmp_path}", "--quiet"])
+    code = main(["run", str(DIGITS), *over, f"output.dir={tmp_path}", "--quiet"])
     out = capsys.readouterr().out
-    assert code == 0 and "privacy budget: round" in out and "epsilon=" in out
+    assert code == 0 and "privacy budget: round" in out and "epsilon=" in out and "not private" not in out
+
+
+def test_a_ditto_run_with_a_target_stops_there(digits_cfg):
+    """Ditto fits twice a turn (its reply's update, then its personal model): the plan counts
+    both, so the run stops before the target, and round 1 alone is refused when it passes it."""
+    over = ("algorithm.name=ditto", "privacy.mode=sample", "privacy.noise_multiplier=1.5", "rounds=8", SEEDED)
+    one = run(digits_cfg(*over, "rounds=1", "eval.final_all_clients=false", "output.name=one"))
+    eps1 = one.rows[0]["epsilon"]  # (seeded: the same released counts, so the same ledger, in every run)
+    with pytest.raises(ConfigError, match="round 1 alone would spend"):  # the plan is the spend, both fits
+        Simulation(digits_cfg(*over, f"privacy.target_epsilon={eps1 * 0.999}", "output.name=refused"))
+    Simulation(digits_cfg(*over, f"privacy.target_epsilon={eps1 * 1.001}", "output.name=accepted"))
+    target = eps1 * 1.6
+    res = run(digits_cfg(*over, f"privacy.target_epsilon={target}", "output.name=t"))
+    assert res.summary["status"] == "stopped" and 1 <= res.summary["rounds_completed"] < 8
+    assert res.rows[0]["epsilon"] == eps1 and res.rows[-1]["epsilon"] <= target
 
 
 @pytest.mark.parametrize("args, fragment", [
@@ -285,14 +355,16 @@ def test_target_epsilon_stops_the_run_with_a_status(digits_cfg, capsys, tmp_path
     (["privacy.mode=client", "privacy.target_epsilon=0.5"], "round 1 alone would spend epsilon"),
     (["privacy.mode=client", "algorithm.name=scaffold"], "does more with the replies than average"),
     (["privacy.mode=client", "algorithm.name=fednh"], "does more with the replies"),
-    (["privacy.mode=prototype", "algorithm.name=fedavg"], "sends no prototypes"),
-    (["privacy.mode=prototype", "algorithm.name=dpfedcl"], "sends no prototypes"),
-    (["privacy.mode=sample", "algorithm.name=fedproto"], "replies carry arrays"),
+    (["privacy.mode=prototype", "algorithm.name=fedproto"], "is no longer offered"),
+    (["privacy.mode=sample", "algorithm.name=dpfedcl"], "does not release privately"),
+    (["privacy.mode=sample", "algorithm.name=fedpac"], "does not release privately"),
     (["privacy.mode=sample", "algorithm.name=feddecorr"], "couples the samples of a batch"),
-    (["privacy.mode=prototype", "algorithm.name=fedpac"], "sends no prototypes"),
+    (["privacy.mode=sample", "algorithm.name=rebafl"], "couples the samples of a batch"),
     (["privacy.mode=client", "privacy.adaptive_clip=true", "privacy.count_noise=0.1"], "must exceed"),
     (["privacy.mode=sample", "privacy.adaptive_clip=true"], "needs privacy.mode: client"),
     (["privacy.mode=client", "privacy.accountant=pld"], "no sampling without replacement"),
+    (["privacy.mode=sample", "privacy.label_noise=0"], "privacy.label_noise=0.0: must be a number > 0"),
+    (["privacy.mode=sample", "privacy.noise=public"], "expected one of"),
     (["privacy.mode=secret"], "expected one of"),
 ])
 def test_bad_privacy_input_exits_2_with_one_line(tmp_path, capsys, args, fragment):
@@ -314,21 +386,21 @@ def test_batchnorm_models_are_refused_for_dp_sgd():  # (digits are too small for
     check_privacy(cfg, algo, nn.Sequential(nn.Linear(3, 4), nn.GroupNorm(2, 4)))
 
 
-def test_the_prototype_mode_refusal_names_every_method_it_serves():
-    """The refusal's list of methods that privacy.mode: prototype serves is the registry's."""
+def test_the_refusal_of_unreleased_arrays_names_every_method_whose_prototypes_are_private():
+    """The refusal's list of methods whose arrays sample-level DP covers is the registry's."""
     import re
     from protofl.engine.privacy import check_privacy
     from protofl.algorithms import ALGORITHMS
     from protofl.algorithms.base import TaskInfo
 
     info = TaskInfo(num_classes=10, num_clients=4, feature_dim=16, input_shape=(64,), seed=0, rounds=2)
-    cfg = from_dict({"privacy": {"mode": "prototype"}})
+    cfg = from_dict({"privacy": {"mode": "sample"}})
     made = {n: ALGORITHMS.get(n)(ALGORITHMS.get(n).Hyper(), info) for n in ALGORITHMS.names()}
     serves = {n for n, algo in made.items() if algo.prototype_releases(cfg.privacy) > 0}
     with pytest.raises(ConfigError) as e:
-        check_privacy(cfg, made["fedavg"])
-    named = set(re.search(r"methods that do: ([a-z_, ]+)\)", str(e.value)).group(1).split(", "))
-    assert named == serves and "fedfa" in serves
+        check_privacy(cfg, made["fedpac"])
+    named = set(re.search(r"methods whose prototypes are: ([a-z_, ]+)\)", str(e.value)).group(1).split(", "))
+    assert named == serves and {"fedproto", "fednh", "mpfedcl"} <= serves
 
 
 def test_fingerprint_and_saved_config_unchanged_without_privacy():
@@ -339,32 +411,68 @@ def test_fingerprint_and_saved_config_unchanged_without_privacy():
 
 
 # ---------------------------------------------------------------------------------------
-# Opacus: one DP-SGD step
+# Opacus: several DP-SGD steps with noise, the same batches and the same noise
 # ---------------------------------------------------------------------------------------
-def test_one_dp_sgd_step_equals_opacus():
+def test_dp_sgd_steps_equal_opacus_with_noise_on(monkeypatch):
+    """Five steps of protofl's DP-SGD (``fit`` with Poisson sampling and noise) against Opacus
+    given the same batches (protofl's Poisson draws, replayed from the same generator) and
+    the same noise (Opacus' draws replaced by protofl's): each step's clipped sum equals
+    GradSampleModule's ``summed_grad`` to 1e-6, the parameters after the five steps equal
+    DPOptimizer's, and the epsilon equals Opacus' RDP accountant's."""
     pytest.importorskip("opacus")
+    import opacus.optimizers.optimizer as opt_mod
     from opacus import GradSampleModule
+    from opacus.accountants import RDPAccountant
     from opacus.optimizers import DPOptimizer
+    from protofl.engine.train import poisson_rows, sample_gradients
 
     torch.manual_seed(0)
     model = nn.Sequential(nn.Linear(4, 8), nn.ReLU(), nn.Linear(8, 3))
-    x, y = torch.randn(16, 4), torch.randint(0, 3, (16,))
-    theirs = GradSampleModule(copy.deepcopy(model))
-    opt = DPOptimizer(torch.optim.SGD(theirs.parameters(), lr=0.5), noise_multiplier=0.0, max_grad_norm=0.1,
-                      expected_batch_size=16)
-    F.cross_entropy(theirs(x), y).backward()
-    opt.step()
+    x, y = torch.randn(24, 4), torch.randint(0, 3, (24,))
     names = [k for k, _ in model.named_parameters()]
-    plain = copy.deepcopy(model)
-    fit(model, x, y, loss=cross_entropy, extras={}, names=names, generator=torch.Generator().manual_seed(0),
-        settings=TrainSettings(lr=0.5, batch_size=16, dp_clip=0.1, dp_noise=0.0))
-    ours, ref = dict(model.named_parameters()), dict(theirs._module.named_parameters())
-    for k in names:
-        assert torch.allclose(ours[k], ref[k], atol=1e-6), k
-    # the clip was active: a plain SGD step lands elsewhere
-    fit(plain, x, y, loss=cross_entropy, extras={}, names=names, generator=torch.Generator().manual_seed(0),
-        settings=TrainSettings(lr=0.5, batch_size=16))
-    assert max(float((p - ours[k]).abs().max()) for k, p in plain.named_parameters()) > 1e-3
+    n_params = sum(p.numel() for p in model.parameters())
+    C, sigma, B, lr, steps = 0.5, 1.3, 6, 0.2, 5
+    rows = poisson_rows(24, B / 24, steps, NoiseStream(b"b" * 32, ("batches",)))  # what fit will draw
+    noise_gen = NoiseStream(b"n" * 32, ("noise",))
+    z = torch.stack([noise_gen.normal((n_params,)) for _ in range(steps)])  # ... and its noise
+    theirs = GradSampleModule(copy.deepcopy(model))
+    noise_at = {"step": 0, "at": 0}
+
+    def shared_noise(std, reference, generator=None, secure_mode=False):  # protofl's draw, parameter by parameter
+        i, at = noise_at["step"], noise_at["at"]
+        noise_at["at"] = at + reference.numel()
+        return std * z[i, at:at + reference.numel()].view_as(reference)
+
+    monkeypatch.setattr(opt_mod, "_generate_noise", shared_noise)
+    opt = DPOptimizer(torch.optim.SGD(theirs.parameters(), lr=lr), noise_multiplier=sigma, max_grad_norm=C,
+                      expected_batch_size=B)
+    frozen, start = copy.deepcopy(model), copy.deepcopy(model)
+    for s in range(steps):
+        idx = torch.from_numpy(rows[s][rows[s] >= 0])
+        noise_at.update(step=s, at=0)
+        opt.zero_grad()
+        F.cross_entropy(theirs(x[idx]), y[idx]).backward()
+        opt.pre_step()
+        # protofl's per-sample gradients at Opacus' current parameters, clipped and summed
+        frozen.load_state_dict(theirs._module.state_dict())
+        per, _ = sample_gradients(frozen, cross_entropy, names, x[idx], y[idx], {})
+        clipped = private_gradient([g.unsqueeze(0) for g in per], C, 0.0, batch=1)
+        for k, c, p in zip(names, clipped, theirs.parameters()):
+            assert torch.allclose(c[0], p.summed_grad, atol=1e-6), (s, k)
+        opt.original_optimizer.step()
+    assert len({int((r >= 0).sum()) for r in rows}) > 1  # batches of different sizes
+    # protofl's own driver: the same five steps from the same streams
+    fit(model, x, y, loss=cross_entropy, extras={}, names=names, generator=NoiseStream(b"b" * 32, ("batches",)),
+        settings=TrainSettings(lr=lr, batch_size=B, steps=steps, dp_clip=C, dp_noise=sigma, dp_n=24),
+        noise=NoiseStream(b"n" * 32, ("noise",)))
+    for (k, a), b in zip(model.named_parameters(), theirs._module.parameters()):
+        assert torch.allclose(a, b, atol=1e-6), k
+    with torch.no_grad():
+        assert max(float((a - b).abs().max()) for a, b in zip(model.parameters(), start.parameters())) > 1e-2  # moved
+    acc = RDPAccountant()
+    acc.history = [(sigma, B / 24, steps)]
+    assert Accountant("rdp", 1e-5).epsilon({("poisson", B / 24, sigma): steps}) == pytest.approx(
+        acc.get_epsilon(1e-5), rel=1e-3)
 
 
 def test_flower_transport_carries_the_clip_and_the_spend():
@@ -376,19 +484,21 @@ def test_flower_transport_carries_the_clip_and_the_spend():
     from protofl.engine.privacy import CLIP_KEY, UNCLIPPED_KEY
 
     w = {"w": torch.ones(3)}
-    task = ClientTask(4, 2, Record(weights=w, config={CLIP_KEY: 0.25}), None, None, False)
-    back = records.content_to_task(records.task_to_content(task))
-    assert back.msg.config[CLIP_KEY] == 0.25
+    task = ClientTask(4, 2, Record(weights=w, config={CLIP_KEY: 0.25}), None, None, False, noise_key=b"k" * 32)
+    content = records.task_to_content(task)
+    back = records.content_to_task(content)
+    assert back.msg.config[CLIP_KEY] == 0.25 and back.noise_key is None  # a key never travels
     out = ClientOutput(Record(weights=w, metrics={UNCLIPPED_KEY: 1.0}), None,
-                       train={"loss": 0.1, "dp_steps": 12.0, "dp_q": 0.25, "dp_releases": 2.0})
+                       train={"dp_steps0": 12.0, "dp_q0": 0.25, "dp_releases": 2.0, "dp_labels": 1.0})
     got = records.content_to_output(records.output_to_content(out))
-    assert got.train["dp_steps"] == 12 and got.train["dp_q"] == 0.25 and got.reply.metrics[UNCLIPPED_KEY] == 1.0
+    assert got.train == out.train and got.reply.metrics[UNCLIPPED_KEY] == 1.0
 
 
-@pytest.mark.parametrize("mode", ["client", "prototype"])
+@pytest.mark.parametrize("mode", ["client", "sample"])
 def test_dp_over_flower_equals_in_process(mode, digits_cfg, tmp_path):
     """Every message crosses Flower's wire format (test_flower_records.py's loopback Grid): the
-    clients clip (client) or noise (prototype) before their reply leaves, the server adds its noise."""
+    clients clip (client) or train by DP-SGD and noise their prototypes (sample) before their
+    reply leaves, the server adds its noise. Seeded noise, so that the two can be compared."""
     pytest.importorskip("flwr")
     from flwr.supercore.task_identity import TaskIdentity
 
@@ -399,7 +509,7 @@ def test_dp_over_flower_equals_in_process(mode, digits_cfg, tmp_path):
     try:
         cfg = digits_cfg("algorithm.name=" + ("fedavg" if mode == "client" else "fedproto"), f"privacy.mode={mode}",
                          "privacy.clip=0.5", "privacy.noise_multiplier=0.7", "rounds=2", "partition.num_clients=3",
-                         "participation.fraction=1.0")
+                         "participation.fraction=1.0", SEEDED)
         ref = Simulation(cfg, run_dir=tmp_path / "ref").run()
         sim, _, _ = loopback_sim(cfg, tmp_path / "flower", discovery_timeout=5)
         got = sim.run()
@@ -409,29 +519,42 @@ def test_dp_over_flower_equals_in_process(mode, digits_cfg, tmp_path):
     assert got.rows[-1]["epsilon"] > got.rows[0]["epsilon"] > 0
 
 
-@pytest.mark.parametrize("name, releases", [("fedproto", 1), ("mpfedcl", 3)])
-def test_prototype_epsilon_counts_each_clients_releases(name, releases, digits_cfg):
-    # MP-FedCL: the private class means that start k-means, then 2 Lloyd steps = 3 releases a round;
-    # epsilon after round t: the Gaussian mechanism composed releases x (most turns of one client by t)
-    cfg = digits_cfg(f"algorithm.name={name}", "rounds=3", "privacy.mode=prototype", "privacy.clip=5",
-                     "privacy.noise_multiplier=2", "privacy.kmeans_steps=2")
-    res = run(cfg)
-    part = Participation(cfg.participation, cfg.partition.num_clients, cfg.seed)
-    turns = [np.bincount([c for r in range(1, t + 1) for c in part.arriving(r, part.selected(r))]).max()
-             for t in (1, 2, 3)]
-    acc = Accountant("rdp", 1e-5)
-    assert [r["epsilon"] for r in res.rows] == [acc.epsilon({("gaussian", 2.0): releases * int(n)}) for n in turns]
-    assert turns[-1] >= 2  # some client took part more than once: the composition is tested
+# ---------------------------------------------------------------------------------------
+# the ledger, recounted
+# ---------------------------------------------------------------------------------------
+@pytest.mark.parametrize("name, releases", [("fedavg", 0), ("fedproto", 1), ("mpfedcl", 3)])
+def test_sample_epsilon_is_each_clients_ledger_recounted(name, releases, digits_cfg):
+    """Each client's ledger, recounted from the run's config: its label counts released once
+    (a Gaussian of std label_noise), and per turn E ceil(n~_k / B) DP-SGD steps at q = B / n~_k
+    plus the method's prototype releases (MP-FedCL: the private class means that start
+    k-means and 2 Lloyd steps); the final evaluation's turn of every client too. epsilon
+    after round t is the largest ledger's."""
+    from protofl.engine.privacy import noisy_label_counts, released_size
 
-
-def test_dp_sgd_epsilon_is_the_most_exposed_clients(digits_cfg):
-    # round 1: client k took E ceil(n_k / B) steps with q_k = B / n_k; epsilon is the largest of theirs
-    cfg = digits_cfg("rounds=1", "privacy.mode=sample", "privacy.clip=1", "privacy.noise_multiplier=1.5",
-                     "eval.final_all_clients=false")
+    cfg = digits_cfg(f"algorithm.name={name}", "rounds=3", "privacy.mode=sample", "privacy.clip=5",
+                     "privacy.noise_multiplier=2", "privacy.kmeans_steps=2", SEEDED)
     sim = Simulation(cfg)
     res = sim.run()
-    part, acc, B, E = sim.participation, Accountant("rdp", 1e-5), cfg.training.batch_size, cfg.training.epochs
-    sizes = [len(i) for i in sim.fed.train_idx]
-    want = max(acc.epsilon({("poisson", min(1.0, B / sizes[c]), 1.5): E * math.ceil(sizes[c] / B)})
-               for c in part.arriving(1, part.selected(1)))
-    assert res.rows[0]["epsilon"] == want > 0
+    part, acc, tc, p = sim.participation, Accountant("rdp", 1e-5), cfg.training, cfg.privacy
+    counts = sim.fed.class_counts()
+    n = [released_size(noisy_label_counts(counts[c], p.label_noise, None, cfg.seed, c)) for c in range(len(counts))]
+    assert n != [int(c.sum()) for c in counts]  # the released counts, not the true ones
+
+    def turn(c):
+        q, T = min(1.0, tc.batch_size / n[c]), tc.epochs * math.ceil(n[c] / tc.batch_size)
+        return {("poisson", q, 2.0): T, **({("gaussian", 2.0): releases} if releases else {})}
+
+    ledgers: dict = {}
+    want = []
+    for r in (1, 2, 3):
+        for c in part.arriving(r, part.selected(r)):
+            led = ledgers.setdefault(c, {("gaussian", p.label_noise): 1})
+            for ev, k in turn(c).items():
+                led[ev] = led.get(ev, 0) + k
+        want.append(max(acc.epsilon(led) for led in ledgers.values()))
+    for c in range(len(counts)):  # the final evaluation: every client trains once more
+        led = ledgers.setdefault(c, {("gaussian", p.label_noise): 1})
+        for ev, k in turn(c).items():
+            led[ev] = led.get(ev, 0) + k
+    want[-1] = max(acc.epsilon(led) for led in ledgers.values())
+    assert [r["epsilon"] for r in res.rows] == pytest.approx(want, rel=1e-12)

@@ -20,12 +20,16 @@ def page_script():
     return mod
 
 
-def fake(out: Path, name: str, seed: int, ga: float, pa: float, eps=None, sigma=None, rejected=0) -> None:
+def fake(out: Path, name: str, seed: int, ga: float, pa, eps=None, sigma=None, rejected=0) -> None:
+    """A finished run folder; ``pa`` None: not logged (client-level DP), ``rejected`` None:
+    not logged either."""
     d = out / name
     d.mkdir(parents=True)
     (d / "summary.json").write_text(json.dumps({"status": "complete", "seed": seed, "rounds_completed": 3}))
-    rows = [{"round": r, "arrived": 4 - rejected, "rejected": rejected, "wall_s": 60.0} for r in (1, 2)]
-    rows.append({"round": 3, "arrived": 4 - rejected, "rejected": rejected, "wall_s": 60.0, "ga": ga, "pa": pa,
+    counts = {} if rejected is None else {"rejected": rejected}
+    arrived = 4 - (rejected or 0)
+    rows = [{"round": r, "arrived": arrived, **counts, "wall_s": 60.0} for r in (1, 2)]
+    rows.append({"round": 3, "arrived": arrived, **counts, "wall_s": 60.0, "ga": ga, **({"pa": pa} if pa else {}),
                  **({"epsilon": eps} if eps is not None else {})})
     (d / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
     cfg = {"seed": seed, **({"privacy": {"noise_multiplier": sigma}} if sigma is not None else {})}
@@ -38,10 +42,12 @@ def test_the_page_from_finished_runs(page_script, tmp_path, monkeypatch):
     # three seeds at epsilon 8 (the smoke scale's), chosen on the command line
     for s in (0, 1, 2):
         fake(out, f"fedavg-s{s}", s, 0.70, 0.90)
-        fake(out, f"fedavg-client-level_dp-eps8-s{s}", s, 0.20 + s / 100, 0.50, 7.9, 0.7, rejected=1)
-        fake(out, f"fedproto-private_prototypes-eps8-s{s}", s, 0.30 + s * s / 100, 0.80, 7.9, 1.5)
-        fake(out, f"fednh-private_prototypes-eps8-s{s}", s, 0.75 + s * s / 50, 0.85, 7.9, 1.5)
-    labels = "FedAvg;FedAvg, client-level DP;FedProto, private prototypes;FedNH, private prototypes"
+        fake(out, f"fedavg-client-level_dp-eps8-s{s}", s, 0.20 + s / 100, None, 7.9, 0.7, rejected=None)
+        fake(out, f"fedavg-dp-sgd-eps8-s{s}", s, 0.40 + s / 100, 0.80, 7.9, 3.5, rejected=1)
+        fake(out, f"fedproto-dp-sgd_+_private_prototypes-eps8-s{s}", s, 0.30 + s * s / 100, 0.80, 7.9, 1.5)
+        fake(out, f"fednh-dp-sgd_+_private_prototypes-eps8-s{s}", s, 0.75 + s * s / 50, 0.85, 7.9, 1.5)
+    labels = ("FedAvg;FedAvg, client-level DP;FedAvg, DP-SGD;FedProto, DP-SGD + private prototypes;"
+              "FedNH, DP-SGD + private prototypes")
     monkeypatch.setattr(sys, "argv", ["accuracy_epsilon.py", "--scale", "smoke", "--seeds", "0,1,2",
                                       "--mechanisms", labels, "--runs", str(runs), "--results", str(results)])
     page_script.main()
@@ -49,16 +55,17 @@ def test_the_page_from_finished_runs(page_script, tmp_path, monkeypatch):
     assert (results / "accuracy_epsilon_smoke.png").exists()
     assert str(tmp_path) not in text and "--runs RUNS --results RESULTS" in text
     assert "chosen on the command line: exploratory" in text
-    assert "| FedAvg, client-level DP | 8 | 7.90 | 0.7 | 21.00 ± 1.00 | 50.00 ± 0.00 | 25.0 | 3 |" in text
+    # client-level DP: no PA and no rejections logged (not private), so none on the page
+    assert "| FedAvg, client-level DP | 8 | 7.90 | 0.7 | 21.00 ± 1.00 | – | – | 3 |" in text
+    assert "| FedAvg, DP-SGD | 8 | 7.90 | 3.5 | 41.00 ± 1.00 | 80.00 ± 0.00 | 25.0 | 3 |" in text
     assert "| FedAvg | – | – | – | 70.00 ± 0.00 | 90.00 ± 0.00 | 0.0 | 3 |" in text
-    # the leaders at epsilon 8. GA: FedNH among all, FedProto among the fully protected, each
-    # above the others by differences that vary over the seeds (t-tests: shown). PA is constant
-    # over the seeds: a zero-spread difference of unknown step counts for nothing (not shown)
+    # the leaders at epsilon 8. GA: FedNH, above the others by differences that vary over the
+    # seeds (t-tests: shown). PA is constant over the seeds: a zero-spread difference of unknown
+    # step counts for nothing (not shown); client-level DP has no PA and is left out of it
     row = next(line for line in text.splitlines() if line.startswith("| 8 |"))
     cells = [c.strip() for c in row.strip("| ").split(" | ")]
-    assert cells[1] == "FedNH, private prototypes (78.33 %): **shown**"
-    assert cells[2] == "FedProto, private prototypes (31.67 %): **shown**"
-    assert cells[3] == "FedNH, private prototypes (85.00 %): **not shown**"
-    assert cells[4] == "FedProto, private prototypes (80.00 %): **not shown**"
-    assert ("* ε = 8, GA, among the mechanisms that protect all they send: FedProto, private prototypes: "
-            "above each of them at p < 0.05. vs FedAvg, client-level DP: +10.67 pts") in text
+    assert cells[1] == "FedNH, DP-SGD + private prototypes (78.33 %): **shown**"
+    assert cells[2] == "FedNH, DP-SGD + private prototypes (85.00 %): **not shown**"
+    assert "* ε = 8, GA: FedNH, DP-SGD + private prototypes: above each of them at p < 0.05." in text
+    assert "vs FedAvg, client-level DP" in text.split("* ε = 8, PA")[0]
+    assert "client-level" not in text.split("* ε = 8, PA")[1]

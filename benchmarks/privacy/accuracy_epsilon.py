@@ -6,12 +6,16 @@ Setting (configs/fednh_fmnist.yaml, protofl's Fashion-MNIST benchmark setting):
 
 * FedAvg, client-level DP (DP-FedAvg): each update clipped to norm 1, Gaussian noise on
   the server, Poisson client sampling (q = 0.1); protects one client's participation;
-* FedProto, private prototypes: features clipped to norm ``PROTO_CLIP``, noisy class sums
-  and counts; protects one training sample; FedProto sends nothing else;
-* FedNH, private prototypes: its unit-norm features (clip 1), eq. (3)'s means private;
-  protects one sample *in the prototypes only* -- its model weights travel unprotected;
-* FedAvg, DP-SGD: per-sample gradients clipped to norm 1, noise on every step; protects
-  one training sample.
+* FedAvg, DP-SGD (``privacy.mode: sample``): Poisson-sampled batches, per-sample gradients
+  clipped to norm 1, noise on every step; protects one training sample;
+* FedProto, DP-SGD + private prototypes (``privacy.mode: sample``): its local model trained
+  by DP-SGD (clip 1), its prototypes released from features clipped to norm
+  ``PROTO_CLIP`` (``privacy.feature_clip``; noisy class sums and counts); protects one
+  training sample of all it sends;
+* FedNH, DP-SGD + private prototypes: the same, its unit-norm features (clip 1): its
+  weights and its prototypes are protected together.
+
+Every row under privacy has secret noise (``privacy.noise: secret``, the default).
 
 For every target epsilon (``--epsilons``, at delta 1e-5, by the end of the run) the noise
 multiplier is calibrated before the run (``protofl.engine.privacy.noise_for_epsilon``, the
@@ -64,11 +68,11 @@ MECHANISMS = {  # label: (method, privacy overrides; None: the reference without
                                            "participation.sampling=poisson"]),
     "FedAvg, DP-SGD": ("fedavg", ["privacy.mode=sample", "privacy.clip=1.0"]),
     "FedProto": ("fedproto", None),
-    "FedProto, private prototypes": ("fedproto", ["privacy.mode=prototype", f"privacy.clip={PROTO_CLIP}"]),
+    "FedProto, DP-SGD + private prototypes": ("fedproto", ["privacy.mode=sample", "privacy.clip=1.0",
+                                                                 f"privacy.feature_clip={PROTO_CLIP}"]),
     "FedNH": ("fednh", None),
-    "FedNH, private prototypes": ("fednh", ["privacy.mode=prototype", "privacy.clip=1.0"]),
+    "FedNH, DP-SGD + private prototypes": ("fednh", ["privacy.mode=sample", "privacy.clip=1.0"]),
 }
-PARTIAL = ("FedNH, private prototypes",)  # mechanisms whose DP covers only part of what they send
 SCALES = {  # scale: (seeds, epsilons, overrides)
     "full": ([0, 1, 2], [1.0, 2.0, 4.0, 8.0], []),
     "cpu": ([0, 1, 2], [1.0, 2.0, 4.0, 8.0], ["rounds=20", "data.train_size=20000", "eval.every=10",
@@ -96,7 +100,7 @@ def one_run(over: list[str], eps: float | None, out: Path, name: str) -> None:
         return
     if eps is not None:
         task = check_task(cfg)
-        sigma = noise_for_epsilon(cfg, eps, task.algorithm, [len(i) for i in task.fed.train_idx])
+        sigma = noise_for_epsilon(cfg, eps, task.algorithm, task.fed.class_counts())
         over = [*over, f"privacy.noise_multiplier={sigma:.6g}"]
     print(f"[run] {name}", flush=True)
     run(load_config(CONFIG, [*over, f"output.dir={out}", f"output.name={name}"]), resume=True)
@@ -160,11 +164,13 @@ def main() -> None:
     for label, eps, names in points_of:
         privacy = MECHANISMS[label][1]
         per_seed = []
-        rejected = replies = 0  # replies the server rejected (a non-finite loss: the noise), over the seeds
+        rejected = replies = 0  # replies the server rejected (non-finite weights: the noise), over the seeds
+        logged = True  # client-level DP logs no rejections (the server judged the updates before their noise)
         for seed, name in names:
             rows = read_rows(out / name / "metrics.jsonl")
             cfg = yaml.safe_load((out / name / "config.yaml").read_text())
             run_seconds += sum(r.get("wall_s", 0.0) for r in rows)
+            logged = logged and all("rejected" in r for r in rows)
             rejected += sum(r.get("rejected", 0) for r in rows)
             replies += sum(r.get("arrived", 0) + r.get("rejected", 0) for r in rows)
             per_seed.append((final(rows, "ga"), final(rows, "pa"), final(rows, "epsilon"),
@@ -178,33 +184,30 @@ def main() -> None:
                       "–" if privacy is None else f"{np.mean(spent):.2f}",
                       "–" if privacy is None else f"{np.mean(sigma):.3g}",
                       pct(float(ga.mean()), sd(ga)), pct(float(pa.mean()), sd(pa)),
-                      f"{100 * rejected / replies:.1f}" if replies else "–", str(len(seeds))])
+                      f"{100 * rejected / replies:.1f}" if replies and logged else "–", str(len(seeds))])
         if privacy is not None:
             points.setdefault(label, []).append((float(np.mean(spent)), float(ga.mean()), sd(ga)))
         else:
             references[label] = float(ga.mean())
     cfg = load_config(CONFIG, base)
     head = ["mechanism", "target ε", "ε spent", "noise σ", "GA (%)", "PA (%)", "replies rejected (%)", "seeds"]
-    # at each epsilon: the mechanism with the most GA / PA, among all and among those that
-    # protect everything they send, tested against each of the others (paired over seeds)
+    # at each epsilon: the mechanism with the most GA / PA, tested against each of the others
+    # (paired over seeds); a mechanism without the metric (PA under client-level DP) is left out
     leaders, tests = [], []
     for eps in epsilons:
         cells = [f"{eps:g}"]
         for metric in ("GA", "PA"):
-            by = at[metric].get(eps, {})
-            for pool in (by, {m: v for m, v in by.items() if m not in PARTIAL}):
-                if not pool:
-                    cells.append("–")
-                    continue
-                top = max(pool, key=lambda m: np.nanmean(list(pool[m].values())))
-                v = stats.best(pool[top], {m: x for m, x in pool.items() if m != top}, step=None)
-                mean = np.nanmean(list(pool[top].values()))
-                cells.append(f"{top} ({mean:.2f} %): **{v.verdict}**")
-                scope = "" if pool is by else ", among the mechanisms that protect all they send"
-                tests.append(f"ε = {eps:g}, {metric}{scope}: {top}: {v.detail}")
+            pool = {m: v for m, v in at[metric].get(eps, {}).items() if not np.all(np.isnan(list(v.values())))}
+            if not pool:
+                cells.append("–")
+                continue
+            top = max(pool, key=lambda m: np.nanmean(list(pool[m].values())))
+            v = stats.best(pool[top], {m: x for m, x in pool.items() if m != top}, step=None)
+            mean = np.nanmean(list(pool[top].values()))
+            cells.append(f"{top} ({mean:.2f} %): **{v.verdict}**")
+            tests.append(f"ε = {eps:g}, {metric}: {top}: {v.detail}")
         leaders.append(cells)
-    leaders_head = ["target ε", "most GA", "most GA, all it sends protected", "most PA",
-                    "most PA, all it sends protected"]
+    leaders_head = ["target ε", "most GA", "most PA"]
     shown = shown_command("benchmarks/privacy/accuracy_epsilon.py", sys.argv[1:],
                           {"--data-dir": "DATA", "--runs": "RUNS", "--results": "RESULTS"})
     images = f"{cfg.data.train_size:,} of the training images" if cfg.data.train_size else "all training images"
@@ -218,16 +221,17 @@ def main() -> None:
                         else "fixed in the script for this scale before any run."))
             + "\n\n"
             + markdown(head, table)
-            + "\nGA, PA at the last evaluation, mean ± sample std over seeds. ε spent: by the end of the run "
-              "(client-level: one client's participation; prototypes and DP-SGD: one training sample of the most "
-              "exposed client); noise σ: calibrated before the run to the target. Replies rejected: the share of the "
-              "clients' replies the server dropped for a non-finite training loss (training.on_nonfinite: drop), "
-              "the noise having driven their training to NaN, over every round and seed. FedNH's private-prototype rows "
-              "protect its prototypes only (its weights travel without protection).\n\n"
+            + "\nGA, PA at the last evaluation, mean ± sample std over seeds. ε spent: by the end of the run, "
+              "by the run's own ledger (client-level: one client's participation; DP-SGD and DP-SGD + private "
+              "prototypes: one training sample of the most exposed client, every fit, release and the one release "
+              "of its label counts composed); noise σ: calibrated before the run to the target from the planned "
+              "spend (the run's ledger reads the clients' released counts, so ε spent differs from the target by "
+              "a few percent). Every row protects all its clients send. PA under client-level DP: not logged (the "
+              "clients' personalized models are trained without noise). Replies rejected: the share of the "
+              "replies the server dropped for non-finite weights (the noise), over every round and seed; not logged "
+              "under client-level DP (the server judges the updates before their noise).\n\n"
             + "\nWhich mechanism keeps the most accuracy at each ε: the leader's verdict is its paired one-sided "
-              "test (5 %) above each other mechanism at that ε (intersection-union; protofl.reproduce.stats). "
-              f"{', '.join(PARTIAL)} protect{'s' if len(PARTIAL) == 1 else ''} the prototypes only, "
-              "so the columns \"all it sends protected\" leave it out.\n\n"
+              "test (5 %) above each other mechanism at that ε (intersection-union; protofl.reproduce.stats).\n\n"
             + markdown(leaders_head, leaders)
             + "\n" + "".join(f"* {t}\n" for t in tests)
             + f"\nThe runs' rounds took {run_seconds / 3600:.2f} hours in all (one thread a run, as many runs at "

@@ -12,18 +12,22 @@ Mahendran & Vedaldi, CVPR 2015) inverts each prototype and compares the result w
   alone would give.
 
 The leak is the gap: corr(x^, own) - corr(x^, other) (Pearson correlation over pixels),
-paired over the cases. A prototype made private as ``privacy.mode: prototype`` makes it
-(``protofl.nn.privacy.private_class_means``: features clipped to C, Gaussian noise on the
-class's sum and count) at a noise multiplier sigma calibrated so that this *one* release
-spends epsilon at delta 1e-5 (dp-accounting's RDP accountant, as the engine's). A run
-releases once a round, so its sigma at the same total epsilon is larger: one release is
-the attacker's best case.
+paired over the cases. The noisy rows release the prototype as ``privacy.mode: sample``
+does (``protofl.nn.privacy.private_class_means``: features clipped to C, Gaussian noise on
+the class's sum and count, from a secret SHAKE-256 stream) at the noise multiplier sigma
+with which one such release spends epsilon at delta 1e-5 (dp-accounting's RDP accountant,
+as the engine's). That epsilon is the release's alone: here the feature map was trained
+on the victims without privacy, which no guarantee covers (``privacy.mode: sample``
+trains it by DP-SGD and accounts for both); the rows measure what that noise hides from
+this attack. A run releases once a round, so its sigma at the same total epsilon is
+larger: one release is the attacker's best case.
 
 Setting: Fashion-MNIST; cnn_fmnist trained centrally for one epoch on the training images
 (SGD lr 0.01, momentum 0.9, batch 64; the "global model" the server knows); the victim's
-samples from the test images (never trained on). Two feature maps: FedProto's (the body's
-raw ReLU features, clip 5) and FedNH's (unit-normalized features, clip 1). Per feature map,
-epsilon (none, 8, 1) and n (1, 4, 16, 64): 10 classes x ``--trials`` draws.
+samples drawn from those training images (the model was trained on them), the "other"
+samples too. Two feature maps: FedProto's (the body's raw ReLU features, clip 5) and
+FedNH's (unit-normalized features, clip 1). Per feature map, epsilon (none, 8, 1) and n
+(1, 4, 16, 64): 10 classes x ``--trials`` draws.
 
     python benchmarks/privacy/inversion.py --data-dir DATA     # inversion.md, inversion.png
 
@@ -47,7 +51,7 @@ sys.path.insert(0, str(HERE.parent))
 from harness import header, shown_command  # noqa: E402
 
 DELTA = 1e-5
-MAPS = {  # label: (features of the body's output, clip C of privacy.mode: prototype)
+MAPS = {  # label: (features of the body's output, the feature clip C of the release)
     "FedProto (raw features, C = 5)": (lambda z: z, 5.0),
     "FedNH (unit features, C = 1)": (lambda z: F.normalize(z, dim=1), 1.0),
 }
@@ -92,7 +96,8 @@ def train_body(ds, seed: int, epochs: int):
 def main() -> int:
     from protofl.data.datasets import load_dataset
     from protofl.nn.inversion import invert_features
-    from protofl.nn.privacy import private_class_means
+    from protofl.engine.privacy import new_secret
+    from protofl.nn.privacy import NoiseStream, private_class_means
     from protofl.report.plots import _plt, _save
     from protofl.report.tables import markdown
     from protofl.reproduce import stats
@@ -116,10 +121,10 @@ def main() -> int:
 
     ds = load_dataset("fmnist", args.data_dir, args.seed)
     model, test_acc = train_body(ds, args.seed, args.epochs)
-    x_all = ds.normalize(ds.x_test)
+    x_all = ds.normalize(ds.x_train)  # the victims: images the feature map was trained on
     low, high = float(x_all.min()), float(x_all.max())
     rng = np.random.default_rng(args.seed)
-    by_class = [np.flatnonzero(ds.y_test.numpy() == c) for c in range(ds.num_classes)]
+    by_class = [np.flatnonzero(ds.y_train.numpy() == c) for c in range(ds.num_classes)]
     # the cases: (size, class, trial) -> n own samples and n other samples of that class
     cases = [(n, c, t) for n in sizes for c in range(ds.num_classes) for t in range(args.trials)]
     own, other = [], []
@@ -141,7 +146,7 @@ def main() -> int:
         z = feat(z_raw)
         for eps in epsilons:
             sigma = 0.0 if math.isinf(eps) else sigma_for(eps)
-            gen = torch.Generator().manual_seed(args.seed)
+            gen = NoiseStream(new_secret(), ("inversion", label, eps))  # secret noise, as a client draws it
             protos, _ = private_class_means(z, groups, len(cases), clip if sigma else math.inf, sigma, gen)
             x_hat = invert_features(lambda x: feat(model.body(x)), protos, torch.zeros_like(own_mean),
                                     steps=args.steps, lr=args.lr, tv=args.tv, low=low, high=high,
@@ -184,11 +189,14 @@ def main() -> int:
                      f"image; {args.trials} draws x {ds.num_classes} classes per row, seed {args.seed}.")
             + "\n\n"
             + markdown(head, table)
-            + "\nown: the mean image of the n samples behind the prototype; other: of n other samples of "
-              "the same class. The gap (paired over the cases, one-sided t-test p) is what the prototype "
-              "tells about its own samples beyond their class. σ: the noise multiplier that spends the "
-              "ε in one release (δ = 1e-5); a run releases every round, so its σ at the same total ε is "
-              "larger. Figure: inversion.png.\n")
+            + "\nThe victims are training images of the feature map. own: the mean image of the n samples "
+              "behind the prototype; other: of n other training samples of the same class. The gap (paired over "
+              "the cases, one-sided t-test p) is what the prototype tells about its own samples beyond their "
+              "class. σ: the noise multiplier with which one release spends the ε (δ = 1e-5), noise drawn from a "
+              "secret key; the ε is the release's alone (this feature map was trained on the victims without "
+              "privacy, which no guarantee covers: privacy.mode: sample trains it by DP-SGD and accounts for "
+              "both). A run releases every round, so its σ at the same total ε is larger. Figure: "
+              "inversion.png.\n")
     (results / "inversion.md").write_text(text)
     print(text)
     return 0

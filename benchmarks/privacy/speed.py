@@ -2,11 +2,15 @@
 
 For each executor (sequential, batched) and each privacy setting -- FedAvg without
 privacy, FedAvg with client-level DP (clipping on the clients, noise on the server),
-FedAvg with DP-SGD (per-sample gradients), FedProto without and with private
-prototypes -- a short run of the Fashion-MNIST setting (configs/fednh_fmnist.yaml:
-cnn_fmnist, batch 64) is timed: training samples per second of the clients' local
-training (``train_samples / train_s`` of the rounds after the first, which pays the
-start-up). Each setting runs ``--repeats`` times, the settings interleaved (a slow spell
+FedAvg with DP-SGD (Poisson batches, per-sample gradients), FedProto without privacy and
+with DP-SGD and private prototypes -- a short run of the Fashion-MNIST setting
+(configs/fednh_fmnist.yaml: cnn_fmnist, batch 64) is timed: training samples per second
+of the clients' local training (samples / ``train_s`` of the rounds after the first, which
+pays the start-up). A private run logs no sample count (it is not private): its samples
+are those its method's run without privacy trains in the same rounds (the same clients:
+the private runs here draw seeded noise, which costs what secret noise costs, so that
+they ask the same clients; DP-SGD's Poisson batches hold that many samples in
+expectation). Each setting runs ``--repeats`` times, the settings interleaved (a slow spell
 of a shared machine then hits every setting alike); the table gives the median.
 
     python benchmarks/privacy/speed.py --data-dir DATA                      # 3 rounds of 10 clients
@@ -27,13 +31,15 @@ import torch
 HERE = Path(__file__).resolve().parent
 CONFIG = HERE.parents[1] / "configs" / "fednh_fmnist.yaml"
 
-SETTINGS = [  # label, method, overrides
+SEEDED = "privacy.noise=seeded"  # the same clients as the run without privacy (and the same cost as secret noise)
+SETTINGS = [  # label, method, overrides (a setting's reference: the first of its method, without privacy)
     ("FedAvg", "fedavg", []),
-    ("FedAvg, client-level DP", "fedavg", ["privacy.mode=client", "privacy.clip=1.0", "privacy.noise_multiplier=1.0"]),
-    ("FedAvg, DP-SGD", "fedavg", ["privacy.mode=sample", "privacy.clip=1.0", "privacy.noise_multiplier=1.0"]),
+    ("FedAvg, client-level DP", "fedavg", ["privacy.mode=client", "privacy.clip=1.0", "privacy.noise_multiplier=1.0",
+                                           SEEDED]),
+    ("FedAvg, DP-SGD", "fedavg", ["privacy.mode=sample", "privacy.clip=1.0", "privacy.noise_multiplier=1.0", SEEDED]),
     ("FedProto", "fedproto", []),
-    ("FedProto, private prototypes", "fedproto",
-     ["privacy.mode=prototype", "privacy.clip=5.0", "privacy.noise_multiplier=1.0"]),
+    ("FedProto, DP-SGD + private prototypes", "fedproto",
+     ["privacy.mode=sample", "privacy.clip=1.0", "privacy.feature_clip=5.0", "privacy.noise_multiplier=1.0", SEEDED]),
 ]
 
 
@@ -64,13 +70,16 @@ def main() -> None:
     eps: dict[tuple, str] = {}
     for rep in range(args.repeats):
         for executor in args.executors.split(","):
+            samples: dict[str, list[int]] = {}  # method -> its run without privacy's samples per round
             for label, method, over in SETTINGS:
                 cfg = load_config(CONFIG, [*base, f"algorithm.name={method}", f"execution.executor={executor}", *over,
                                            f"output.dir={args.runs}", f"output.name={executor}-{label}-{rep}"])
                 res = run(cfg)
-                later = res.rows[1:] or res.rows
+                if not over:
+                    samples[method] = [r["train_samples"] for r in res.rows]
+                later = slice(1, None) if len(res.rows) > 1 else slice(None)
                 rates.setdefault((executor, label), []).append(
-                    sum(r["train_samples"] for r in later) / sum(r["train_s"] for r in later))
+                    sum(samples[method][later]) / sum(r["train_s"] for r in res.rows[later]))
                 eps[(executor, label)] = f"{res.rows[-1]['epsilon']:.2f}" if "epsilon" in res.rows[-1] else "–"
                 print(f"{executor} | {label} | {rates[(executor, label)][-1]:,.0f}", flush=True)
     rows = [[ex, label, f"{statistics.median(r):,.0f}", " / ".join(f"{x:,.0f}" for x in r), eps[(ex, label)]]

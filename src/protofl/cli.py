@@ -28,7 +28,8 @@ def _summary_line(summary: dict) -> str:
     f = summary.get("final", {})
     parts = [f"{k}={100 * f[k]:.2f}%" for k in ("gm", "pm_v", "pm_l", "pa", "ga") if k in f]
     if "epsilon" in f:  # privacy.*: the privacy spent, at privacy.delta
-        parts.append(f"epsilon={f['epsilon']:.2f}")
+        parts.append(f"epsilon={f['epsilon']:.2f}" + (" (not private: seeded noise)" if f.get("privacy_seeded")
+                                                      else ""))
     return ", ".join(parts)
 
 

@@ -349,11 +349,21 @@ class Algorithm(ABC):
         return None
 
     def prototype_releases(self, privacy: Any) -> int:
-        """Under ``privacy.mode: prototype``: how many private releases of its records a
-        client makes per round (each call of :func:`protofl.nn.privacy.release_class_means`
-        is one; ``release_class_kmeans`` is 1 + ``privacy.kmeans_steps``). 0, the default: the
-        method sends no prototypes that mode covers, and asking for it is refused."""
+        """Under ``privacy.mode: sample``: how many private releases of its records a client
+        makes per round (each call of :func:`protofl.nn.privacy.release_class_means` is one;
+        ``release_class_kmeans`` is 1 + ``privacy.kmeans_steps``). 0, the default: the method
+        sends no prototypes that mode makes private, so a reply with arrays is refused."""
         return 0
+
+    def private_fits(self, evaluating: bool, final: bool = False) -> list[dict[str, Any]]:
+        """The ``ctx.fit`` calls of one client turn, as their settings overrides (``{}``: the
+        run's settings; ``{"epochs": 5}``), for the privacy budget's plan under
+        ``privacy.mode: sample`` (each is DP-SGD: it spends). ``evaluating``: a turn whose
+        personalized model the engine evaluates (fine-tuning for it spends too); ``final``:
+        the turn of the final evaluation of every client, after the last round. The
+        default: one fit. A method that fits more declares it; the ledger counts what a
+        client did in any case, and a test checks that the two agree for every method."""
+        return [{}]
 
     def check_reply(self, reply: Record, sent: Record) -> Optional[str]:
         """The method's own schema check of a reply that passed the engine's generic
@@ -529,6 +539,12 @@ def weight_diversity(models: Sequence[Mapping[str, torch.Tensor]]) -> float:
             torch.sub(m[k].detach().to(torch.float64).cpu(), mean, out=diff)
             total += float(diff.pow_(2).sum())
     return total / n
+
+
+def fine_tune_fits(evaluating: bool, epochs: int) -> list[dict[str, Any]]:
+    """:meth:`Algorithm.private_fits` of a FedAvg-like turn that fine-tunes for evaluation
+    (:func:`fine_tuned`): the local update, and the fine-tuning when evaluating."""
+    return [{}, {"epochs": epochs}] if evaluating else [{}]
 
 
 async def fine_tuned(ctx: ClientContext, weights: Mapping[str, torch.Tensor], epochs: int) -> Optional[nn.Module]:

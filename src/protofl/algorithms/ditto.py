@@ -73,6 +73,10 @@ class Ditto(FedAvg):
         v_k = await ctx.fit(state.weights, self.personal_loss, extras={"w_t": anchor}, **epochs)  # eq. 2, from v_k
         return ClientResult(reply, state=Record(weights=v_k.weights), personal=ctx.shared_model(v_k.weights))
 
+    def private_fits(self, evaluating: bool, final: bool = False) -> list[dict]:
+        """The global solver's update and the personal model's (eq. 2), every turn."""
+        return [{}, {} if self.hp.personal_epochs is None else {"epochs": self.hp.personal_epochs}]
+
     def personal_loss(self, model, x, y, extras):
         """h_k(v; w_t) = CE + (lam / 2) sum ||v - w_t||^2 over the trainable parameters (eq. 2)."""
         return F.cross_entropy(model(x), y) + 0.5 * self.hp.lam * proximal(model, extras["w_t"])

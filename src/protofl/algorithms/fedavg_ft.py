@@ -31,7 +31,7 @@ from typing import Optional
 
 from ..errors import require
 from ..messages import Record
-from .base import ClientResult, fine_tuned, register
+from .base import ClientResult, fine_tune_fits, fine_tuned, register
 from .fedavg import FedAvg, FedAvgHyper
 
 
@@ -48,6 +48,9 @@ class FedAvgFT(FedAvg):
     name = "fedavg_ft"
     family = "personalization"
     Hyper = FedAvgFTHyper
+
+    def private_fits(self, evaluating: bool, final: bool = False) -> list[dict]:
+        return fine_tune_fits(evaluating, self.hp.finetune_epochs)
 
     async def client_update(self, msg: Record, state: Optional[Record], ctx) -> ClientResult:
         fitted = await ctx.fit(msg.weights)  # FedAvg's local update

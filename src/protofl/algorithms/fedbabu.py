@@ -41,7 +41,7 @@ from typing import Optional
 
 from ..errors import require
 from ..messages import Record
-from .base import ClientResult, fine_tuned, register, weights_of
+from .base import ClientResult, fine_tune_fits, fine_tuned, register, weights_of
 from .fedavg import FedAvgHyper
 from .fedper import FedPer
 
@@ -62,6 +62,9 @@ class FedBABU(FedPer):
 
     def client_init(self, ctx) -> None:
         return None  # no personal state: the head is the same fixed H_0 everywhere
+
+    def private_fits(self, evaluating: bool, final: bool = False) -> list[dict]:
+        return fine_tune_fits(evaluating, self.hp.finetune_epochs)
 
     async def client_update(self, msg: Record, state: Optional[Record], ctx) -> ClientResult:
         head0 = self.personal_part(weights_of(ctx.shared_model()))  # H_0: the run's initial head

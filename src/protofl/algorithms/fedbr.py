@@ -36,7 +36,7 @@ Inputs must be real-valued (a model reading token ids is refused: a mean of toke
 input). Privacy: every client of the pseudo-data round uploads P means of K = 10 of its raw
 inputs (the server keeps about P / |S_1| of each client's) and the kept ones are broadcast
 to every client. That is a release of (averaged) training data, which no
-privacy mode of protofl covers: ``privacy.mode`` client, sample and prototype are refused.
+privacy mode of protofl covers: ``privacy.mode`` client and sample are refused.
 
 On the engine: ``adapt_model`` adds ``model.proj`` (psi). Round 1 (the first round in which
 replies arrive) is the pseudo-data round: its clients train plain FedAvg (psi does not move)

@@ -46,7 +46,7 @@ too. Choices and deviations:
   holds; the server keeps each client's latest upload until the client uploads again (the
   paper's average over all devices, each as of its last round), so a teacher averages
   every other client that has uploaded the label; it needs at least one.
-* Under ``privacy.mode: prototype`` a noisy teacher may leave the simplex, and the cross
+* Under ``privacy.mode: sample`` a noisy teacher may leave the simplex, and the cross
   entropy against a negative entry has no lower bound: the client clips it at 0 and
   rescales it to sum to 1 (post-processing), and a row with nothing left is no teacher.
 * Evaluation: each client's own model (PM(V), PA; GA is their mean over the global test
@@ -59,9 +59,10 @@ averages in the ``protos`` slot):
     client -> server: protos (m_i, C) its averages, classes (m_i,), counts (m_i,)
 Client state: its model's weights. Server state: :class:`DistillState`.
 
-Under ``privacy.mode: prototype`` the averages and counts are released privately
-(:func:`protofl.nn.privacy.release_class_means`, one release a round): FD's whole upload is
-then private at the record level, and the teachers are post-processing of it.
+Under ``privacy.mode: sample`` the model trains by DP-SGD and the averages and counts are
+released privately (:func:`protofl.nn.privacy.release_class_means`, one release a round):
+FD's whole upload is then private at the record level, and the teachers are
+post-processing of it.
 """
 from __future__ import annotations
 
@@ -199,6 +200,6 @@ class FedDistill(Algorithm):
         model = ctx.shared_model(fitted.weights)
         with torch.no_grad():  # (N, C) after training, eval mode
             out = outputs(model.head(z), self.hp.distill)
-        means, counts = release_class_means(ctx, out, y, C)  # F_bar_i; private under privacy.mode: prototype
+        means, counts = release_class_means(ctx, out, y, C)  # F_bar_i; private under privacy.mode: sample
         reply = Record(arrays=sparse(means.detach().cpu(), counts.cpu()))
         return ClientResult(reply, state=Record(weights=fitted.weights), personal=model)

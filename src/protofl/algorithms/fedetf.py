@@ -138,6 +138,14 @@ class FedETF(FedAvg):
     def balanced_feature_loss(model, x, y, extras):
         return balanced_softmax_loss(model(x), y, extras["prior"])  # logits beta V^T mu, + log n_{k,c}
 
+    def private_fits(self, evaluating: bool, final: bool = False) -> list[dict]:
+        """The local update, and when the personalized model is fine-tuned, V's and P's
+        ``finetune_rounds`` alternating fits."""
+        hp = self.hp
+        if not evaluating or (hp.finetune == "final" and not final):
+            return [{}]
+        return [{}] + [{"epochs": hp.finetune_epochs}] * (2 * hp.finetune_rounds)
+
     async def fine_tuned(self, ctx, weights: dict) -> Optional[nn.Module]:
         """The personalized model: V and P fine-tuned alternately on cross-entropy, after
         training (``ctx.rnd`` past the last round: the final evaluation of every client) or

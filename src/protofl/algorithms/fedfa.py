@@ -63,12 +63,11 @@ Choices and deviations:
 
 Messages: down ``w.*`` and ``anchors`` (C, d); up ``w.*`` and ``anchors`` (C, d).
 Personalized model: the client's model after local training (FedAvg's convention). The
-anchors are the ``proto_*`` geometry logs' class vectors. Under ``privacy.mode:
-prototype`` the class means and counts behind the local anchors are released privately
-(:func:`protofl.nn.privacy.release_class_means`, one release a round); the weights w_k
-travel unprotected (docs/privacy.md). Which classes a client holds is then read from the
-noisy counts (the true ones would leak): an absent class can come out held, and its anchor
-is then moved towards a mean of noise.
+anchors are the ``proto_*`` geometry logs' class vectors. ``privacy.mode: sample`` refuses
+FedFA (its anchor loss averages each class over the batch's samples, which DP-SGD's
+per-sample gradients cannot bound); the class means behind its anchors go through
+:func:`protofl.nn.privacy.release_class_means` all the same, which reads which classes a
+client holds from the noisy counts of a private release where one is made.
 """
 from __future__ import annotations
 

@@ -40,10 +40,10 @@ Choices:
 * The personalized model is the client's model right after local training (protofl's
   convention); the libraries evaluate f_i with the next round's global header.
 
-Under ``privacy.mode: prototype`` the uploaded R_i^s and counts are released privately
-(:func:`protofl.nn.privacy.release_class_means`, one release a round): FedGH's whole
-upload is then private at the record level, and the server's header is post-processing
-of it (docs/privacy.md).
+Under ``privacy.mode: sample`` the extractor trains by DP-SGD and the uploaded R_i^s and
+counts are released privately (:func:`protofl.nn.privacy.release_class_means`, one release
+a round): FedGH's whole upload is then private at the record level, and the server's
+header is post-processing of it (docs/privacy.md).
 """
 from __future__ import annotations
 

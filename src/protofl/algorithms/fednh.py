@@ -67,9 +67,10 @@ Deviations from the authors' released code (github.com/Yutong-Dai/FedNH):
   CIFAR and TinyImageNet; this differs only under ``data.augment``.
 * their optional "adversarial" prototype aggregation (confidence-weighted) is not implemented.
 
-Under ``privacy.mode: prototype`` eq. (3)'s means and counts are released privately
-(:func:`protofl.nn.privacy.release_class_means`; the normalized features already have norm
-1; one release a round); theta and s travel unprotected (docs/privacy.md).
+Under ``privacy.mode: sample`` theta and s train by DP-SGD and eq. (3)'s means and counts
+are released privately (:func:`protofl.nn.privacy.release_class_means`; the normalized
+features already have norm 1; one release a round): weights and prototypes are private
+together (docs/privacy.md).
 """
 from __future__ import annotations
 
@@ -184,7 +185,7 @@ class FedNH(GlobalModel):
         arrays = {}
         if self.updates_head:  # eq. (3): class means of the normalized features after training
             f = F.normalize(await ctx.features(fitted.weights, "body"), dim=1)  # (n_k, d)
-            # (C, d), (C,); private under privacy.mode: prototype
+            # (C, d), (C,); private under privacy.mode: sample
             arrays["proto"], arrays["counts"] = release_class_means(ctx, f, ctx.data[1], ctx.num_classes)
         reply = Record(weights={k: v for k, v in fitted.weights.items() if k != HEAD_W}, arrays=arrays)
         return ClientResult(reply, personal=ctx.shared_model(fitted.weights))

@@ -61,10 +61,11 @@ Deviations from the authors' code:
   client's own classes (the code's rule, its MSE has the same ranking); ``global`` the
   nearest received global prototype over every class that has one.
 
-Under ``privacy.mode: prototype`` the uploaded prototypes and counts are released
-privately (:func:`protofl.nn.privacy.release_class_means`, one release a round): FedPCL's
-whole upload is then private at the record level; the client's own ``local`` predictor
-keeps its exact prototypes, which never leave it (docs/privacy.md).
+Under ``privacy.mode: sample`` the backbone trains by DP-SGD and the uploaded prototypes
+and counts are released privately (:func:`protofl.nn.privacy.release_class_means`, one
+release a round): FedPCL's whole upload is then private at the record level; the client's
+own ``local`` predictor keeps its exact prototypes, which never leave it and no loss reads
+(docs/privacy.md).
 """
 from __future__ import annotations
 

@@ -63,10 +63,10 @@ Messages (sparse: only the classes that have a prototype travel):
     client -> server: protos (m_i, d), classes (m_i,), counts (m_i,)
 Client state: its model's weights. Server state: :class:`ProtoState`.
 
-Under ``privacy.mode: prototype`` the local prototypes and counts are released privately
-(:func:`protofl.nn.privacy.release_class_means`: clipped features, noisy sums and counts
-of every class; one release a round): FedProto's whole message is then private at the
-record level (docs/privacy.md).
+Under ``privacy.mode: sample`` the local model trains by DP-SGD and the local prototypes
+and counts are released privately (:func:`protofl.nn.privacy.release_class_means`:
+clipped features, noisy sums and counts of every class; one release a round): FedProto's
+whole message is then private at the record level (docs/privacy.md).
 """
 from __future__ import annotations
 
@@ -215,7 +215,7 @@ class FedProto(Algorithm, Diagnostics):
         # local prototypes: class means of the embeddings after training (eval mode)
         # (N, d) embeddings ((0, d) for a client without data)
         z = await ctx.features(fitted.weights)
-        protos, counts = release_class_means(ctx, z, y, C)  # private under privacy.mode: prototype
+        protos, counts = release_class_means(ctx, z, y, C)  # private under privacy.mode: sample
         reply = Record(arrays=sparse(protos.detach().cpu(), counts.cpu()))
         model = ctx.shared_model(fitted.weights)
         present = torch.nonzero(has).flatten()

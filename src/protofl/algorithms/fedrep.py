@@ -62,6 +62,10 @@ class FedRep(FedPer):
     name = "fedrep"
     Hyper = FedRepHyper
 
+    def private_fits(self, evaluating: bool, final: bool = False) -> list[dict]:
+        """The head's epochs, then the body's."""
+        return [{"epochs": self.hp.head_epochs}, {} if self.hp.body_epochs is None else {"epochs": self.hp.body_epochs}]
+
     async def local_training(self, weights, msg: Record, ctx):
         # phase 1: only the head's parameters move, the body frozen at phi_t
         head = await ctx.fit(weights, trainable=("head.",), epochs=self.hp.head_epochs)

@@ -42,7 +42,7 @@ Choices and deviations:
 * ||.|| is sqrt(max(squared distance, 1e-12)): the code's sqrt of the expanded square can
   go negative (nan) for coincident points.
 * A round in which no arriving reply holds a prototype (clients without data, or
-  ``privacy.mode: prototype`` counts rounded to 0) leaves the TGP and the global
+  ``privacy.mode: sample`` counts rounded to 0) leaves the TGP and the global
   prototypes as they were.
 
 The local prototypes are FedProto's (class means over the whole training set after

@@ -50,9 +50,9 @@ Other choices:
 Messages: down ``w.*`` and the group ``pool`` (``protos`` (P, d), ``labels`` (P,)); up
 ``w.*`` and FedProto's sparse class means (``protos``, ``classes``, ``counts``).
 
-Under ``privacy.mode: prototype`` the uploaded class means and counts are released
-privately (:func:`protofl.nn.privacy.release_class_means`, one release a round); the
-weights w_i travel unprotected (docs/privacy.md).
+Under ``privacy.mode: sample`` the model trains by DP-SGD and the uploaded class means and
+counts are released privately (:func:`protofl.nn.privacy.release_class_means`, one release
+a round): weights and prototypes are private together (docs/privacy.md).
 """
 from __future__ import annotations
 

@@ -100,11 +100,11 @@ Messages:
     server -> client: weights w_t; the pool: group ``pool`` of ``protos`` (P, d), ``labels`` (P,) int64
     client -> server: weights w_i; ``protos`` (m_i, d), ``labels`` (m_i,) int64
 
-Under ``privacy.mode: prototype`` the prototypes of every class are private at the record
-level: MP-FedCL's k centers by the private k-means (DP-Lloyd,
+Under ``privacy.mode: sample`` the model trains by DP-SGD and the prototypes of every class
+are private at the record level: MP-FedCL's k centers by the private k-means (DP-Lloyd,
 :func:`protofl.nn.privacy.release_class_kmeans`: 1 + ``privacy.kmeans_steps`` releases a
-round), SP-FedCL's class means by one release; DP-FedCL (DBSCAN) is refused. The weights
-w_i travel unprotected (docs/privacy.md).
+round), SP-FedCL's class means by one release; DP-FedCL (DBSCAN) is refused. Weights and
+prototypes are then private together (docs/privacy.md).
 """
 from __future__ import annotations
 
@@ -215,7 +215,7 @@ class MPFedCL(FedAvg):
         return torch.cat(protos), torch.cat(labels)
 
     def private_prototypes(self, ctx, z: torch.Tensor, y: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """Under ``privacy.mode: prototype``: (m, d) prototypes and (m,) labels of every class,
+        """Under ``privacy.mode: sample``: (m, d) prototypes and (m,) labels of every class,
         by the private k-means (protofl.nn.privacy.private_kmeans)."""
         return release_class_kmeans(ctx, z, y, self.info.num_classes, self.hp.k)
 

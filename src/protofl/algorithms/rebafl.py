@@ -74,10 +74,8 @@ methods/rebafl.py, tools.py, models/cnn.py):
   computes the softmax as pi exp(z) / (sum_j pi_j exp(z_j) + 1e-8): the 1e-8 is in the
   denominator, and a class with pi = 0 is out of it exactly as well.
 
-Under ``privacy.mode: prototype`` the reply's prototypes and counts (eq. 23's inputs) are
-released privately (:func:`protofl.nn.privacy.release_class_means`, one release a round);
-eq. 18's means never leave the client; the model weights travel unprotected
-(docs/privacy.md).
+``privacy.mode: sample`` refuses ReBaFL: eq. 16's prior of the augmented batch couples the
+samples of a batch, which DP-SGD's per-sample gradients cannot bound (docs/privacy.md).
 """
 from __future__ import annotations
 

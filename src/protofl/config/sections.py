@@ -160,11 +160,14 @@ class PrivacyConfig:
 
     ``mode``: none; ``client``: DP-FedAvg (McMahan et al., ICLR 2018), each client's update
     clipped to L2 norm ``clip``, Gaussian noise of std ``noise_multiplier * clip`` on their
-    sum on the server (adjacency: one client); ``prototype``: every class mean (and count)
-    a client sends made private before it leaves, features clipped to norm ``clip``
-    (adjacency: one sample); ``sample``: DP-SGD (Abadi et al., CCS 2016), every
-    per-sample gradient clipped to ``clip``, noise ``noise_multiplier * clip`` on their
-    sum (adjacency: one sample). Every round logs ``epsilon`` at ``delta``.
+    sum on the server (adjacency: one client); ``sample``: DP-SGD (Abadi et al., CCS 2016)
+    on Poisson-sampled batches for every local fit, every per-sample gradient clipped to
+    ``clip``, noise ``noise_multiplier * clip`` on their sum, and every prototype a client
+    sends released by the Gaussian mechanism on clipped features (adjacency: one sample).
+    ``prototype`` (private prototypes from a model trained without privacy) is refused:
+    its sensitivity had no bound. ``noise``: ``secret`` (each party's noise from a key of
+    OS entropy kept in its own checkpoint) or ``seeded`` (replayable from the run's seed:
+    for tests; not private). Every round logs ``epsilon`` at ``delta``.
     """
 
     mode: Literal["none", "client", "prototype", "sample"] = "none"
@@ -181,7 +184,18 @@ class PrivacyConfig:
     target_quantile: float = 0.5
     clip_lr: float = 0.2
     count_noise: Optional[float] = None
-    kmeans_steps: int = 3  # prototype: Lloyd steps of the private k-means (MP-FedCL), each one release
+    kmeans_steps: int = 3  # sample: Lloyd steps of the private k-means (MP-FedCL), each one release
+    # sample: the L2 bound of one sample's features in a prototype release (null: clip, the
+    # bound of one sample's gradient)
+    feature_clip: Optional[float] = None
+    # secret: noise (and, under client, the client sampling; under sample, the batch sampling)
+    # drawn from keys of OS entropy that only their party holds; seeded: from the run's seed,
+    # replayable by anyone holding config.yaml, so no guarantee holds (tests, debugging)
+    noise: Literal["secret", "seeded"] = "secret"
+    # sample: the std of the Gaussian noise on each of a client's label counts, released once
+    # per run (sensitivity 1): what its Poisson rate, its step count, its aggregation weight
+    # and a loss that reads the label distribution (FedRS, FedLC, ...) use instead of n_k
+    label_noise: float = 10.0
 
     def validate(self, section: str) -> None:
         require(self.clip > 0, f"{section}.clip", self.clip, "must be > 0 (.inf: no clipping)")
@@ -200,6 +214,17 @@ class PrivacyConfig:
         require(self.count_noise is None or self.count_noise > 0, f"{section}.count_noise", self.count_noise,
                 "must be > 0 or null")
         require(self.kmeans_steps >= 1, f"{section}.kmeans_steps", self.kmeans_steps, "must be >= 1")
+        require(self.feature_clip is None or self.feature_clip > 0, f"{section}.feature_clip", self.feature_clip,
+                "must be > 0 or null (.inf: no clipping, with noise_multiplier 0 only)")
+        require(self.feature_clip is None or math.isfinite(self.feature_clip) or self.noise_multiplier == 0
+                or self.mode == "none", f"{section}.feature_clip", self.feature_clip,
+                "an infinite clip bounds nothing: it needs noise_multiplier 0")
+        require(math.isfinite(self.label_noise) and self.label_noise > 0, f"{section}.label_noise",
+                self.label_noise, "must be a number > 0")
+        require(self.mode != "prototype", f"{section}.mode", self.mode,
+                "is no longer offered: it released prototypes of a model trained without privacy on the same "
+                "records, whose sensitivity nothing bounds; privacy.mode: sample trains with DP-SGD and releases "
+                "the prototypes privately (docs/privacy.md)")
 
 
 @dataclass

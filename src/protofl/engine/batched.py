@@ -33,9 +33,11 @@ Each client still computes what the sequential executor computes (``engine/train
   number of layers; the optimizer state of a slot is zeroed when a client enters it;
 * its gradient transform (SCAFFOLD), per-step extras (FedGen's draws) and the run's
   precision (bf16 autocast);
-* DP-SGD (``privacy.mode: sample``): the gradient of every sample of every slot (a vmap
-  over the samples inside the vmap over the slots), clipped and noised as the sequential
-  driver does, each client's noise drawn from its own stream.
+* DP-SGD (``privacy.mode: sample``): each client's Poisson-sampled batches drawn from its
+  own secret stream as the sequential driver draws them, padded to the stack's largest
+  batch (a padded row is masked out of the sum); the gradient of every sample of every
+  slot (a vmap over the samples inside the vmap over the slots), clipped and noised as the
+  sequential driver does, each client's noise drawn from its own stream.
 
 The schedule (which client is in which slot at which step, the rows of every batch) is
 worked out on the host before the stack starts and sent to the device in one transfer,
@@ -70,7 +72,7 @@ from .augment import apply, augment_plan
 from .precision import autocast
 from ..nn.privacy import private_gradient
 from .train import (NonFiniteLossError, Objective, TrainSettings, batch_rows, batch_sizes, embed_batches,
-                    optimizer_state, optimizer_step, per_sample, reset_rows, total_steps)
+                    optimizer_state, optimizer_step, per_sample, poisson_rows, reset_rows, total_steps)
 
 log = logging.getLogger("protofl")
 
@@ -482,7 +484,7 @@ class BatchedExecutor(Executor):
             job.request = None
             if rt.cfg.training.on_nonfinite == "stop":
                 raise
-            job.output = ClientOutput(reply=Record(), state=None, rejected=str(e))
+            job.output = rt.withdrawn(job.ctx, str(e))
         finally:
             job.rng = torch.get_rng_state()
 
@@ -561,23 +563,34 @@ class BatchedExecutor(Executor):
         names = trainable_names(model, fits[0].trainable)
         data = [j.ctx.data for j in jobs]
         ns = [len(y) for _, y in data]
-        totals = [total_steps(n, B, settings.epochs, settings.steps) if names else 0 for n in ns]
-        sizes = [batch_sizes(n, B, t) for n, t in zip(ns, totals)]
         offsets = np.concatenate([[0], np.cumsum(ns)[:-1]]).astype(np.int64)
-        rows = [batch_rows(n, B, t, j.ctx.generator) + o for n, t, j, o in zip(ns, totals, jobs, offsets)]
+        dp = settings.dp_clip is not None
+        if dp:  # DP-SGD: each client's own n~_k, Poisson batches padded to the stack's widest (-1)
+            private = [j.ctx.fit_settings(f) for j, f in zip(jobs, fits)]
+            totals = [p.dp_steps() if names else 0 for p in private]
+            drawn_rows = [poisson_rows(n, p.dp_rate, t, j.ctx.batch_generator)
+                          for n, p, t, j in zip(ns, private, totals, jobs)]
+            width = max([r.shape[1] for r, t in zip(drawn_rows, totals) if t] or [1])
+            rows = [np.pad(np.where(r >= 0, r + o, -1), ((0, 0), (0, width - r.shape[1])), constant_values=-1)
+                    for r, o in zip(drawn_rows, offsets)]
+            sizes = [[width] * t for t in totals]
+        else:
+            totals = [total_steps(n, B, settings.epochs, settings.steps) if names else 0 for n in ns]
+            sizes = [batch_sizes(n, B, t) for n, t in zip(ns, totals)]
+            rows = [batch_rows(n, B, t, j.ctx.generator) + o for n, t, j, o in zip(ns, totals, jobs, offsets)]
         augmentation = jobs[0].ctx.augmentation  # the same for every client of the run (of the stack)
-        aug = [augment_plan(augmentation[0], t, B, j.ctx.augmentation[1]) for t, j in zip(totals, jobs)] \
-            if augmentation else None
+        aug = [augment_plan(augmentation[0], t, width if dp else B, j.ctx.augmentation[1])
+               for t, j in zip(totals, jobs)] if augmentation else None
 
         answers: list[Any] = [None] * len(jobs)
         for i, j in enumerate(jobs):  # clients without a step to take keep their weights
             if totals[i] == 0:
                 answers[i] = Fitted({k: v.detach().clone() for k, v in fits[i].weights.items()},
-                                    j.ctx.trained(TrainStats(0.0, 0, 0), fits[i].report))
+                                    j.ctx.trained(TrainStats(0.0, 0, 0), fits[i].report, private[i] if dp else None))
         if not any(totals):
             return answers
 
-        S = self._slots(totals, model, B, data, jobs[0], per_sample=settings.dp_clip is not None)
+        S = self._slots(totals, model, B, data, jobs[0], per_sample=dp)
         plan = plan_stack(totals, sizes, rows, S, aug)
         self.stats.busy += plan.busy
         self.stats.slot_steps += plan.slot_steps
@@ -592,6 +605,7 @@ class BatchedExecutor(Executor):
         index = torch.from_numpy(plan.index).to(dev)  # every group's (slots, jobs, steps), in one transfer
         drawn = None if plan.aug is None else {k: torch.from_numpy(v).to(dev) for k, v in plan.aug.items()}
         loss_sum = torch.zeros(len(jobs), dtype=torch.float64, device=dev)
+        seen = torch.zeros(len(jobs), dtype=torch.float64, device=dev)  # DP-SGD: samples drawn
         step_fn = self._step_fn(jobs[0], model, fits[0].loss, settings, tuple(per_step or ()))
         grad_fn = vmap(fits[0].grad) if fits[0].grad is not None else None
         noise = [j.ctx.noise_generator() for j in jobs] if settings.dp_noise > 0 else None  # DP-SGD
@@ -608,6 +622,9 @@ class BatchedExecutor(Executor):
                     extras = part.extras if per_step is None else {
                         **part.extras, **{k: v[clients, t, :g.b] for k, v in per_step.items()}}
                     rows_g = batch[g.start:g.start + G * g.b].view(G, g.b)
+                    valid = rows_g >= 0 if dp else None  # DP-SGD: a padded row (-1) is no sample
+                    if dp:
+                        rows_g = rows_g.clamp(min=0)
                     xb = xs[rows_g]
                     if drawn is not None:  # each sample as the client's own plan has it
                         at = slice(g.start, g.start + G * g.b)
@@ -617,12 +634,13 @@ class BatchedExecutor(Executor):
                     with autocast(jobs[0].ctx.runtime.cfg.execution.precision, dev.type):
                         fn = step_fn[g.whole and g.b == B]
                         grads, value = fn(params, part.frozen, part.buffers, extras, xb, ys[rows_g])
-                    if settings.dp_clip is not None:  # DP-SGD: per-sample (G, b, ...) -> private (G, ...)
+                    if dp:  # DP-SGD: per-sample (G, b, ...) -> private (G, ...)
                         z = None if noise is None else torch.stack(
-                            [torch.randn(part.params.shape[1], generator=noise[i], device=dev) for i in g.jobs])
+                            [noise[i].normal((part.params.shape[1],)) for i in g.jobs]).to(dev)
                         grads = dict(zip(names, private_gradient([grads[k] for k in names], settings.dp_clip,
-                                                                 settings.dp_noise, z)))
-                        value = value.mean(1)
+                                                                 settings.dp_noise, z, mask=valid, batch=B)))
+                        seen.index_add_(0, clients, valid.sum(1).to(torch.float64))
+                        value = torch.where(valid, value, torch.zeros_like(value)).sum(1) / g.b  # the sum, below
                     if grad_fn is not None:
                         grads = grad_fn(grads, part.extras, params)
                     flat = torch.cat([grads[k].reshape(G, -1) for k in names], dim=1)  # (G, n)
@@ -635,13 +653,14 @@ class BatchedExecutor(Executor):
             model.train(was)
 
         losses = loss_sum.cpu().tolist()  # the stack's one wait for the device
+        drawn_n = seen.cpu().tolist() if dp else None
         for i, j in enumerate(jobs):
             if totals[i] == 0:
                 continue
-            seen = sum(sizes[i])
+            count = int(drawn_n[i]) if dp else sum(sizes[i])
             try:
-                stats = j.ctx.trained(TrainStats(loss=losses[i] / seen, steps=totals[i], samples=seen), fits[i].report,
-                                      B)
+                stats = j.ctx.trained(TrainStats(loss=losses[i] / max(count, 1), steps=totals[i], samples=count),
+                                      fits[i].report, private[i] if dp else None)
                 answers[i] = Fitted(answers[i], stats)
             except NonFiniteLossError as e:
                 answers[i] = e

@@ -67,8 +67,8 @@ def short_metrics(row: dict[str, Any], latest: Optional[dict[str, str]] = None) 
                 out[label] = "nan"
             elif key == "train_loss":
                 out[label] = f"{v:.3f}" if abs(v) < 1e4 else f"{v:.2e}"
-            elif key == "epsilon":  # the privacy spent so far, at privacy.delta
-                out[label] = f"{v:.2f}"
+            elif key == "epsilon":  # the privacy spent so far, at privacy.delta (a seeded run's is no guarantee)
+                out[label] = f"{v:.2f}" + (" (not private)" if row.get("privacy_seeded") else "")
             else:
                 out[label] = f"{100 * v:.2f}%"
     return out

@@ -45,6 +45,9 @@ class ClientTask:
     state: Optional[Record]
     evaluate: bool
     full_test: bool = True
+    # under privacy.noise: secret, the client's noise key in a simulation (the server
+    # derives it from its own); never part of a message: a Flower node keeps its own
+    noise_key: Optional[bytes] = field(default=None, repr=False)
 
     @property
     def msg(self) -> Record:
@@ -103,12 +106,39 @@ class ClientContext:
 
     @property
     def num_samples(self) -> int:
+        """n_k, the client's training samples; under ``privacy.mode: sample`` n~_k, the sum of
+        its released label counts (:attr:`class_counts`)."""
+        if self.dp_sgd:
+            return self.released_n
         return len(self.runtime.fed.train_idx[self.cid])
 
     @property
     def class_counts(self) -> torch.Tensor:
-        """(C,) int64 training label counts of this client."""
+        """(C,) int64 training label counts of this client; under ``privacy.mode: sample`` its
+        one private release of them (engine/privacy.py), so that a loss reading them (FedRS,
+        FedLC, ...) reads what the client's ledger accounts for."""
+        if self.dp_sgd:
+            return torch.from_numpy(self.privacy.label_counts(self.runtime.counts[self.cid]).copy())
         return torch.from_numpy(self.runtime.counts[self.cid].copy())
+
+    @property
+    def dp_sgd(self) -> bool:
+        """Whether this turn's training is DP-SGD (``privacy.mode: sample``)."""
+        return self.privacy is not None and self.privacy.mode == "sample"
+
+    @property
+    def released_n(self) -> int:
+        """Under ``privacy.mode: sample``: n~_k, the sum of the released label counts (at least
+        1): DP-SGD's Poisson rate and step count read it, never n_k."""
+        from .privacy import released_size
+
+        return released_size(self.privacy.label_counts(self.runtime.counts[self.cid]))
+
+    @property
+    def batch_generator(self):
+        """The stream of this turn's minibatches: ``generator``, or under DP-SGD the client's
+        secret Poisson-sampling stream."""
+        return self.privacy.batch_generator() if self.dp_sgd else self.generator
 
     @property
     def lr(self) -> float:
@@ -181,21 +211,30 @@ class ClientContext:
             return self.embed(getattr(self.shared_model(request.weights), request.part), request.x)
         raise not_a_request(request)
 
+    def fit_settings(self, req: Fit) -> TrainSettings:
+        """A ``Fit``'s settings as they run: under DP-SGD with the released n~_k."""
+        s = self.training_settings(req.settings)
+        if self.dp_sgd:
+            if req.step_extras is not None:
+                raise TypeError("step_extras (per-step random tensors) are not supported under privacy.mode: sample")
+            s = replace(s, dp_n=self.released_n)
+        return s
+
     def _fit(self, req: Fit) -> Fitted:
         model = self.shared_model(req.weights)
-        settings = self.training_settings(req.settings)
+        settings = self.fit_settings(req)
         x, y = self.data
         per_step = None
         if req.step_extras is not None and len(y):
             n_steps = total_steps(len(y), settings.batch_size, settings.epochs, settings.steps)
             per_step = req.step_extras(batch_sizes(len(y), settings.batch_size, n_steps))
         stats = fit(model, x, y, loss=req.loss, extras=req.extras, names=trainable_names(model, req.trainable),
-                    settings=settings, generator=self.generator, per_step=per_step, grad=req.grad,
+                    settings=settings, generator=self.batch_generator, per_step=per_step, grad=req.grad,
                     channels_last=self.channels_last, precision=self.runtime.cfg.execution.precision,
                     augment=self.augmentation, noise=self.noise_generator() if settings.dp_noise > 0 else None)
         weights = weights_of(model)
         self.runtime.models.mark(model, weights)  # the model holds them: a predictor on them loads nothing
-        return Fitted(weights, self.trained(stats, req.report, settings.batch_size))
+        return Fitted(weights, self.trained(stats, req.report, settings))
 
     @property
     def augmentation(self):
@@ -208,16 +247,18 @@ class ClientContext:
             self._augment_generator = torch_gen(self.info.seed, "augment", self.rnd, self.cid)
         return rt.augment, self._augment_generator, rt.pad_value
 
-    def noise_generator(self) -> torch.Generator:
+    def noise_generator(self):
         """DP-SGD's noise stream of this turn, on the training device (``privacy.mode: sample``)."""
         return self.privacy.noise_generator(self.runtime.device)
 
-    def trained(self, stats: TrainStats, report: bool, batch_size: int = 0) -> TrainStats:
+    def trained(self, stats: TrainStats, report: bool, settings: Optional[TrainSettings] = None) -> TrainStats:
         """Check a ``ctx.fit``'s statistics (a NaN loss raises) and keep the reported ones
-        (``batch_size``: the fit's, for DP-SGD's accounting)."""
-        if self.privacy is not None:  # every DP-SGD step counts, reported or not
-            self.privacy.trained(stats.steps, self.num_samples, batch_size)
-        if not math.isfinite(stats.loss):
+        (``settings``: the fit's, for DP-SGD's accounting). Under DP-SGD the loss is not
+        checked: it is not private (a sample with a non-finite gradient counts as zero, and
+        the server rejects non-finite weights, which are)."""
+        if self.dp_sgd:  # every DP-SGD step counts, reported or not
+            self.privacy.trained(stats.steps, settings.dp_rate if settings is not None else 1.0)
+        elif not math.isfinite(stats.loss):
             raise NonFiniteLossError(self.rnd, self.cid, stats.loss)
         if report:
             self.last_train = stats
@@ -268,6 +309,8 @@ class ClientRuntime:
         self._pad: Optional[torch.Tensor] = None
         self._test: Optional[tuple[torch.Tensor, torch.Tensor]] = None
         self._splits: dict[str, tuple[torch.Tensor, torch.Tensor]] = {}
+        # a Flower SuperNode's own noise key (privacy.noise: secret; node_state.py keeps it)
+        self.node_key: Optional[bytes] = None
 
     @property
     def pad_value(self) -> torch.Tensor:
@@ -347,8 +390,19 @@ class ClientRuntime:
         except NonFiniteLossError as e:
             if self.cfg.training.on_nonfinite == "stop":
                 raise
-            return ClientOutput(reply=Record(), state=None, rejected=str(e))
+            return self.withdrawn(ctx, str(e))
         return self.finish(ctx, result, task.evaluate, task.full_test, t0)
+
+    def withdrawn(self, ctx: ClientContext, why: str) -> ClientOutput:
+        """The output of a client that withdrew its reply (``on_nonfinite: drop``): no reply,
+        its state as it was, and under privacy what it spent (it counts all the same)."""
+        return ClientOutput(reply=Record(), state=None, rejected=why,
+                            train={} if ctx.privacy is None else ctx.privacy.report())
+
+    def noise_key(self, task: ClientTask) -> Optional[bytes]:
+        """The client's noise key: the task's (a simulation), else the node's own
+        (:attr:`node_key`, a Flower SuperNode's, kept in its node state)."""
+        return task.noise_key if task.noise_key is not None else self.node_key
 
     def start(self, task: ClientTask, shared: Optional[Record] = None):
         """A client's context and its ``client_update`` coroutine, with its message (the
@@ -358,7 +412,7 @@ class ClientRuntime:
         state = task.state if task.state is not None else self.algorithm.client_init(ctx)
         msg = (self.place(task.shared) if shared is None else shared).merged(self.place(task.own))
         if self.cfg.privacy.mode != "none":
-            ctx.privacy = ClientPrivacy(self.cfg, task.rnd, task.cid, msg)
+            ctx.privacy = ClientPrivacy(self.cfg, task.rnd, task.cid, msg, key=self.noise_key(task))
         return ctx, self.algorithm.client_update(msg, self.place(state), ctx)
 
     def finish(self, ctx: ClientContext, result: ClientResult, evaluate: bool, full_test: bool,
@@ -371,13 +425,15 @@ class ClientRuntime:
         if ctx.privacy is not None and ctx.privacy.mode == "client":  # the update is clipped before it leaves
             reply = ctx.privacy.clip_reply(reply)
         reply = reply.to(self.reply_device)
-        reply.num_samples = ctx.num_samples
+        # n_k, FedAvg's weight; under privacy no exact count leaves the client: client-level
+        # DP weighs every client 1, DP-SGD by n~_k (post-processing of its release)
+        reply.num_samples = ctx.num_samples if ctx.privacy is None or ctx.dp_sgd else 1
         state = None if result.state is None else result.state.to("cpu")
         train = {"seconds": time.perf_counter() - t0}
-        if ctx.last_train is not None:
-            train.update(loss=ctx.last_train.loss, steps=ctx.last_train.steps, samples=ctx.last_train.samples)
-        if ctx.privacy is not None:
+        if ctx.privacy is not None:  # its loss and sample counts are not private: only the spend
             train.update(ctx.privacy.report())
+        elif ctx.last_train is not None:
+            train.update(loss=ctx.last_train.loss, steps=ctx.last_train.steps, samples=ctx.last_train.samples)
         ev: dict[str, float] = {}
         if evaluate and result.personal is not None:
             tx, ty = self.test_data

@@ -1,7 +1,9 @@
 """Who is sampled each round and whose reply arrives.
 
 Both are pure functions of (seed, round): nothing to checkpoint, identical under
-resume and in every execution backend.
+resume and in every execution backend. Under ``privacy.mode: client`` the sampling is a
+function of (the server's secret, round) instead (:attr:`Participation.secret`, set by
+engine/privacy.py): its amplification holds only if nobody can replay who was asked.
 
 * sampling (``sampling: fixed``): m = ceil(fraction * K) clients (or ``clients_per_round``)
   uniformly without replacement, from stream ("sample", round); ``sampling: poisson``:
@@ -20,6 +22,7 @@ from typing import Optional
 import numpy as np
 
 from ..config import ConfigError, ParticipationConfig, ceil_fraction
+from ..nn.privacy import NoiseStream
 from ..rng import np_rng
 
 
@@ -27,6 +30,7 @@ class Participation:
     def __init__(self, cfg: ParticipationConfig, num_clients: int, seed: int,
                  groups: Optional[np.ndarray] = None) -> None:
         self.cfg, self.K, self.seed = cfg, num_clients, seed
+        self.secret: Optional[bytes] = None  # the sampling's key under client-level DP
         if cfg.clients_per_round is not None:
             if cfg.clients_per_round > num_clients:
                 raise ConfigError("participation.clients_per_round", cfg.clients_per_round,
@@ -55,6 +59,11 @@ class Participation:
         """Clients asked in round ``rnd`` (sorted ids)."""
         if self.m == self.K:
             return list(range(self.K))
+        if self.secret is not None:  # client-level DP: from the server's key (SHAKE-256)
+            u = NoiseStream(self.secret, ("sample", rnd)).uniform((self.K,)).numpy()
+            if self.cfg.sampling == "poisson":
+                return [int(c) for c in np.flatnonzero(u < self.q)]
+            return sorted(int(c) for c in np.argsort(u, kind="stable")[:self.m])  # m of K, uniformly
         rng = np_rng(self.seed, "sample", rnd)
         if self.cfg.sampling == "poisson":
             return [int(c) for c in np.flatnonzero(rng.random(self.K) < self.q)]

@@ -196,16 +196,18 @@ class ClientActor:
         """(node id, node IP, pid), and the error that stopped the actor's set-up, if any."""
         return self.where, self.error
 
-    def run(self, cid: int, rnd: int, msg, state, evaluate: bool, full_test: bool) -> ClientOutput:
+    def run(self, cid: int, rnd: int, msg, state, evaluate: bool, full_test: bool,
+            noise_key: Optional[bytes] = None) -> ClientOutput:
         import ray
 
-        return self.runtime.run(ClientTask(cid, rnd, _land(ray, msg), None, state, evaluate, full_test))
+        return self.runtime.run(ClientTask(cid, rnd, _land(ray, msg), None, state, evaluate, full_test, noise_key))
 
-    def run_split(self, cid: int, rnd: int, msg, state, evaluate: bool, full_test: bool):
+    def run_split(self, cid: int, rnd: int, msg, state, evaluate: bool, full_test: bool,
+                  noise_key: Optional[bytes] = None):
         """(output without its state, state): the state stays in this node's object store."""
         import ray
 
-        out = self.runtime.run(ClientTask(cid, rnd, _land(ray, msg), None, state, evaluate, full_test))
+        out = self.runtime.run(ClientTask(cid, rnd, _land(ray, msg), None, state, evaluate, full_test, noise_key))
         new_state, out.state = out.state, None
         return out, new_state
 
@@ -310,7 +312,7 @@ class RayExecutor(Executor):
             while pending and idle:
                 i, a = pending.popleft(), idle.popleft()
                 t = tasks[i]
-                args = (t.cid, t.rnd, msgs[i], states[i], t.evaluate, t.full_test)
+                args = (t.cid, t.rnd, msgs[i], states[i], t.evaluate, t.full_test, t.noise_key)
                 if self.cluster_state:
                     out_ref, state_ref = self.actors[a].run_split.options(num_returns=2).remote(*args)
                 else:

@@ -29,20 +29,26 @@ class RoundMetrics:
 
     # -- the round, as it happens ------------------------------------------------------------
     def clients(self, selected: int, messages: Sequence[Record], replies: Sequence[Record], outputs: Sequence,
-                lost: int, rejected: dict[int, str]) -> None:
+                lost: int, rejected: dict[int, str], private: bool = False, client_level: bool = False) -> None:
         """What the round's clients did: who was asked, whose reply counts, the training loss
-        (weighted by the samples each trained on) and the bytes each way."""
+        (weighted by the samples each trained on) and the bytes each way.
+
+        Under differential privacy (``private``) the training loss and sample count are left
+        out (computed from the records without noise); under client-level DP
+        (``client_level``) the rejected replies too (the server judged the updates before
+        their noise: which were rejected, and why, is not private)."""
         n = [o.train.get("samples", 0) for o in outputs]
-        self._row.update({
-            "selected": selected, "arrived": len(replies), "lost": lost, "rejected": len(rejected),
-            "train_loss": (float(np.average([o.train.get("loss", 0.0) for o in outputs], weights=n))
-                           if sum(n) > 0 else float("nan")),
-            "train_samples": int(sum(n)),
-            "bytes_down": int(sum(m.nbytes() for m in messages)),
-            "bytes_up": int(sum(r.nbytes() for r in replies)),
-        })
-        if rejected:
-            self._row["rejected_reasons"] = [f"client {cid}: {why}" for cid, why in rejected.items()]
+        row = self._row
+        row.update(selected=selected, arrived=len(replies), lost=lost)
+        if not client_level:
+            row["rejected"] = len(rejected)
+        if not private:
+            row["train_loss"] = (float(np.average([o.train.get("loss", 0.0) for o in outputs], weights=n))
+                                 if sum(n) > 0 else float("nan"))
+            row["train_samples"] = int(sum(n))
+        row.update(bytes_down=int(sum(m.nbytes() for m in messages)), bytes_up=int(sum(r.nbytes() for r in replies)))
+        if rejected and not client_level:
+            row["rejected_reasons"] = [f"client {cid}: {why}" for cid, why in rejected.items()]
 
     def server(self, logs: dict[str, float], purity: Optional[float], local_models: Optional[list]) -> None:
         """What the server logged while aggregating, the purity of its clustering of the

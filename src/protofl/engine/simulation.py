@@ -43,7 +43,7 @@ from .client import ClientRuntime, ClientTask
 from .malloc import tune_malloc
 from .participation import Participation
 from .precision import check_precision
-from .privacy import ServerPrivacy
+from .privacy import SEEDED_KEY, ServerPrivacy
 from .round_metrics import RoundMetrics
 from .server import global_metrics, ServerContext
 from .store import make_store
@@ -180,7 +180,7 @@ class Simulation:
         self.participation = Participation(cfg.participation, self.fed.num_clients, cfg.seed, self.fed.groups)
         # differential privacy (privacy.*): the round loop's hook, or None
         self.privacy = None if cfg.privacy.mode == "none" else ServerPrivacy(
-            cfg, self.algorithm, self.participation, [len(i) for i in self.fed.train_idx],
+            cfg, self.algorithm, self.participation, self.fed.class_counts(),
             self.runtime.models.live(self.task.arch(0))[0])
         self.user_callbacks = list(callbacks)
         self.dir = Path(run_dir) if run_dir is not None else run_dir_for(cfg)
@@ -194,6 +194,17 @@ class Simulation:
         self.checkpointed = 0  # the round of the newest checkpoint on disk (0: none)
 
     # -- helpers -----------------------------------------------------------------------------
+    @property
+    def personal_eval(self) -> bool:
+        """Whether the clients' personalized models are evaluated (``eval.personal``). Not
+        under client-level DP: those models were trained without noise, so their metrics
+        are not private (only the released global model is)."""
+        return self.cfg.eval.personal and (self.privacy is None or self.privacy.mode != "client")
+
+    def noise_key(self, cid: int) -> Optional[bytes]:
+        """Client ``cid``'s noise key for its task (privacy.noise: secret), or None."""
+        return None if self.privacy is None else self.privacy.client_key(cid)
+
     def _is_eval(self, rnd: int, every: int) -> bool:
         return rnd == self.cfg.rounds or (every > 0 and rnd % every == 0)
 
@@ -380,7 +391,7 @@ class Simulation:
         cfg, algo, server = self.cfg, self.algorithm, self.server
         t0, c0 = time.perf_counter(), time.process_time()
         evaluating = self._is_eval(rnd, cfg.eval.every)
-        personal = cfg.eval.personal and evaluating  # PA on the local test sets
+        personal = self.personal_eval and evaluating  # PA on the local test sets
         full_test = personal and self._is_eval(rnd, cfg.eval.personal_every or cfg.eval.every)
         metrics = RoundMetrics(rnd, round_lr(cfg.training, rnd, cfg.rounds), evaluating)
         # 1. sample; a client whose reply will not arrive is not run: for the global model that
@@ -392,7 +403,8 @@ class Simulation:
         if self.privacy is not None:
             shared = self.privacy.broadcast(shared)
         own = {cid: algo.configure_client(state, rnd, cid, server) for cid in selected}
-        tasks = [ClientTask(cid, rnd, shared, own[cid], self.store.get(cid), personal, full_test)
+        tasks = [ClientTask(cid, rnd, shared, own[cid], self.store.get(cid), personal, full_test,
+                            noise_key=self.noise_key(cid))
                  for cid in selected if cid in arriving]
         # 3. run (outputs in task order; None = the reply was lost in transit)
         outputs = yield tasks
@@ -401,7 +413,8 @@ class Simulation:
         lost = sum(out is None for out in outputs)
         rejected = {t.cid: why for t, o in zip(tasks, outputs) if o is not None and (why := self.check_reply(t, o))}
         for cid, why in rejected.items():
-            log.warning("round %d: rejected the reply of client %d: %s", rnd, cid, why)
+            if self.privacy is None or self.privacy.mode == "sample":  # (client-level DP: the rejection is not private)
+                log.warning("round %d: rejected the reply of client %d: %s", rnd, cid, why)
         kept = [(t, o) for t, o in zip(tasks, outputs) if o is not None and t.cid not in rejected]
         for t, o in kept:
             self.store.put(t.cid, o.state)
@@ -413,21 +426,27 @@ class Simulation:
         replies = [(t.cid, o.reply) for t, o in kept]
         state = algo.aggregate(state, rnd, replies if self.privacy is None else
                                self.privacy.release(rnd, shared, kept, server), server)
-        if self.privacy is not None:
-            self.privacy.account(rnd, kept, server)
+        if self.privacy is not None:  # every client that trained spent, its reply kept or not
+            server.log("epsilon", self.privacy.account([(t.cid, o.train) for t, o in zip(tasks, outputs)
+                                                        if o is not None]))
+            if self.privacy.secret is None:
+                server.log(SEEDED_KEY, 1.0)
         # 6. observe
         diag = self.diagnostics()
         metrics.clients(len(selected), [shared.merged(own[cid]) for cid in selected], [r for _, r in replies],
-                        [o for _, o in kept], lost, rejected)
+                        [o for _, o in kept], lost, rejected, private=self.privacy is not None,
+                        client_level=self.privacy is not None and self.privacy.mode == "client")
         local = [r.weights for _, r in replies]  # ReBaFL eq. (24) over the local models that arrived
-        metrics.server(server.pop_logs(), self.cluster_purity(state, diag),
-                       local if not algo.heterogeneous_models and all(local) else None)
+        # (client-level DP: the updates are not private, only their noisy sum is)
+        diverse = not algo.heterogeneous_models and all(local) and \
+            (self.privacy is None or self.privacy.mode == "sample")
+        metrics.server(server.pop_logs(), self.cluster_purity(state, diag), local if diverse else None)
         t1 = time.perf_counter()
         if evaluating:
             metrics.global_model(executor.evaluate_later(state) if overlap else self.evaluate_global(state),
                                  diag.class_vectors(state), last=rnd == cfg.rounds)
         metrics.personal([(t.cid, o.eval) for t, o in kept], full_test)
-        if rnd == cfg.rounds and cfg.eval.personal and cfg.eval.final_all_clients:
+        if rnd == cfg.rounds and self.personal_eval and cfg.eval.final_all_clients:
             metrics.final((yield from self.evaluate_all_clients(state)))
         metrics.eval_s, metrics.wall_s = time.perf_counter() - t1, time.perf_counter() - t0
         metrics.cpu_s = time.process_time() - c0
@@ -453,7 +472,10 @@ class Simulation:
         if out.rejected:
             return out.rejected
         sent = task.msg
-        reason = check_reply(out.reply, sent, client_size=len(self.fed.train_idx[task.cid]),
+        size = len(self.fed.train_idx[task.cid])
+        if self.privacy is not None:  # the client sends its released count n~_k (sample) or 1 (client)
+            size = self.privacy.count_bound(size)
+        reason = check_reply(out.reply, sent, client_size=size,
                              model_bytes=self.model_bytes, patterns=self.algorithm.reply_arrays)
         return reason or self.algorithm.check_reply(out.reply, sent)
 
@@ -467,17 +489,28 @@ class Simulation:
         Clients run in chunks of one round's size, so memory stays that of a round.
         """
         rnd, algo = self.cfg.rounds + 1, self.algorithm
+        stop = self.privacy.stop_reason(rnd, everyone=True) if self.privacy is not None else None
+        if stop is not None:  # privacy.target_epsilon: this turn of every client would pass it
+            log.info("%s", stop)
+            return {}
         shared = algo.configure(state, rnd, self.server)
         cids = list(range(self.fed.num_clients))
         chunk = max(1, self.participation.m)
         personal: list[dict] = []
+        spent: list[tuple[int, dict]] = []
         for i in range(0, len(cids), chunk):
             tasks = [ClientTask(cid, rnd, shared, algo.configure_client(state, rnd, cid, self.server),
-                                self.store.get(cid), True, True) for cid in cids[i:i + chunk]]
-            personal += [o.eval for o in (yield tasks) if o is not None and o.eval]
+                                self.store.get(cid), True, True, noise_key=self.noise_key(cid))
+                     for cid in cids[i:i + chunk]]
+            outputs = yield tasks
+            personal += [o.eval for o in outputs if o is not None and o.eval]
+            spent += [(t.cid, o.train) for t, o in zip(tasks, outputs) if o is not None]
+        out: dict[str, Any] = {}
+        if self.privacy is not None:  # every client trained once more: its spend counts
+            out["epsilon"] = self.privacy.account(spent, count_round=False)
         if not personal:
-            return {}
-        out = {"all_" + k: v for k, v in M.summarize_clients(personal).items()}
+            return out
+        out.update({"all_" + k: v for k, v in M.summarize_clients(personal).items()})
         out["all_clients"] = len(personal)
         return out
 

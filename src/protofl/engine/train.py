@@ -11,10 +11,12 @@
   parameters viewed as rows), the batched executor a stack of them (one flat row per
   client); the arithmetic is that of ``torch.optim.SGD`` and ``clip_grad_norm_``
   tensor for tensor, so the sequential executor's numbers are theirs bit for bit;
-* **DP-SGD** (``privacy.mode: sample``, :func:`sample_gradients`): the gradient of each
-  sample of the batch by ``torch.func``, clipped and noised by
-  :func:`~protofl.nn.privacy.private_gradient` before the step, the noise drawn from the
-  client's own stream (the same draws in both executors);
+* **DP-SGD** (``privacy.mode: sample``, :func:`sample_gradients`): Poisson-sampled
+  batches (:func:`poisson_rows`: each record joins each step with probability q = B / n~,
+  n~ the client's released count), the gradient of each sample by ``torch.func``, clipped
+  and noised by :func:`~protofl.nn.privacy.private_gradient` before the step and divided by
+  B, the expected batch size; batches and noise drawn from the client's secret streams
+  (the same draws in both executors);
 * **features** (:func:`embed_batches`): the inference batches of ``ctx.features``.
 
 :func:`fit` is the sequential driver: the minibatch gradient by autograd on the live
@@ -34,7 +36,7 @@ from torch import nn
 from torch.func import functional_call, grad_and_value, vmap
 
 from ..algorithms.base import GradFn, LossFn, TrainStats
-from ..nn.privacy import private_gradient
+from ..nn.privacy import NoiseStream, private_gradient
 from .augment import apply, Augment, augment_plan
 from .precision import autocast
 
@@ -93,9 +95,12 @@ class TrainSettings:
     betas: tuple = (0.9, 0.999)
     eps: float = 1e-8
     # DP-SGD (privacy.mode: sample): each sample's gradient clipped to dp_clip, Gaussian
-    # noise of std dp_noise * dp_clip on their sum; the run's, never a call's
+    # noise of std dp_noise * dp_clip on their sum, batches Poisson-sampled at rate
+    # batch_size / dp_n (dp_n: the client's released sample count n~, which also sets the
+    # number of steps); the run's, never a call's
     dp_clip: Optional[float] = None
     dp_noise: float = 0.0
+    dp_n: Optional[int] = None
 
     @classmethod
     def of_round(cls, tc, rnd: int, rounds: int) -> "TrainSettings":
@@ -112,6 +117,15 @@ class TrainSettings:
         if private:  # a method must not train outside the run's privacy guarantee
             raise TypeError(f"training setting(s) {private} are the run's (privacy.*), not a call's")
         return replace(self, **overrides) if overrides else self
+
+    @property
+    def dp_rate(self) -> float:
+        """DP-SGD's Poisson rate q = B / n~ (at most 1)."""
+        return min(1.0, self.batch_size / max(int(self.dp_n or 1), 1))
+
+    def dp_steps(self) -> int:
+        """DP-SGD's steps: ``steps``, or ``epochs * ceil(n~ / B)``."""
+        return total_steps(int(self.dp_n or 1), self.batch_size, self.epochs, self.steps)
 
     @property
     def step_size(self) -> float:
@@ -151,6 +165,20 @@ def batch_rows(n: int, batch_size: int, total: int, generator: torch.Generator) 
             b = perm[i:i + batch_size]
             rows[step, :len(b)] = b
             step += 1
+    return rows
+
+
+def poisson_rows(n: int, q: float, total: int, generator: NoiseStream) -> np.ndarray:
+    """DP-SGD's batches: (total, P) client-local sample indices, -1 where a batch is
+    shorter: each of the n samples joins each step's batch independently with probability
+    ``q`` (Poisson sampling, the sampling the accountant assumes), drawn from ``generator``
+    (the client's secret batch stream); P is the largest batch, at least 1."""
+    draws = generator.uniform((total, n)).numpy() < q
+    sizes = draws.sum(1)
+    rows = np.full((total, max(1, int(sizes.max(initial=0)))), -1, dtype=np.int64)
+    for s in range(total):
+        idx = np.flatnonzero(draws[s])
+        rows[s, :len(idx)] = idx
     return rows
 
 
@@ -297,8 +325,8 @@ def per_sample(fn: Callable, rows: Sequence[str] = ()) -> Callable:
 def sample_gradients(model: nn.Module, loss: LossFn, names: Sequence[str], x: torch.Tensor, y: torch.Tensor,
                      extras: Mapping[str, Any], rows: Sequence[str] = ()) -> tuple[list[torch.Tensor], torch.Tensor]:
     """The gradient of ``loss`` for each sample of (x, y) with respect to the parameters
-    ``names`` of the live ``model`` ((b, ...) each, in ``names`` order) and the batch's
-    loss (the mean of the samples')."""
+    ``names`` of the live ``model`` ((b, ...) each, in ``names`` order) and each sample's
+    loss (b,)."""
     objective = Objective(model, loss)
     named = dict(model.named_parameters())
     params = {k: named[k].detach() for k in names}
@@ -310,7 +338,7 @@ def sample_gradients(model: nn.Module, loss: LossFn, names: Sequence[str], x: to
         return functional_call(objective, weights, (x, y, extras))
 
     grads, values = per_sample(batch_loss, rows)(params, frozen, buffers, dict(extras), x, y)
-    return [grads[k] for k in names], values.mean()
+    return [grads[k] for k in names], values
 
 
 # ---------------------------------------------------------------------------------------
@@ -321,7 +349,7 @@ def fit(model: nn.Module, x: torch.Tensor, y: torch.Tensor, *, loss: LossFn, ext
         per_step: Optional[Mapping[str, torch.Tensor]] = None, grad: Optional[GradFn] = None,
         channels_last: bool = False, precision: str = "fp32",
         augment: Optional[tuple[Augment, torch.Generator, torch.Tensor]] = None,
-        noise: Optional[torch.Generator] = None) -> TrainStats:
+        noise: Optional[NoiseStream] = None) -> TrainStats:
     """Local training of the live ``model`` on (x, y), in place: the parameters ``names``
     move, by the schedule and the step above, on ``loss(model, xb, yb, extras)``.
 
@@ -332,10 +360,12 @@ def fit(model: nn.Module, x: torch.Tensor, y: torch.Tensor, *, loss: LossFn, ext
     left alone for that step, as ``torch.optim`` does.
     ``augment``: (the augmentation, the client's augmentation stream, the padding value):
     each minibatch is augmented by its plan (engine/augment.py).
-    DP-SGD (``settings.dp_clip``): every parameter's gradient is the private one
-    (:func:`sample_gradients`, :func:`~protofl.nn.privacy.private_gradient`), its noise
-    drawn from ``noise`` (a generator on the model's device), one (n,) draw per step.
+    DP-SGD (``settings.dp_clip``): :func:`private_fit`; ``generator`` is then the client's
+    secret batch stream (a :class:`~protofl.nn.privacy.NoiseStream`).
     """
+    if settings.dp_clip is not None:
+        return private_fit(model, x, y, loss=loss, extras=extras, names=names, settings=settings, generator=generator,
+                           grad=grad, channels_last=channels_last, precision=precision, augment=augment, noise=noise)
     named = dict(model.named_parameters())
     params = [named[k] for k in names]
     n = len(y)
@@ -361,19 +391,6 @@ def fit(model: nn.Module, x: torch.Tensor, y: torch.Tensor, *, loss: LossFn, ext
         if channels_last and xb.dim() == 4:
             xb = xb.contiguous(memory_format=torch.channels_last)
         ex = extras if per_step is None else {**extras, **{k: v[step, :b] for k, v in per_step.items()}}
-        if settings.dp_clip is not None:
-            with autocast(precision, x.device.type):
-                per, value = sample_gradients(model, loss, names, xb, yb, ex, tuple(per_step or ()))
-            z = (torch.randn(sum(p.numel() for p in params), generator=noise, device=y.device).unsqueeze(0)
-                 if settings.dp_noise > 0 else None)
-            grads = [g[0] for g in private_gradient([g.unsqueeze(0) for g in per], settings.dp_clip,
-                                                    settings.dp_noise, z)]
-            if grad is not None:  # after the noise: a transform of the private gradient
-                new = grad(dict(zip(names, grads)), extras, values)
-                grads = [new[k] for k in names]
-            optimizer_step(as_rows, [g.unsqueeze(0) for g in grads], state, settings)
-            loss_sum += value.detach() * b
-            continue
         with autocast(precision, x.device.type):
             value = loss(model, xb, yb, ex)
         for p in params:
@@ -393,3 +410,60 @@ def fit(model: nn.Module, x: torch.Tensor, y: torch.Tensor, *, loss: LossFn, ext
     for p in params:
         p.grad = None
     return TrainStats(loss=float(loss_sum) / sum(sizes), steps=total, samples=sum(sizes))
+
+
+def private_fit(model: nn.Module, x: torch.Tensor, y: torch.Tensor, *, loss: LossFn, extras: Mapping[str, Any],
+                names: Sequence[str], settings: TrainSettings, generator: NoiseStream,
+                grad: Optional[GradFn] = None, channels_last: bool = False, precision: str = "fp32",
+                augment: Optional[tuple[Augment, torch.Generator, torch.Tensor]] = None,
+                noise: Optional[NoiseStream] = None) -> TrainStats:
+    """DP-SGD (Abadi et al., CCS 2016, Algorithm 1) of the live ``model`` on (x, y), in place.
+
+    ``settings.dp_steps()`` steps, each on a Poisson sample of rate ``settings.dp_rate``
+    (:func:`poisson_rows` from ``generator``, the client's secret batch stream; a step may
+    have no sample): each sample's gradient (:func:`sample_gradients`) clipped to
+    ``dp_clip``, their sum plus N(0, (dp_noise dp_clip)^2 I) (one draw from ``noise``, the
+    client's secret stream, per step) divided by the expected batch size B
+    (:func:`~protofl.nn.privacy.private_gradient`), then ``grad`` (a transform of the
+    private gradient: post-processing) and the run's optimizer step. A sample whose
+    gradient is not finite counts as a zero gradient (its contribution stays bounded).
+    """
+    named = dict(model.named_parameters())
+    params = [named[k] for k in names]
+    total = settings.dp_steps()
+    if total == 0 or not params:
+        return TrainStats(loss=0.0, steps=0, samples=0)
+    rows = poisson_rows(len(y), settings.dp_rate, total, generator)
+    plan = augment_plan(augment[0], total, rows.shape[1], augment[1]) if augment else None
+    as_rows = [p.unsqueeze(0) for p in params]
+    values = {k: p.detach() for k, p in zip(names, params)}
+    state = optimizer_state(settings, as_rows)
+    model.train()
+    loss_sum = torch.zeros((), dtype=torch.float64, device=y.device)
+    seen = 0
+    for step in range(total):
+        b = int((rows[step] >= 0).sum())
+        if b:
+            idx = torch.from_numpy(rows[step, :b]).to(y.device)
+            xb, yb = x[idx], y[idx]
+            if plan is not None:
+                xb = apply(augment[0], xb, torch.from_numpy(plan["offsets"][step, :b]).to(x.device),
+                           torch.from_numpy(plan["flips"][step, :b]).to(x.device), augment[2])
+            if channels_last and xb.dim() == 4:
+                xb = xb.contiguous(memory_format=torch.channels_last)
+            with autocast(precision, x.device.type):
+                per, value = sample_gradients(model, loss, names, xb, yb, extras)
+            per = [g.unsqueeze(0) for g in per]  # (1, b, ...)
+            loss_sum += value.detach().double().sum()
+            seen += b
+        else:  # nobody sampled: the step is the noise alone
+            per = [torch.zeros((1, 0, *p.shape), dtype=p.dtype, device=p.device) for p in params]
+        z = (noise.normal((sum(p.numel() for p in params),)).to(y.device).unsqueeze(0)
+             if settings.dp_noise > 0 else None)
+        grads = [g[0] for g in private_gradient(per, settings.dp_clip, settings.dp_noise, z,
+                                                batch=settings.batch_size)]
+        if grad is not None:  # after the noise: a transform of the private gradient
+            new = grad(dict(zip(names, grads)), extras, values)
+            grads = [new[k] for k in names]
+        optimizer_step(as_rows, [g.unsqueeze(0) for g in grads], state, settings)
+    return TrainStats(loss=float(loss_sum) / max(seen, 1), steps=total, samples=seen)

@@ -97,6 +97,24 @@ def _disk_store(msg: Message, context: Context, cfg, pid: int):
     return store_for(context.node_config, msg.content.get(RUN_INFO_KEY), pid, cfg.output.checkpoint_every)
 
 
+NOISE_KEY = "protofl-noise-key"  # in Context.state when the node keeps no files (state-dir="off")
+
+
+def _noise_key(context: Context, store) -> bytes:
+    """This node's own noise key (privacy.noise: secret): in its state folder beside the
+    client's state files (node_state.noise_key, mode 0600), or without one in the node's
+    memory (``Context.state``: a restarted node then draws a new key)."""
+    if store is not None:
+        from .node_state import noise_key
+
+        return noise_key(store.dir)
+    if NOISE_KEY not in context.state:
+        from ..engine.privacy import new_secret
+
+        context.state[NOISE_KEY] = ConfigRecord({"key": new_secret()})
+    return bytes(context.state[NOISE_KEY]["key"])
+
+
 @app.query()
 def query(msg: Message, context: Context) -> Message:
     """Which client this node serves (no torch, no data: answered fast)."""
@@ -122,6 +140,8 @@ def train(msg: Message, context: Context) -> Message:
     state: Optional[Any] = (load_state(context.state) if store is None
                             else store.load(task.rnd, context.run_id, int(msg.content[RUN_INFO_KEY]["base-round"]))[0])
     task.state = state
+    if cfg.privacy.mode != "none" and cfg.privacy.noise == "secret":
+        runtime.node_key = _noise_key(context, store)
     try:
         out = runtime.run(task)
     except NonFiniteLossError as e:

@@ -111,6 +111,34 @@ class NodeStateStore:
             if older and s < older[-1]:  # the newest round at or before keep_from stays
                 p.unlink(missing_ok=True)
 
+KEY_FILE = "noise-key"  # beside the client's state files: its privacy.noise: secret key, mode 0600
+
+
+def noise_key(folder: Path) -> bytes:
+    """The client's noise key for differential privacy (``privacy.noise: secret``), kept in
+    ``folder/noise-key`` with file mode 0600: made from OS entropy on the first call, read
+    back afterwards, so a restarted node (or a resumed run) continues the same streams.
+    It never leaves the node: the server derives none of it, no message carries it."""
+    from ..engine.privacy import new_secret, SECRET_BYTES
+
+    path = Path(folder) / KEY_FILE
+    path.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    except FileExistsError:
+        key = path.read_bytes()
+        if len(key) != SECRET_BYTES:
+            raise ValueError(f"{path} is not a noise key ({len(key)} bytes, expected {SECRET_BYTES}): remove it "
+                             "to make a new one") from None
+        return key
+    key = new_secret()
+    with os.fdopen(fd, "wb") as f:
+        f.write(key)
+        f.flush()
+        os.fsync(f.fileno())
+    return key
+
+
 def store_for(node_config, run_info, partition_id: int, checkpoint_every: int) -> Optional[NodeStateStore]:
     """The node's store for a ``train`` message's run (``run_info``: the message's ``RUN_INFO_KEY``
     record), or None: the server sent no run key (an older ServerApp) or the node was

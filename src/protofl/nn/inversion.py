@@ -11,7 +11,7 @@ the feature-matching inversion of Mahendran & Vedaldi (CVPR 2015, "Understanding
 Representations by Inverting Them": their normalized loss, and their total-variation
 regularizer with beta = 2, here the mean squared difference of neighbouring pixels). Behind
 a prototype of one or a few samples, x^ resembles those samples; differential privacy on
-the prototype (``privacy.mode: prototype``) bounds how much it can.
+the prototype (``privacy.mode: sample``: DP-SGD and a private release) bounds how much it can.
 
 Plain tensors only: :func:`total_variation` and :func:`invert_features`; the experiment that
 measures the leak is benchmarks/privacy/inversion.py.

@@ -280,9 +280,14 @@ def privacy_section(groups: dict[str, list[Path]], rows: list[dict]) -> str:
         out.append(_img(plots.accuracy_epsilon_figure(points), "accuracy against epsilon"))
     out.append("<p class='note'>epsilon: the privacy spent after each round at the run's privacy.delta, by "
                "dp-accounting's accountant (privacy.accountant): under privacy.mode client for one client's "
-               "participation, under prototype and sample for one training sample (the largest over the "
-               "clients). Accuracy against epsilon: each method's GA and the epsilon it ended with, mean "
-               "over seeds (bars: ± 1 std). What each mode protects: docs/privacy.md.</p>")
+               "participation, under sample for one training sample (the largest over the clients). "
+               "Accuracy against epsilon: each method's GA and the epsilon it ended with, mean over seeds "
+               "(bars: ± 1 std). What each mode protects: docs/privacy.md.</p>")
+    seeded = [r["method"] for r in rows if r["method"] in eps and r.get("seeded")]
+    if seeded:
+        out.append(f"<p class='note'><b>Not private</b>: {', '.join(seeded)} ran with privacy.noise: seeded, "
+                   "noise anyone can replay from the run's seed; their epsilon is what the noise would give if "
+                   "it were secret, not a guarantee.</p>")
     return "\n".join(out)
 
 

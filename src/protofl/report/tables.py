@@ -16,6 +16,7 @@ from typing import Iterable, Optional, Sequence
 
 import numpy as np
 
+from ..engine.privacy import NOT_PRIVATE, SEEDED_KEY
 from ..errors import ConfigError
 from .plots import read_file, read_metrics
 
@@ -31,6 +32,7 @@ ALL_CLIENT_METRICS = ("gm", "all_pm_v", "all_pm_l", "all_pa", "ga")
 LOWER_IS_BETTER = ("_std",)  # suffixes of metrics where the smallest value is the best
 # metrics that are not fractions: shown as they are, never in bold (a privacy cost is a setting, not a score)
 PLAIN = ("epsilon",)
+# a row of a run under privacy.noise: seeded carries SEEDED_KEY: its epsilon is not a guarantee
 
 
 def load_summary(run_dir: Path) -> dict:
@@ -146,6 +148,8 @@ def compare_rows(groups: dict[str, list[Path]], metrics: Iterable[str] = METRICS
                # CPU seconds only where every run has them: a mean over some runs would mix
                "cpu_per_round": float(np.mean(cpu)) if cpu and None not in cpu else float("nan"),
                "global_model": any("gm" in r for rows in rows_per_run for r in rows),
+               # privacy.noise: seeded: an epsilon that no noise stands behind (its rows say so)
+               "seeded": any(r.get(SEEDED_KEY) for rows in rows_per_run for r in rows),
                "count": {}}
         for m in metrics:
             vals = [v for v in (select_value(rows, m, select) for rows in rows_per_run) if v is not None]
@@ -190,6 +194,8 @@ def _cells(rows: list[dict], metrics: Sequence[str], bold) -> list[list[str]]:
                 cells.append("= GM")
                 continue
             text = number(*r[m]) if m in PLAIN else pct(*r[m])
+            if m == "epsilon" and r.get("seeded") and text != "–":
+                text += f" ({NOT_PRIVATE})"
             cells.append(bold(text) if i in best[m] else text)
         secs = r["s_per_round"]
         cells += [str(r["runs"]), str(r["rounds"]), "–" if math.isnan(secs) else f"{secs:.2f}"]
@@ -212,6 +218,9 @@ def caption(rows: list[dict]) -> str:
     spread = "mean ± sample std over seeds" if max(seeds, default=1) > 1 else "one seed, no spread"
     eps = (" ε: the privacy spent by the end of the run, at the run's privacy.delta."
            if any(not math.isnan(r.get("epsilon", (math.nan,))[0]) for r in rows) else "")
+    if any(r.get("seeded") for r in rows):
+        eps += (f" ({NOT_PRIVATE}): that run's noise can be replayed from its seed (privacy.noise: seeded), so its "
+                "ε is no guarantee.")
     return (f"Accuracies in %: {what} of each run, {spread}; best per column in bold. "
             "s/round: mean seconds per round (training + evaluation) without the first round's start-up." + eps)
 

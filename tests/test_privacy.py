@@ -534,6 +534,7 @@ def test_sample_epsilon_is_each_clients_ledger_recounted(name, releases, digits_
     cfg = digits_cfg(f"algorithm.name={name}", "rounds=3", "privacy.mode=sample", "privacy.clip=5",
                      "privacy.noise_multiplier=2", "privacy.kmeans_steps=2", SEEDED)
     sim = Simulation(cfg)
+    plan = sim.privacy.predicted(1, 3, then_final=True)  # the budget's plan of the whole run, before it
     res = sim.run()
     part, acc, tc, p = sim.participation, Accountant("rdp", 1e-5), cfg.training, cfg.privacy
     counts = sim.fed.class_counts()
@@ -558,3 +559,4 @@ def test_sample_epsilon_is_each_clients_ledger_recounted(name, releases, digits_
             led[ev] = led.get(ev, 0) + k
     want[-1] = max(acc.epsilon(led) for led in ledgers.values())
     assert [r["epsilon"] for r in res.rows] == pytest.approx(want, rel=1e-12)
+    assert plan == pytest.approx(want[-1], rel=1e-12)  # the plan counts each client's label release once

@@ -516,11 +516,11 @@ class ServerPrivacy:
                 noisy_label_counts(c, self.p.label_noise, self.client_key(cid), self.cfg.seed, cid))
         return self._noisy[cid]
 
-    def planned(self, cid: int, evaluating: bool, final: bool = False) -> dict:
+    def planned(self, cid: int, evaluating: bool, final: bool = False, so_far: Optional[Mapping] = None) -> dict:
         """What client ``cid`` is expected to spend in a turn (``evaluating``: one whose
         personalized model is evaluated): the method's declared fits (``private_fits``) and
-        prototype releases, its label counts' release if it has not made it, at least what
-        its last turn spent."""
+        prototype releases, its label counts' release if its ledger (``so_far``: with the
+        turns planned before this one) does not hold it, at least what its last turn spent."""
         tc, n = self.cfg.training, self.released_size(cid)
         plan: dict = {}
         for o in self.algorithm.private_fits(evaluating, final):
@@ -532,7 +532,7 @@ class ServerPrivacy:
         releases = self.algorithm.prototype_releases(self.p)
         if releases:
             plan[("gaussian", self.z)] = releases
-        if not any(ev[0] == "labels" for ev in self.ledgers.get(cid, {})):
+        if not any(ev[0] == "labels" for ev in (self.ledgers.get(cid, {}) if so_far is None else so_far)):
             plan[("labels", self.p.label_noise)] = 1
         last = {ev: c for ev, c in self.last.get(cid, {}).items() if ev[0] != "labels"}
         return {ev: max(plan.get(ev, 0), last.get(ev, 0)) for ev in {**plan, **last}}
@@ -553,10 +553,12 @@ class ServerPrivacy:
             turns = range(len(self.counts)) if everyone else \
                 self.participation.arriving(r, self.participation.selected(r))
             for c in turns:
-                ledgers[c] = add(ledgers.get(c, self.ledgers.get(c, {})), self.planned(c, evaluating, everyone))
+                led = ledgers.get(c, self.ledgers.get(c, {}))
+                ledgers[c] = add(led, self.planned(c, evaluating, everyone, led))
         if then_final and ev.personal and ev.final_all_clients:
             for c in range(len(self.counts)):
-                ledgers[c] = add(ledgers.get(c, self.ledgers.get(c, {})), self.planned(c, True, True))
+                led = ledgers.get(c, self.ledgers.get(c, {}))
+                ledgers[c] = add(led, self.planned(c, True, True, led))
         return max([self.epsilon()] + [self._ledger_epsilon(l) for l in ledgers.values()])
 
     def stop_reason(self, rnd: int, everyone: bool = False) -> Optional[str]:

@@ -342,8 +342,22 @@ def sample_gradients(model: nn.Module, loss: LossFn, names: Sequence[str], x: to
 
 
 # ---------------------------------------------------------------------------------------
-# the sequential driver
+# the sequential driver (and DP-SGD's)
 # ---------------------------------------------------------------------------------------
+def minibatch(x: torch.Tensor, y: torch.Tensor, rows: np.ndarray, step: int, b: int, plan: Optional[dict],
+              augment: Optional[tuple], channels_last: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    """Step ``step``'s minibatch: the first ``b`` of its ``rows``, augmented by ``plan`` (the
+    draws of :func:`~protofl.engine.augment.augment_plan`), in channels_last if asked."""
+    idx = torch.from_numpy(rows[step, :b]).to(y.device)
+    xb, yb = x[idx], y[idx]
+    if plan is not None:
+        xb = apply(augment[0], xb, torch.from_numpy(plan["offsets"][step, :b]).to(x.device),
+                   torch.from_numpy(plan["flips"][step, :b]).to(x.device), augment[2])
+    if channels_last and xb.dim() == 4:
+        xb = xb.contiguous(memory_format=torch.channels_last)
+    return xb, yb
+
+
 def fit(model: nn.Module, x: torch.Tensor, y: torch.Tensor, *, loss: LossFn, extras: Mapping[str, Any],
         names: Sequence[str], settings: TrainSettings, generator: torch.Generator,
         per_step: Optional[Mapping[str, torch.Tensor]] = None, grad: Optional[GradFn] = None,
@@ -383,13 +397,7 @@ def fit(model: nn.Module, x: torch.Tensor, y: torch.Tensor, *, loss: LossFn, ext
     model.train()
     loss_sum = torch.zeros((), dtype=torch.float64, device=y.device)  # no host sync per step
     for step, b in enumerate(sizes):
-        idx = torch.from_numpy(rows[step, :b]).to(y.device)
-        xb, yb = x[idx], y[idx]
-        if plan is not None:
-            xb = apply(augment[0], xb, torch.from_numpy(plan["offsets"][step, :b]).to(x.device),
-                       torch.from_numpy(plan["flips"][step, :b]).to(x.device), augment[2])
-        if channels_last and xb.dim() == 4:
-            xb = xb.contiguous(memory_format=torch.channels_last)
+        xb, yb = minibatch(x, y, rows, step, b, plan, augment, channels_last)
         ex = extras if per_step is None else {**extras, **{k: v[step, :b] for k, v in per_step.items()}}
         with autocast(precision, x.device.type):
             value = loss(model, xb, yb, ex)
@@ -444,13 +452,7 @@ def private_fit(model: nn.Module, x: torch.Tensor, y: torch.Tensor, *, loss: Los
     for step in range(total):
         b = int((rows[step] >= 0).sum())
         if b:
-            idx = torch.from_numpy(rows[step, :b]).to(y.device)
-            xb, yb = x[idx], y[idx]
-            if plan is not None:
-                xb = apply(augment[0], xb, torch.from_numpy(plan["offsets"][step, :b]).to(x.device),
-                           torch.from_numpy(plan["flips"][step, :b]).to(x.device), augment[2])
-            if channels_last and xb.dim() == 4:
-                xb = xb.contiguous(memory_format=torch.channels_last)
+            xb, yb = minibatch(x, y, rows, step, b, plan, augment, channels_last)
             with autocast(precision, x.device.type):
                 per, value = sample_gradients(model, loss, names, xb, yb, extras)
             per = [g.unsqueeze(0) for g in per]  # (1, b, ...)

@@ -504,6 +504,29 @@ def test_resume_with_other_rounds_is_refused_for_methods_that_depend_on_them(mon
         run(cfg.replace(rounds=2), resume=True)
 
 
+def test_a_cosine_run_is_never_extended_to_more_rounds(digits_cfg, tmp_path):
+    """A cosine schedule's lr at round r reads the total rounds: resuming a finished 2-round
+    run with rounds=4 is refused, and a compare with 4 rounds beside the 2-round run runs
+    afresh (its folder is per number of rounds) and equals a fresh 4-round run."""
+    from protofl import api
+    from protofl.config import ConfigError
+
+    cfg = digits_cfg("rounds=2", "partition.num_clients=4", "training.schedule=cosine", "training.min_lr=0.001",
+                     "output.name=cos")
+    api.run(cfg)
+    with pytest.raises(ConfigError, match="training.schedule: cosine depends on the total number of rounds"):
+        api.run(cfg.replace(rounds=4), resume=True)
+    assert not api.extendable(cfg) and api.extendable(cfg.replace(**{"training.schedule": "exponential"}))
+    methods = api.parse_methods("fedavg")
+    api.compare(cfg, methods, [0], tmp_path / "cmp", log=lambda m: None)
+    rows4, _ = api.compare(cfg.replace(rounds=4), methods, [0], tmp_path / "cmp", log=lambda m: None)
+    fresh = api.run(cfg.replace(rounds=4, **{"output.name": "fresh"}))
+    lrs = [r["lr"] for r in fresh.rows]
+    assert lrs[1] == pytest.approx(0.001 + (0.05 - 0.001) * (1 + math.cos(math.pi / 4)) / 2)  # round 2 of 4
+    assert rows4[0]["gm"][0] == pytest.approx(fresh.rows[-1]["gm"])
+    assert len(list((tmp_path / "cmp").glob("fedavg-s0-*-R*"))) == 2  # one folder per number of rounds
+
+
 def test_plot_refuses_a_matrix_metric_with_one_line(tmp_path, capsys):
     fake_run(tmp_path / "a", extra={20: {"proto_cos": [[1, 0], [0, 1]]}})
     assert main(["plot", str(tmp_path / "a"), "--metrics", "proto_cos", "--out", str(tmp_path / "x.png")]) == 2

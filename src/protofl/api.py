@@ -106,9 +106,9 @@ def run(cfg: Config, resume: bool = False, callbacks: Iterable[Callback] = (),
     if resume:
         summary = read_summary(run_dir)
         if summary is not None and not extendable(cfg) and summary.get("rounds") != cfg.rounds:
-            raise ConfigError("rounds", cfg.rounds, f"{cfg.algorithm.name} depends on the total number of rounds, "
-                              f"so its run of {summary.get('rounds')} rounds in {run_dir} cannot be resumed with "
-                              "another")
+            raise ConfigError("rounds", cfg.rounds, f"{total_rounds_dependence(cfg)} depends on the total number "
+                              f"of rounds, so its run of {summary.get('rounds')} rounds in {run_dir} cannot be "
+                              "resumed with another")
         if summary is not None and summary.get("status") == "complete" \
                 and summary.get("fingerprint") == cfg.fingerprint() and summary.get("rounds_completed") == cfg.rounds:
             return RunResult(run_dir, read_rows(run_dir / METRICS), summary, already_complete=True)
@@ -288,16 +288,28 @@ def parse_methods(spec: str) -> dict[str, dict]:
 # instead of starting again (and skips it when the rounds match). The run fingerprint
 # therefore leaves out ``rounds``. That is exact because nothing in a run depends on the
 # total number of rounds: client sampling, participation, the learning rate
-# (lr * lr_decay^(r-1)) and every registered method depend on the round index only. The
-# one visible difference: the old last round carries the evaluation that every last
-# round gets (PM(V)/PM(L) when ``eval.personal_every`` would have skipped it). A method
-# whose updates depend on the total (e.g. a schedule over ``rounds``) must set
-# ``Algorithm.uses_total_rounds = True``: its runs are then kept per number of rounds
-# and never extended. ``tests/test_report.py`` checks an extended run against a fresh one.
+# (lr * lr_decay^(r-1), or its step schedule) and every registered method depend on the
+# round index only. The one visible difference: the old last round carries the evaluation
+# that every last round gets (PM(V)/PM(L) when ``eval.personal_every`` would have skipped
+# it). Two things depend on the total, and their runs are kept per number of rounds and
+# never extended: ``training.schedule: cosine`` (its lr at round r reads ``rounds``), and a
+# method whose updates do (it sets ``Algorithm.uses_total_rounds = True``).
+# ``tests/test_report.py`` checks an extended run against a fresh one.
 # ---------------------------------------------------------------------------------------
+def total_rounds_dependence(cfg: Config) -> Optional[str]:
+    """What in ``cfg`` depends on the total number of rounds (so that a finished run of it
+    cannot be continued to more rounds): ``"training.schedule: cosine"`` or the method's
+    name; None when nothing does."""
+    if cfg.training.schedule == "cosine":
+        return "training.schedule: cosine"
+    if ALGORITHMS.get(cfg.algorithm.name).uses_total_rounds:
+        return cfg.algorithm.name
+    return None
+
+
 def extendable(cfg: Config) -> bool:
     """Whether a finished run of ``cfg`` may be continued to more rounds (see the reuse rule)."""
-    return not ALGORITHMS.get(cfg.algorithm.name).uses_total_rounds
+    return total_rounds_dependence(cfg) is None
 
 
 def grid_config(cfg: Config, method: dict, seed: int, label: str) -> Config:

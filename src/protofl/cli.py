@@ -57,11 +57,12 @@ def cmd_run(args) -> int:
 
 def _extend_hint(args, cfg) -> str:
     """How to continue a complete run to more rounds: the same command with ``rounds=N``."""
-    from .api import extendable
+    from .api import total_rounds_dependence
 
     more = 2 * cfg.rounds
-    if not extendable(cfg):
-        return (f"{cfg.algorithm.name} depends on the total number of rounds, so a longer run starts afresh: "
+    reason = total_rounds_dependence(cfg)
+    if reason is not None:
+        return (f"{reason} depends on the total number of rounds, so a longer run starts afresh: "
                 f"the same command with rounds={more} and without --resume")
     kept = [o for o in (args.overrides or []) if not o.startswith("rounds=")]
     return "To extend it, resume with more rounds: " + " ".join(

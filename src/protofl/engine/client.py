@@ -248,8 +248,9 @@ class ClientContext:
         return rt.augment, self._augment_generator, rt.pad_value
 
     def noise_generator(self):
-        """DP-SGD's noise stream of this turn, on the training device (``privacy.mode: sample``)."""
-        return self.privacy.noise_generator(self.runtime.device)
+        """DP-SGD's noise stream of this turn (``privacy.mode: sample``): the client's secret
+        SHAKE-256 stream, drawn on the CPU and moved to the training device."""
+        return self.privacy.noise_generator()
 
     def trained(self, stats: TrainStats, report: bool, settings: Optional[TrainSettings] = None) -> TrainStats:
         """Check a ``ctx.fit``'s statistics (a NaN loss raises) and keep the reported ones

@@ -285,7 +285,7 @@ class ClientPrivacy:
         self._draws[purpose] = i + 1
         return self._stream(purpose, self.rnd, self.cid, i)
 
-    def noise_generator(self, device: Optional[torch.device] = None) -> NoiseStream:
+    def noise_generator(self) -> NoiseStream:
         """DP-SGD's noise stream of this turn (one for all its ctx.fit calls; drawn on the CPU,
         moved to the training device)."""
         if self._noise is None:

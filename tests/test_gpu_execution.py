@@ -89,6 +89,43 @@ def test_batched_equals_sequential_mlp(tmp_path, extra):
     assert_close_runs(seq, bat)
 
 
+class _DetachedBody(FedAvg):
+    """A method whose loss does not reach the body: it trains the head on detached features."""
+
+    name = "detached_body"
+
+    async def client_update(self, msg, state, ctx):
+        return self.result(await ctx.fit(msg.weights, self.head_loss), ctx)
+
+    @staticmethod
+    def head_loss(model, x, y, extras):
+        return torch.nn.functional.cross_entropy(model.head(model.body(x).detach()), y)
+
+
+@pytest.mark.parametrize("extra", [["training.weight_decay=0.01"],
+                                   ["training.weight_decay=0.01", "training.optimizer=adam", "training.lr=0.01", "training.momentum=0"],
+                                   ["training.weight_decay=0.01", "training.optimizer=adamw", "training.lr=0.01", "training.momentum=0"]])
+def test_a_parameter_the_loss_does_not_reach_stays_put_on_both_executors(tmp_path, monkeypatch, extra):
+    """torch.optim's rule: a parameter without a gradient is left alone (weight decay and
+    momentum included). The sequential driver follows it through autograd; the batched one,
+    whose vmap gives such a parameter zeros, must too (it finds the parameters its loss
+    does not reach once per signature)."""
+    from protofl.algorithms import ALGORITHMS
+
+    monkeypatch.setitem(ALGORITHMS._items, "detached_body", _DetachedBody)
+    seq, bat = both(cfg_for(tmp_path, "algorithm.name=detached_body", *extra), tmp_path)
+    assert bat.summary["execution"]["executor"] == "batched"
+    body = [k for k in seq.server_state.weights if k.startswith("body.")]
+    head = [k for k in seq.server_state.weights if k.startswith("head.")]
+    assert_close_runs(seq, bat)
+    first = run(cfg_for(tmp_path, "algorithm.name=detached_body", "rounds=1", *extra), run_dir=tmp_path / "one")
+    for r in (seq, bat):  # the body never moved (up to the average's rounding): weight decay did not reach it
+        for k in body:
+            torch.testing.assert_close(r.server_state.weights[k], first.server_state.weights[k], atol=1e-6, rtol=0,
+                                       msg=k)
+    assert any(not torch.equal(seq.server_state.weights[k], first.server_state.weights[k]) for k in head)
+
+
 def test_batched_equals_sequential_conv_batchnorm(tmp_path, tiny_bn_cnn):
     # lr 0.01: at 0.05 this tiny BatchNorm net amplifies float rounding ~200x a round (chaotic)
     seq, bat = both(cfg_for(tmp_path, "rounds=3", "training.lr=0.01").replace(**{"model.name": tiny_bn_cnn}), tmp_path)

@@ -30,7 +30,9 @@ Each client still computes what the sequential executor computes (``engine/train
   the loss are exactly those of that client's batch, no padding);
 * optimizer: the same row-wise step (:func:`~protofl.engine.train.optimizer_step`) on one
   flat (slots, parameters) buffer, so an update is a handful of kernels whatever the
-  number of layers; the optimizer state of a slot is zeroed when a client enters it;
+  number of layers; the optimizer state of a slot is zeroed when a client enters it; a
+  parameter the loss does not reach (no gradient under autograd, zeros under vmap) keeps
+  its value and state through the step, as ``torch.optim`` leaves it;
 * its gradient transform (SCAFFOLD), per-step extras (FedGen's draws) and the run's
   precision (bf16 autocast);
 * DP-SGD (``privacy.mode: sample``): each client's Poisson-sampled batches drawn from its
@@ -57,7 +59,7 @@ import os
 import time
 from collections import defaultdict, deque
 from dataclasses import dataclass, field
-from typing import Any, Optional
+from typing import Any, Iterable, Optional
 
 import numpy as np
 import torch
@@ -350,6 +352,11 @@ class Stack:
         for k, t in a.buffers.items():
             t.index_copy_(0, slots, part.buffers[k])
 
+    def columns(self, names: Iterable[str]) -> Optional[torch.Tensor]:
+        """The flat row's indices of the parameters ``names`` (None for none)."""
+        spans = [torch.arange(*self.layout[k][:2]) for k in names]
+        return torch.cat(spans).to(self.all.params.device) if spans else None
+
     def views(self, flat: torch.Tensor) -> dict[str, torch.Tensor]:
         """The named parameters of rows of a flat (G, n) buffer, as views."""
         return {k: flat[:, i:j].view(flat.shape[0], *shape) for k, (i, j, shape) in self.layout.items()}
@@ -366,6 +373,7 @@ class BatchedExecutor(Executor):
         self.compile = compile
         self._compiled: dict[tuple, Any] = {}
         self._compiled_slots: dict[tuple, int] = {}  # per signature: the most slots chosen so far
+        self._unreached_of: dict[tuple, frozenset] = {}  # per signature: parameters its loss does not reach
         self.sequential = SequentialExecutor(runtime, threads)
         self.reason = why_not_batched(runtime)
         self.stats = StackStats()
@@ -608,6 +616,11 @@ class BatchedExecutor(Executor):
         seen = torch.zeros(len(jobs), dtype=torch.float64, device=dev)  # DP-SGD: samples drawn
         step_fn = self._step_fn(jobs[0], model, fits[0].loss, settings, tuple(per_step or ()))
         grad_fn = vmap(fits[0].grad) if fits[0].grad is not None else None
+        # torch.optim's rule (the sequential driver's): a parameter the loss does not reach has no
+        # gradient and is left alone, weight decay and momentum included; vmap gives it zeros
+        idle = None if dp or grad_fn is not None else stack.columns(
+            self._unreached(jobs[0], model, fits[0], names, xs, ys, rows[next(i for i, t in enumerate(totals) if t)],
+                            per_step))
         noise = [j.ctx.noise_generator() for j in jobs] if settings.dp_noise > 0 else None  # DP-SGD
         was = model.training
         model.train()
@@ -644,7 +657,9 @@ class BatchedExecutor(Executor):
                     if grad_fn is not None:
                         grads = grad_fn(grads, part.extras, params)
                     flat = torch.cat([grads[k].reshape(G, -1) for k in names], dim=1)  # (G, n)
+                    kept = _columns(part, idle)
                     optimizer_step([part.params], [flat], part.state, settings)
+                    _restore(part, idle, kept)
                     stack.commit(part, None if g.whole else slots)
                     loss_sum.index_add_(0, clients, value.detach().to(torch.float64) * g.b)
                 for slot, i in plan.finishes[s]:
@@ -718,6 +733,34 @@ class BatchedExecutor(Executor):
         eager = vmap(per_sample(client_loss, rows) if settings.dp_clip is not None else grad_and_value(client_loss))
         return {False: eager, True: self._compiled_step(job, eager) if self.compile else eager}
 
+    def _unreached(self, job: _Job, model: nn.Module, fit: Fit, names: list[str], xs: torch.Tensor,
+                   ys: torch.Tensor, rows: np.ndarray, per_step: Optional[dict]) -> frozenset[str]:
+        """The trainable parameters this signature's loss does not reach (autograd gives them
+        no gradient), found once per signature on a few rows of one client's first batch,
+        with its weights and extras (a copy of the buffers: the module is not touched)."""
+        key = self._signature(job)
+        if key not in self._unreached_of:
+            dev = self.runtime.device
+            w = {k: v.to(dev) for k, v in fit.weights.items()}
+            named = dict(model.named_parameters())
+            params = {k: w[k].detach().clone().requires_grad_(True) for k in names}
+            weights = {"model." + k: params.get(k, w[k]) for k in named}
+            weights.update({"model." + k: w[k].clone() for k, _ in model.named_buffers()})
+            idx = torch.from_numpy(rows[0, :2]).to(dev)
+            extras = _to(fit.extras, dev)
+            if per_step is not None:
+                extras.update({k: v[0, 0, :len(idx)] for k, v in per_step.items()})
+            was = model.training
+            model.train()
+            try:
+                with torch.enable_grad():
+                    value = functional_call(Objective(model, fit.loss), weights, (xs[idx], ys[idx], extras))
+                    grads = torch.autograd.grad(value, list(params.values()), allow_unused=True)
+            finally:
+                model.train(was)
+            self._unreached_of[key] = frozenset(k for k, g in zip(params, grads) if g is None)
+        return self._unreached_of[key]
+
     def _compiled_step(self, job: _Job, step_fn):
         """``step_fn`` compiled with ``torch.compile`` (with CUDA graphs on a GPU), one per
         signature; it is called only for steps of the whole stack at the full batch size, one
@@ -727,6 +770,28 @@ class BatchedExecutor(Executor):
             mode = "reduce-overhead" if self.runtime.device.type == "cuda" else None
             self._compiled[key] = torch.compile(step_fn, dynamic=False, mode=mode)
         return self._compiled[key]
+
+
+def _columns(part: Slots, cols: Optional[torch.Tensor]) -> Optional[list[torch.Tensor]]:
+    """Copies of the columns ``cols`` of a selection's flat parameters and optimizer state
+    (the (G, n) tensors; Adam's per-row step count is not per column), to :func:`_restore`."""
+    if cols is None:
+        return None
+    return [t.index_select(1, cols) for t in _flat_tensors(part)]
+
+
+def _flat_tensors(part: Slots) -> list[torch.Tensor]:
+    """A selection's (G, n) tensors: its flat parameters and their optimizer state."""
+    n = part.params.shape[1]
+    return [t for t in [part.params] + [s for ts in part.state.values() for s in ts] if t.dim() == 2 and t.shape[1] == n]
+
+
+def _restore(part: Slots, cols: Optional[torch.Tensor], kept: Optional[list[torch.Tensor]]) -> None:
+    """Put back the columns :func:`_columns` copied: those parameters did not move."""
+    if cols is None:
+        return
+    for t, old in zip(_flat_tensors(part), kept):
+        t.index_copy_(1, cols, old)
 
 
 def model_key(rt: ClientRuntime, cid: int) -> tuple:
@@ -750,6 +815,11 @@ def _leaves(tree, prefix: str = ""):
             yield from _leaves(v, f"{prefix}{k}.")
         else:
             yield prefix + k, v
+
+
+def _to(tree, dev) -> dict:
+    """A nested dict of tensors on ``dev``."""
+    return {k: (_to(v, dev) if isinstance(v, dict) else v.to(dev)) for k, v in tree.items()}
 
 
 def _stack_like(tree, S: int, dev) -> dict:

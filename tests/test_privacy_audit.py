@@ -453,10 +453,47 @@ def test_a_seeded_run_says_it_is_not_private(digits_cfg, tmp_path, capsys):
     code = main(["run", str(DIGITS), "rounds=1", "privacy.mode=sample", "privacy.noise=seeded",
                  f"output.dir={tmp_path}", "--quiet"])
     assert code == 0 and "(not private: seeded noise)" in capsys.readouterr().out
+    from protofl.engine.callbacks import short_metrics
+    from protofl.report.html import privacy_section
     from protofl.report.tables import compare_rows, to_markdown
 
     runs = [d for d in tmp_path.iterdir() if d.is_dir()]
     assert "not private: seeded noise" in to_markdown(compare_rows({"fedavg": runs}), with_caption=True)
+    assert "Not private" in privacy_section({"fedavg": runs}, compare_rows({"fedavg": runs}))
+    assert short_metrics({"epsilon": 3.1, "privacy_seeded": 1.0})["eps"] == "3.10 (not private)"
+    assert short_metrics({"epsilon": 3.1})["eps"] == "3.10"
+    secret = run(digits_cfg("rounds=1", "privacy.mode=sample", "output.name=secret"))
+    assert "privacy_seeded" not in secret.rows[0]
+    assert "not private" not in to_markdown(compare_rows({"fedavg": [secret.dir]}), with_caption=True)
+
+
+def test_the_final_evaluation_is_skipped_when_it_would_pass_the_target(digits_cfg):
+    """The final evaluation of every client trains each once more (it spends): a target the
+    rounds stay under but that turn would pass skips it, with the run complete."""
+    over = ("rounds=2", "privacy.mode=sample", "privacy.noise=seeded", "privacy.noise_multiplier=1.5")
+    full = run(digits_cfg(*over, "output.name=full"))
+    without = run(digits_cfg(*over, "eval.final_all_clients=false", "output.name=without"))
+    before, after = without.rows[-1]["epsilon"], full.rows[-1]["epsilon"]
+    assert after > before and "all_pa" in full.rows[-1]
+    res = run(digits_cfg(*over, f"privacy.target_epsilon={(before + after) / 2}", "output.name=t"))
+    assert res.summary["status"] == "complete" and "all_pa" not in res.rows[-1]
+    assert res.rows[-1]["epsilon"] == before
+
+
+def test_a_flower_node_without_a_state_folder_keeps_its_key_in_memory(tmp_path):
+    pytest.importorskip("flwr")
+    from flwr.app import Context, RecordDict
+
+    from protofl.flower.client_app import _noise_key
+    from protofl.flower.node_state import NodeStateStore
+
+    ctx = Context(run_id=1, node_id=2, node_config={}, state=RecordDict(), run_config={})
+    k = _noise_key(ctx, None)
+    assert len(k) == 32 and _noise_key(ctx, None) == k  # the node's own, kept for the run
+    other = Context(run_id=1, node_id=3, node_config={}, state=RecordDict(), run_config={})
+    assert _noise_key(other, None) != k
+    store = NodeStateStore(tmp_path, "run-key", 5, 0)
+    assert _noise_key(ctx, store) == _noise_key(other, store) == (store.dir / "noise-key").read_bytes()
 
 
 # ---------------------------------------------------------------------------------------

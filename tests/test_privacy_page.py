@@ -3,12 +3,14 @@ training): the table, the leaders per epsilon with their paired tests, the rejec
 replies, and no folder of the machine on the page."""
 import importlib.util
 import json
+import re
 import sys
 from pathlib import Path
 
 import pytest
 
-SCRIPT = Path(__file__).resolve().parents[1] / "benchmarks" / "privacy" / "accuracy_epsilon.py"
+RESULTS = Path(__file__).resolve().parents[1] / "benchmarks" / "privacy"
+SCRIPT = RESULTS / "accuracy_epsilon.py"
 pytest.importorskip("matplotlib")
 
 
@@ -36,6 +38,21 @@ def fake(out: Path, name: str, seed: int, ga: float, pa, eps=None, sigma=None, r
     (d / "config.yaml").write_text(json.dumps(cfg))
 
 
+def stable(text: str) -> str:
+    """A page without what a rebuild changes: the date and command line, the invocation's time."""
+    text = re.sub(r"Measured .*?; seeds", "Measured ...; seeds", text)
+    return re.sub(r"this invocation [0-9.]+ min", "this invocation ... min", text)
+
+
+def test_the_committed_page_is_made_of_its_committed_records(page_script, tmp_path, monkeypatch):
+    records = RESULTS / "records" / "accuracy_epsilon_cpu.jsonl.gz"
+    monkeypatch.setattr(sys, "argv", ["accuracy_epsilon.py", "--scale", "cpu", "--no-run", "--records", str(records),
+                                      "--results", str(tmp_path)])
+    page_script.main()
+    assert stable((tmp_path / "accuracy_epsilon_cpu.md").read_text()) == \
+        stable((RESULTS / "accuracy_epsilon_cpu.md").read_text())
+
+
 def test_the_page_from_finished_runs(page_script, tmp_path, monkeypatch):
     runs, results = tmp_path / "machine-folder" / "runs", tmp_path / "out"
     out = runs / "smoke"
@@ -48,10 +65,17 @@ def test_the_page_from_finished_runs(page_script, tmp_path, monkeypatch):
         fake(out, f"fednh-dp-sgd_+_private_prototypes-eps8-s{s}", s, 0.75 + s * s / 50, 0.85, 7.9, 1.5)
     labels = ("FedAvg;FedAvg, client-level DP;FedAvg, DP-SGD;FedProto, DP-SGD + private prototypes;"
               "FedNH, DP-SGD + private prototypes")
-    monkeypatch.setattr(sys, "argv", ["accuracy_epsilon.py", "--scale", "smoke", "--seeds", "0,1,2",
-                                      "--mechanisms", labels, "--runs", str(runs), "--results", str(results)])
+    argv = ["accuracy_epsilon.py", "--scale", "smoke", "--seeds", "0,1,2", "--mechanisms", labels,
+            "--runs", str(runs), "--results", str(results), "--records", str(tmp_path / "records.jsonl.gz")]
+    monkeypatch.setattr(sys, "argv", argv)
     page_script.main()
     text = (results / "accuracy_epsilon_smoke.md").read_text()
+    # the same page from the records alone (no run folder), but the command line and the time
+    monkeypatch.setattr(sys, "argv", [*argv[:-6], "--no-run", "--records", str(tmp_path / "records.jsonl.gz"),
+                                      "--results", str(tmp_path / "again")])
+    page_script.main()
+    assert stable((tmp_path / "again" / "accuracy_epsilon_smoke.md").read_text()) == stable(text)
+    assert str(tmp_path) not in (tmp_path / "records.jsonl.gz").read_bytes().decode("latin-1")
     assert (results / "accuracy_epsilon_smoke.png").exists()
     assert str(tmp_path) not in text and "--runs RUNS --results RESULTS" in text
     assert "chosen on the command line: exploratory" in text

@@ -41,11 +41,19 @@ Scales (``--scale``; seeds and epsilons fixed here, before any run):
 
 Results: ``accuracy_epsilon.md`` / ``.png`` (scale full) or ``accuracy_epsilon_cpu.md`` /
 ``.png`` in --results (default this folder; scale smoke: <runs>/smoke). Runs go to
-<runs>/<scale>.
+<runs>/<scale>. ``--records FILE`` also writes what the page reads of every run (its
+config without machine paths, and per round GA, PA, epsilon, the replies and the wall
+time) to one gzip file of JSON lines; ``--no-run --records FILE`` makes the page from that
+file alone, and a test rebuilds the committed page from its committed records:
+
+    python benchmarks/privacy/accuracy_epsilon.py --scale cpu --no-run \
+        --records benchmarks/privacy/records/accuracy_epsilon_cpu.jsonl.gz
 """
 from __future__ import annotations
 
 import argparse
+import gzip
+import json
 import multiprocessing as mp
 import sys
 import time
@@ -82,6 +90,32 @@ SCALES = {  # scale: (seeds, epsilons, overrides)
 }
 
 
+# what the page reads of a run's rows
+ROW_KEYS = ("round", "ga", "pa", "epsilon", "arrived", "rejected", "wall_s")
+
+
+def record_of(folder: Path, name: str) -> dict:
+    """A run's record: its name, its config without machine paths, and per round the keys
+    the page reads."""
+    from protofl.engine.simulation import read_rows
+
+    cfg = yaml.safe_load((folder / name / "config.yaml").read_text())
+    cfg.get("data", {}).pop("root", None)
+    cfg.get("output", {}).pop("dir", None)
+    rows = [{k: r[k] for k in ROW_KEYS if k in r} for r in read_rows(folder / name / "metrics.jsonl")]
+    return {"name": name, "config": cfg, "rows": rows}
+
+
+def write_records(path: Path, records: list[dict]) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    data = "".join(json.dumps(r, sort_keys=True) + "\n" for r in records).encode()
+    path.write_bytes(gzip.compress(data, mtime=0))  # mtime 0: the same records, the same bytes
+
+
+def read_records(path: Path) -> dict[str, dict]:
+    return {r["name"]: r for r in map(json.loads, gzip.decompress(path.read_bytes()).decode().splitlines())}
+
+
 def final(rows: list[dict], key: str) -> float:
     v = [r[key] for r in rows if isinstance(r.get(key), (int, float))]
     return float(v[-1]) if v else float("nan")
@@ -108,7 +142,6 @@ def one_run(over: list[str], eps: float | None, out: Path, name: str) -> None:
 
 def main() -> None:
     from protofl.config import load_config
-    from protofl.engine.simulation import read_rows
     from protofl.report.plots import _save, accuracy_epsilon_figure
     from protofl.report.tables import markdown, pct
     from protofl.reproduce import stats
@@ -123,6 +156,9 @@ def main() -> None:
     p.add_argument("--jobs", type=int, default=1, help="runs at once, each in its own process (default 1)")
     p.add_argument("--runs", default="runs/privacy/accuracy_epsilon")
     p.add_argument("--results", help="default: this folder (scale smoke: <runs>/smoke)")
+    p.add_argument("--records", help="gzip JSON lines of what the page reads of each run: written after the runs, "
+                                     "or read with --no-run")
+    p.add_argument("--no-run", action="store_true", help="make the page from --records alone (no run, no data)")
     p.add_argument("overrides", nargs="*", help="dotted overrides for every run, e.g. execution.workers=2")
     args = p.parse_args()
     scale_seeds, scale_eps, scale_over = SCALES[args.scale]
@@ -149,13 +185,21 @@ def main() -> None:
             points_of.append((label, eps, names))
             jobs += [([*base, f"seed={seed}", f"algorithm.name={method}", *(privacy or [])], eps, out, name)
                      for seed, name in names]
-    if args.jobs > 1:
-        with ProcessPoolExecutor(args.jobs, mp_context=mp.get_context("spawn")) as pool:
-            for f in [pool.submit(one_run, *j) for j in jobs]:
-                f.result()
+    if args.no_run:
+        if not args.records:
+            p.error("--no-run needs --records")
+        records = read_records(Path(args.records))
     else:
-        for j in jobs:
-            one_run(*j)
+        if args.jobs > 1:
+            with ProcessPoolExecutor(args.jobs, mp_context=mp.get_context("spawn")) as pool:
+                for f in [pool.submit(one_run, *j) for j in jobs]:
+                    f.result()
+        else:
+            for j in jobs:
+                one_run(*j)
+        records = {name: record_of(out, name) for _, _, names in points_of for _, name in names}
+        if args.records:
+            write_records(Path(args.records), [records[n] for n in records])
     points: dict[str, list] = {}
     references: dict[str, float] = {}
     at: dict[str, dict[float, dict[str, dict[int, float]]]] = {"GA": {}, "PA": {}}  # metric -> eps -> mech -> seed
@@ -167,8 +211,7 @@ def main() -> None:
         rejected = replies = 0  # replies the server rejected (non-finite weights: the noise), over the seeds
         logged = True  # client-level DP logs no rejections (the server judged the updates before their noise)
         for seed, name in names:
-            rows = read_rows(out / name / "metrics.jsonl")
-            cfg = yaml.safe_load((out / name / "config.yaml").read_text())
+            rows, cfg = records[name]["rows"], records[name]["config"]
             run_seconds += sum(r.get("wall_s", 0.0) for r in rows)
             logged = logged and all("rejected" in r for r in rows)
             rejected += sum(r.get("rejected", 0) for r in rows)
@@ -209,7 +252,7 @@ def main() -> None:
         leaders.append(cells)
     leaders_head = ["target ε", "most GA", "most PA"]
     shown = shown_command("benchmarks/privacy/accuracy_epsilon.py", sys.argv[1:],
-                          {"--data-dir": "DATA", "--runs": "RUNS", "--results": "RESULTS"})
+                          {"--data-dir": "DATA", "--runs": "RUNS", "--results": "RESULTS", "--records": "RECORDS"})
     images = f"{cfg.data.train_size:,} of the training images" if cfg.data.train_size else "all training images"
     text = (f"## Accuracy against ε: Fashion-MNIST, {cfg.partition.num_clients} clients, "
             f"Dir({cfg.partition.params['beta']}), {cfg.participation.fraction:.0%} per round, {cfg.training.epochs} "

@@ -347,6 +347,20 @@ def test_a_ditto_run_with_a_target_stops_there(digits_cfg):
     assert res.rows[0]["epsilon"] == eps1 and res.rows[-1]["epsilon"] <= target
 
 
+@pytest.mark.parametrize("mode", ["client", "sample"])
+def test_a_calibrated_run_ends_at_its_target(mode, digits_cfg):
+    """privacy.calibrate: the run picks its sigma at its start from its plan (its own released
+    counts under sample) and ends at privacy.target_epsilon, within the bisection's 0.5 %;
+    the sigma is in every row and in the broadcast its clients noise with."""
+    over = (f"privacy.mode={mode}", "privacy.calibrate=true", "privacy.target_epsilon=6", "rounds=3",
+            "participation.sampling=poisson" if mode == "client" else "privacy.noise=secret")
+    res = run(digits_cfg(*over))
+    eps = [r["epsilon"] for r in res.rows]
+    assert 6 * 0.99 <= eps[-1] <= 6 and res.summary["status"] == "complete"
+    sigmas = {r["privacy_sigma"] for r in res.rows}
+    assert len(sigmas) == 1 and sigmas.pop() != 1.0  # chosen, not the config's default
+
+
 @pytest.mark.parametrize("args, fragment", [
     (["privacy.mode=client", "privacy.noise_multiplier=-1"], "privacy.noise_multiplier=-1.0: must be a number >= 0"),
     (["privacy.mode=client", "privacy.clip=0"], "privacy.clip=0.0: must be > 0"),
@@ -365,6 +379,7 @@ def test_a_ditto_run_with_a_target_stops_there(digits_cfg):
     (["privacy.mode=client", "privacy.accountant=pld"], "no sampling without replacement"),
     (["privacy.mode=sample", "privacy.label_noise=0"], "privacy.label_noise=0.0: must be a number > 0"),
     (["privacy.mode=sample", "privacy.noise=public"], "expected one of"),
+    (["privacy.mode=sample", "privacy.calibrate=true"], "chooses the noise for privacy.target_epsilon: set one"),
     (["privacy.mode=secret"], "expected one of"),
 ])
 def test_bad_privacy_input_exits_2_with_one_line(tmp_path, capsys, args, fragment):

@@ -425,10 +425,12 @@ class _CopyAt(Callback):
 def test_a_resume_from_the_runs_own_checkpoint_equals_the_uninterrupted_run(mode, digits_cfg, tmp_path):
     """A run under secret noise, its folder copied as it was after round 3 (its checkpoint:
     round 2) and resumed there: rows and model equal the uninterrupted run's, bit for bit
-    (the checkpoint holds the key; the clients' keys are derived from it)."""
+    (the checkpoint holds the key, from which the clients' keys are derived, and under
+    privacy.calibrate the sigma the run chose)."""
     cfg = digits_cfg(f"privacy.mode={mode}", "privacy.clip=0.5", "privacy.noise_multiplier=0.6", "rounds=4",
                      "output.checkpoint_every=2", *(("privacy.adaptive_clip=true", "privacy.count_noise=1.0",
-                                                     "participation.sampling=poisson") if mode == "client" else ()))
+                                                     "participation.sampling=poisson") if mode == "client" else
+                                                    ("privacy.calibrate=true", "privacy.target_epsilon=30")))
     full = Simulation(cfg, callbacks=[_CopyAt(3, tmp_path / "copy")], run_dir=tmp_path / "full").run()
     resumed = Simulation(cfg, run_dir=tmp_path / "copy").run(resume=True)
     assert strip_timing(resumed.rows) == strip_timing(full.rows)

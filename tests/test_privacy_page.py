@@ -81,6 +81,7 @@ def test_the_page_from_finished_runs(page_script, tmp_path, monkeypatch):
     assert "chosen on the command line: exploratory" in text
     # client-level DP: no PA and no rejections logged (not private), so none on the page
     assert "| FedAvg, client-level DP | 8 | 7.90 | 0.7 | 21.00 ± 1.00 | – | – | 3 |" in text
+    assert "every run's ε is within 1.2 % of its target" in text  # 7.9 of 8
     assert "| FedAvg, DP-SGD | 8 | 7.90 | 3.5 | 41.00 ± 1.00 | 80.00 ± 0.00 | 25.0 | 3 |" in text
     assert "| FedAvg | – | – | – | 70.00 ± 0.00 | 90.00 ± 0.00 | 0.0 | 3 |" in text
     # the leaders at epsilon 8. GA: FedNH, above the others by differences that vary over the

@@ -176,6 +176,9 @@ class PrivacyConfig:
     delta: float = 1e-5
     # stop before a round that would take epsilon past it (refuse to start if round 1 would)
     target_epsilon: Optional[float] = None
+    # choose noise_multiplier at the start of the run: the smallest with which the run, as
+    # planned (its own released counts included), ends at target_epsilon
+    calibrate: bool = False
     accountant: Literal["rdp", "pld"] = "rdp"  # dp-accounting's Renyi DP or privacy loss distributions
     # client: the clip follows a private estimate of the target_quantile of the update
     # norms (Andrew et al., NeurIPS 2021), geometric steps of rate clip_lr; the noise of
@@ -206,6 +209,8 @@ class PrivacyConfig:
         require(0 < self.delta < 1, f"{section}.delta", self.delta, "must be in (0, 1)")
         require(self.target_epsilon is None or self.target_epsilon > 0, f"{section}.target_epsilon",
                 self.target_epsilon, "must be > 0 or null")
+        require(not self.calibrate or self.target_epsilon is not None, f"{section}.calibrate", self.calibrate,
+                "chooses the noise for privacy.target_epsilon: set one")
         require(not self.adaptive_clip or self.mode == "client", f"{section}.adaptive_clip", self.adaptive_clip,
                 "adapts the clip of client updates: it needs privacy.mode: client")
         require(0 <= self.target_quantile <= 1, f"{section}.target_quantile", self.target_quantile,

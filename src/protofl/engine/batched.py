@@ -575,6 +575,7 @@ class BatchedExecutor(Executor):
         dp = settings.dp_clip is not None
         if dp:  # DP-SGD: each client's own n~_k, Poisson batches padded to the stack's widest (-1)
             private = [j.ctx.fit_settings(f) for j, f in zip(jobs, fits)]
+            settings = dataclasses.replace(settings, dp_noise=private[0].dp_noise)  # the round's sigma
             totals = [p.dp_steps() if names else 0 for p in private]
             drawn_rows = [poisson_rows(n, p.dp_rate, t, j.ctx.batch_generator)
                           for n, p, t, j in zip(ns, private, totals, jobs)]

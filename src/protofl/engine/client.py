@@ -217,7 +217,7 @@ class ClientContext:
         if self.dp_sgd:
             if req.step_extras is not None:
                 raise TypeError("step_extras (per-step random tensors) are not supported under privacy.mode: sample")
-            s = replace(s, dp_n=self.released_n)
+            s = replace(s, dp_n=self.released_n, dp_noise=self.privacy.sigma)  # (the server's, if calibrated)
         return s
 
     def _fit(self, req: Fit) -> Fitted:

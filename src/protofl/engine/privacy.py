@@ -87,6 +87,7 @@ from .train import total_steps
 log = logging.getLogger("protofl")
 
 CLIP_KEY = "privacy.clip"  # Record.config of the broadcast: this round's C_t (client mode)
+SIGMA_KEY = "privacy.sigma"  # Record.config of the broadcast: a calibrated sigma (sample mode)
 UNCLIPPED_KEY = "privacy.unclipped"  # Record.metrics of a reply: b_k (adaptive clipping)
 # the server clips a reply again when its update exceeds C_t by more than float rounding
 SERVER_SLACK = 1e-5
@@ -264,6 +265,8 @@ class ClientPrivacy:
             p.adaptive_clip
         self.label_noise = p.label_noise
         self.clip = float(msg.config.get(CLIP_KEY, p.clip)) if msg is not None else p.clip
+        if msg is not None and SIGMA_KEY in msg.config:  # privacy.calibrate: the server's choice
+            self.sigma = float(msg.config[SIGMA_KEY])
         # the bound of one sample's features in a prototype release (privacy.feature_clip)
         self.feature_clip = p.clip if p.feature_clip is None else p.feature_clip
         self.seed, self.rnd, self.cid, self.key = cfg.seed, rnd, cid, key
@@ -436,27 +439,17 @@ class ServerPrivacy:
         self.counts = [np.asarray(c, dtype=np.int64) for c in client_counts]
         self.plan_exact = plan_exact
         self.secret: Optional[bytes] = None if seeded(cfg) else new_secret()
-        self.mode, self.z = p.mode, p.noise_multiplier
+        self.mode = p.mode
         self.m, K = participation.m, participation.K
         self.clip = p.clip  # C_t
         self.sigma_b = p.count_noise if p.count_noise is not None else self.m / 20.0
-        self.z_update = self.z
-        if p.adaptive_clip and self.z > 0:
-            if 2 * self.sigma_b <= self.z:
-                raise ConfigError("privacy.count_noise", self.sigma_b, f"must exceed noise_multiplier / 2 = "
-                                  f"{self.z / 2:g}: the update's noise is (sigma^-2 - (2 count_noise)^-2)^-1/2")
-            self.z_update = (self.z ** -2 - (2 * self.sigma_b) ** -2) ** -0.5
-        fixed = cfg.participation.sampling == "fixed" and self.m < K
-        if self.mode != "client" or self.m == K:
-            self.round_event: tuple = ("gaussian", self.z)
-        elif fixed:  # replace-one: one client's clipped update replaced by another moves the sum by 2 C
-            self.round_event = ("wor", K, self.m, self.z / 2)
-            if p.accountant == "pld":
-                raise ConfigError("privacy.accountant", p.accountant, "the PLD accountant has no sampling without "
-                                  "replacement: use participation.sampling: poisson, or privacy.accountant: rdp")
-        else:
-            self.round_event = ("poisson", participation.q, self.z)
-        self.accountant = Accountant(p.accountant, p.delta, replace_one=self.mode == "client" and fixed)
+        self.fixed = cfg.participation.sampling == "fixed" and self.m < K
+        if self.mode == "client" and self.fixed and p.accountant == "pld":
+            raise ConfigError("privacy.accountant", p.accountant, "the PLD accountant has no sampling without "
+                              "replacement: use participation.sampling: poisson, or privacy.accountant: rdp")
+        self.set_sigma(p.noise_multiplier)
+        self.check_count_noise()
+        self.accountant = Accountant(p.accountant, p.delta, replace_one=self.mode == "client" and self.fixed)
         self.rounds = 0  # client: rounds released
         self.ledgers: dict[int, dict] = {}  # sample: per client
         self.last: dict[int, dict] = {}  # per client: its last turn's spend
@@ -464,11 +457,48 @@ class ServerPrivacy:
         self.keys: Optional[list[str]] = None  # client: the weights a reply carries
         self._noisy: dict[int, int] = {}  # n~_k of the plan
         self.keep_participation_secret()
+        if p.calibrate:
+            self.calibrate()
+            self.check_count_noise()
         if p.target_epsilon is not None:
             e = self.predicted(1)
             if e > p.target_epsilon:
                 raise ConfigError("privacy.target_epsilon", p.target_epsilon, f"round 1 alone would spend "
                                   f"epsilon {e:.4g} at delta {p.delta:g}; raise the target or the noise")
+
+    # -- the noise multiplier ----------------------------------------------------------------
+    def set_sigma(self, z: float) -> None:
+        """sigma and what follows from it: the update's share under adaptive clipping
+        (sigma_Delta), client-level DP's event of a round."""
+        self.z = float(z)
+        self.z_update = self.z
+        if self.p.adaptive_clip and self.z > 0 and 2 * self.sigma_b > self.z:
+            self.z_update = (self.z ** -2 - (2 * self.sigma_b) ** -2) ** -0.5
+        if self.mode != "client" or self.m == self.participation.K:
+            self.round_event: tuple = ("gaussian", self.z)
+        elif self.fixed:  # replace-one: one client's clipped update replaced by another moves the sum by 2 C
+            self.round_event = ("wor", self.participation.K, self.m, self.z / 2)
+        else:
+            self.round_event = ("poisson", self.participation.q, self.z)
+
+    def check_count_noise(self) -> None:
+        if self.p.adaptive_clip and self.z > 0 and 2 * self.sigma_b <= self.z:
+            raise ConfigError("privacy.count_noise", self.sigma_b, f"must exceed noise_multiplier / 2 = "
+                              f"{self.z / 2:g}: the update's noise is (sigma^-2 - (2 count_noise)^-2)^-1/2")
+
+    def calibrate(self) -> None:
+        """``privacy.calibrate``: sigma := the smallest noise multiplier with which this run, as
+        planned (its rounds, the final evaluation of every client if it makes one, each
+        client's own released label counts under ``sample``), ends at
+        ``privacy.target_epsilon`` (to 0.5 %; :func:`smallest_sigma`). Chosen once, at the
+        start, from public and released values only, and kept in the checkpoint."""
+        target = self.p.target_epsilon
+
+        def spent(z: float) -> float:
+            self.set_sigma(z)
+            return self.predicted(1, self.cfg.rounds, then_final=True)
+
+        self.set_sigma(smallest_sigma(spent, target))
 
     # -- keys ------------------------------------------------------------------------------
     def keep_participation_secret(self) -> None:
@@ -578,11 +608,17 @@ class ServerPrivacy:
 
     # -- the round -------------------------------------------------------------------------
     def broadcast(self, shared: Record) -> Record:
-        """Under ``client``: the broadcast with this round's clip C_t (the clients clip to it)."""
-        if self.mode != "client":
+        """Under ``client``: the broadcast with this round's clip C_t (the clients clip to it);
+        under ``sample`` with a calibrated sigma (``privacy.calibrate``), the sigma the clients
+        noise with."""
+        if self.mode == "client":
+            extra = {CLIP_KEY: float(self.clip)}
+        elif self.p.calibrate:
+            extra = {SIGMA_KEY: float(self.z)}
+        else:
             return shared
-        return Record(shared.arrays, dict(shared.metrics), {**shared.config, CLIP_KEY: float(self.clip)},
-                      shared.weights, shared.num_samples)
+        return Record(shared.arrays, dict(shared.metrics), {**shared.config, **extra}, shared.weights,
+                      shared.num_samples)
 
     def release(self, rnd: int, shared: Record, kept: list, server: Any) -> list[tuple[int, Record]]:
         """What the method's aggregate receives: the replies as they are, or under ``client``
@@ -648,12 +684,13 @@ class ServerPrivacy:
 
     # -- checkpoints -----------------------------------------------------------------------
     def state(self) -> dict:
-        return {"clip": self.clip, "rounds": self.rounds, "keys": self.keys, "secret": self.secret,
+        return {"clip": self.clip, "rounds": self.rounds, "keys": self.keys, "secret": self.secret, "sigma": self.z,
                 "ledgers": {c: list(l.items()) for c, l in self.ledgers.items()},
                 "last": {c: list(l.items()) for c, l in self.last.items()}}
 
     def restore(self, state: dict) -> None:
         self.clip, self.rounds, self.keys = state["clip"], state["rounds"], state["keys"]
+        self.set_sigma(state.get("sigma", self.z))  # a calibrated sigma stays the run's
         if self.secret is not None:  # seeded: nothing to keep
             if not state.get("secret"):
                 raise ConfigError("privacy.noise", self.p.noise, "the checkpoint holds no noise key (it was written "

@@ -429,6 +429,7 @@ class Simulation:
         if self.privacy is not None:  # every client that trained spent, its reply kept or not
             server.log("epsilon", self.privacy.account([(t.cid, o.train) for t, o in zip(tasks, outputs)
                                                         if o is not None]))
+            server.log("privacy_sigma", self.privacy.z)  # the noise multiplier (privacy.calibrate's choice)
             if self.privacy.secret is None:
                 server.log(SEEDED_KEY, 1.0)
         # 6. observe

@@ -51,3 +51,19 @@ def test_compare_shows_overall_progress(tmp_path, capsys):
                  "--out", str(tmp_path), "--quiet"]) == 0
     err = capsys.readouterr().err
     assert "[run 1/2]" in err and "[run 2/2]" in err and "ETA" in err.split("[run 2/2]")[1].splitlines()[0]
+
+
+def test_a_protofl_line_prints_once_when_a_library_configures_the_root_logger_later():
+    """A module-level ``logging.warning`` in a library (dp-accounting's dependencies do it)
+    configures the root logger; the handler protofl added for itself owns its lines, so
+    they do not print a second time through the root's."""
+    import subprocess
+    import sys
+
+    code = ("import logging\n"
+            "from protofl.engine.callbacks import ensure_log_handler\n"
+            "ensure_log_handler()\n"
+            "logging.warning('a library speaks')\n"
+            "logging.getLogger('protofl').warning('protofl speaks')\n")
+    err = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stderr
+    assert err.count("protofl speaks") == 1 and "a library speaks" in err, err

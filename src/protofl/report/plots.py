@@ -91,6 +91,7 @@ WORDS = {
     "all_clients": "clients evaluated at the end",
     "epsilon": "privacy spent, epsilon", "privacy_clip": "clip bound C of the updates",
     "privacy_unclipped": "updates within the clip (private estimate)",
+    "privacy_sigma": "noise multiplier sigma", "privacy_seeded": "seeded noise (not private)",
 }
 
 

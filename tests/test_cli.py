@@ -52,6 +52,9 @@ def test_list_and_partition(tmp_path, capsys):
     assert main(["list"]) == 0
     out = capsys.readouterr().out
     assert "fedavg" in out and "digits" in out and "dirichlet" in out and "conv2cifar" in out
+    datasets = next(line for line in out.splitlines() if line.startswith("datasets:"))
+    assert "hf:<repo>" in datasets  # the families of names are listed too
+    assert "torchvision:<name>" in next(line for line in out.splitlines() if line.startswith("models:"))
     png = tmp_path / "heat.png"
     assert main(["partition", str(DIGITS), "--out", str(png)]) == 0
     out = capsys.readouterr().out

@@ -136,8 +136,9 @@ def test_resolve_root_precedence(tmp_path, monkeypatch):
 # ---------------------------------------------------------------------------------------
 # MNIST / Fashion-MNIST
 # ---------------------------------------------------------------------------------------
-def test_mnist_tiny(tmp_path):
+def test_mnist_tiny(tmp_path, published):
     xtr, ytr, xte, yte = write_mnist(tmp_path / "mnist")
+    published("mnist", tmp_path)
     d = load_dataset("mnist", tmp_path)
     assert d.x_train.shape == (5, 1, 28, 28) and d.x_train.dtype == torch.uint8
     assert d.x_test.shape == (3, 1, 28, 28) and d.y_test.dtype == torch.int64
@@ -165,7 +166,7 @@ def test_fmnist_tiny(tmp_path):
     assert d.normalize(d.x_train)[0, 0, 0, 0].item() == pytest.approx((1.0 - 0.2860) / 0.3530, rel=1e-5)
 
 
-def test_idx_bad_magic_and_size(tmp_path):
+def test_idx_bad_magic_and_size(tmp_path, published):
     good = idx_bytes(np.zeros((2, 28, 28), np.uint8))
     assert parse_idx(good).shape == (2, 28, 28)
     with pytest.raises(ValueError, match="magic"):
@@ -178,6 +179,7 @@ def test_idx_bad_magic_and_size(tmp_path):
     write_mnist(tmp_path / "mnist")
     f = tmp_path / "mnist" / "train-labels-idx1-ubyte.gz"
     f.write_bytes(gzip.compress(b"\x00\x00\x08\x02" + gzip.decompress(f.read_bytes())[4:]))
+    published("mnist", tmp_path)
     with pytest.raises(ValueError):
         load_dataset("mnist", tmp_path)
 
@@ -341,7 +343,7 @@ def test_cifar_missing(tmp_path):
 # ---------------------------------------------------------------------------------------
 # SVHN
 # ---------------------------------------------------------------------------------------
-def test_svhn_tiny(tmp_path):
+def test_svhn_tiny(tmp_path, published):
     from scipy.io import savemat
 
     (tmp_path / "svhn").mkdir()
@@ -350,6 +352,7 @@ def test_svhn_tiny(tmp_path):
         x[1, 2, 0, 0] = 200  # row 1, column 2, red, image 0
         x[:, :, 2, n - 1] = 255  # last image all blue
         savemat(tmp_path / "svhn" / f"{name}_32x32.mat", {"X": x, "y": np.array(labels, np.uint8).reshape(n, 1)})
+    published("svhn", tmp_path)
     d = load_dataset("svhn", tmp_path)
     assert d.x_train.shape == (4, 3, 32, 32) and d.x_train.dtype == torch.uint8 and d.x_test.shape == (2, 3, 32, 32)
     assert d.y_train.tolist() == [0, 1, 5, 0] and d.y_test.tolist() == [3, 0]
@@ -442,7 +445,7 @@ def test_real_shakespeare():
 # ---------------------------------------------------------------------------------------
 # EMNIST, USPS, MNIST-M, SynthDigits, Shakespeare's Hub csv: tiny files in the published formats
 # ---------------------------------------------------------------------------------------
-def test_emnist_from_the_published_zip(tmp_path):
+def test_emnist_from_the_published_zip(tmp_path, published):
     import zipfile
 
     (tmp_path / "emnist").mkdir()
@@ -453,6 +456,7 @@ def test_emnist_from_the_published_zip(tmp_path):
             zf.writestr(f"gzip/emnist-letters-{split}-images-idx3-ubyte.gz", gzip.compress(idx_bytes(x)))
             zf.writestr(f"gzip/emnist-letters-{split}-labels-idx1-ubyte.gz",
                         gzip.compress(idx_bytes(np.array(labels, np.uint8))))
+    published("emnist", tmp_path)
     d = load_dataset("emnist", tmp_path, split="letters")
     assert d.num_classes == 26 and d.y_train.tolist() == [0, 25] and d.y_test.tolist() == [2, 3]
     assert d.x_train.shape == (2, 1, 28, 28) and d.x_train[0, 0, 5, 0].item() == 255
@@ -460,13 +464,14 @@ def test_emnist_from_the_published_zip(tmp_path):
         load_dataset("emnist", tmp_path, split="digits")  # not in this archive
 
 
-def test_usps_libsvm_bz2(tmp_path):
+def test_usps_libsvm_bz2(tmp_path, published):
     import bz2
 
     (tmp_path / "usps").mkdir()
     line = lambda label, v: f"{label} " + " ".join(f"{i}:{v}" for i in range(1, 257)) + "\n"  # noqa: E731
     (tmp_path / "usps" / "usps.bz2").write_bytes(bz2.compress((line(10, -1) + line(3, 1)).encode()))
     (tmp_path / "usps" / "usps.t.bz2").write_bytes(bz2.compress(line(1, 0).encode()))
+    published("usps", tmp_path)
     d = load_dataset("usps", tmp_path)
     assert d.y_train.tolist() == [9, 2] and d.y_test.tolist() == [0]
     assert d.x_train[0].unique().tolist() == [0] and d.x_train[1].unique().tolist() == [255]
@@ -481,7 +486,7 @@ def _saved_pair(n, hw, value):
     return buf.getvalue()
 
 
-def test_mnistm_and_synthdigits_as_published(tmp_path):
+def test_mnistm_and_synthdigits_as_published(tmp_path, published):
     (tmp_path / "mnistm").mkdir()
     for split, n in (("train", 3), ("test", 2)):
         with tarfile.open(tmp_path / "mnistm" / f"mnist_m_{split}.pt.tar.gz", "w:gz") as tf:
@@ -489,19 +494,22 @@ def test_mnistm_and_synthdigits_as_published(tmp_path):
             info = tarfile.TarInfo(f"mnist_m_{split}.pt")
             info.size = len(data)
             tf.addfile(info, io.BytesIO(data))
+    published("mnistm", tmp_path)
     d = load_dataset("mnistm", tmp_path)
     assert d.x_train.shape == (3, 3, 28, 28) and d.y_train.tolist() == [0, 1, 2] and d.y_test.tolist() == [0, 1]
     (tmp_path / "synthdigits").mkdir()
     for split in ("train", "test"):
         (tmp_path / "synthdigits" / f"synth_{split}.pt.gz").write_bytes(gzip.compress(_saved_pair(2, 32, 5)))
+    published("synthdigits", tmp_path)
     d = load_dataset("synthdigits", tmp_path)
     assert d.x_test.shape == (2, 3, 32, 32) and d.x_test.unique().tolist() == [5]
     (tmp_path / "synthdigits" / "synth_test.pt.gz").write_bytes(gzip.compress(_saved_pair(2, 28, 5)))
+    published("synthdigits", tmp_path)
     with pytest.raises(DataFileError, match=r"expected uint8 images \(N, 32, 32, 3\)"):
         load_dataset("synthdigits", tmp_path)  # MNIST-M's shape where SynthDigits' should be
 
 
-def test_shakespeare_from_the_hub_csv_splits_each_user_by_order(tmp_path):
+def test_shakespeare_from_the_hub_csv_splits_each_user_by_order(tmp_path, published):
     import csv
 
     (tmp_path / "shakespeare").mkdir()
@@ -510,6 +518,7 @@ def test_shakespeare_from_the_hub_csv_splits_each_user_by_order(tmp_path):
         w = csv.writer(fh)
         w.writerow(["character_id", "x", "y"])
         w.writerows(rows)
+    published("shakespeare", tmp_path)
     d = load_dataset("shakespeare", tmp_path)
     assert d.user_names == ["A_KING", "B_FOOL"]
     assert [len(u) for u in d.users_train] == [18, 3] and [len(u) for u in d.users_test] == [2, 0]
@@ -517,6 +526,7 @@ def test_shakespeare_from_the_hub_csv_splits_each_user_by_order(tmp_path):
     # the test split holds A_KING's last two samples (windows 18 and 19)
     assert d.x_test[:, -1].tolist() == [ALL_LETTERS.index("8"), ALL_LETTERS.index("9")]
     (tmp_path / "shakespeare" / "shakespeare.csv").write_text("user,text\nA,b\n")
+    published("shakespeare", tmp_path)
     with pytest.raises(DataFileError, match="expected columns character_id, x, y"):
         load_dataset("shakespeare", tmp_path)
 

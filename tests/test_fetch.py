@@ -235,8 +235,9 @@ def quiet(*_):
     pass
 
 
-def test_fetch_cifar10_then_load_it_from_the_tarball(server, tmp_path):
+def test_fetch_cifar10_then_load_it_from_the_tarball(server, tmp_path, monkeypatch):
     src = source_for("cifar10", server, {"cifar-10-python.tar.gz": cifar10_tarball()})
+    monkeypatch.setitem(CATALOG, "cifar10", src)
     said = []
     folder = F.fetch(src, tmp_path, say=said.append, progress=False)
     assert folder == tmp_path / "cifar10"
@@ -252,8 +253,9 @@ def test_fetch_cifar10_then_load_it_from_the_tarball(server, tmp_path):
 
 
 @pytest.mark.parametrize("name,files", [("mnist", mnist_files), ("svhn", svhn_files)])
-def test_fetch_mnist_and_svhn_in_their_formats(server, tmp_path, name, files):
+def test_fetch_mnist_and_svhn_in_their_formats(server, tmp_path, name, files, monkeypatch):
     src = source_for(name, server, files())
+    monkeypatch.setitem(CATALOG, name, src)
     F.fetch(src, tmp_path, say=quiet, progress=False)
     d = load_dataset(name, tmp_path)
     if name == "mnist":
@@ -262,10 +264,11 @@ def test_fetch_mnist_and_svhn_in_their_formats(server, tmp_path, name, files):
         assert d.y_train.tolist() == [0, 3] and d.y_test.tolist() == [1] and d.x_train.unique().tolist() == [7]
 
 
-def test_tiny_imagenet_validation_labels_come_from_val_annotations(server, tmp_path):
+def test_tiny_imagenet_validation_labels_come_from_val_annotations(server, tmp_path, monkeypatch):
     """PFLlib #231: reading val/ as an image folder gives all 10,000 images class 0."""
     rows = [("val_0.JPEG", "n02"), ("val_1.JPEG", "n01"), ("val_2.JPEG", "n02")]
     src = source_for("tinyimagenet", server, {"tiny-imagenet-200.zip": tiny_imagenet_zip(rows)})
+    monkeypatch.setitem(CATALOG, "tinyimagenet", src)
     F.fetch(src, tmp_path, say=quiet, progress=False)
     d = load_dataset("tinyimagenet", tmp_path)
     assert d.class_names == ["n01", "n02"] and d.num_classes == 200
@@ -276,9 +279,10 @@ def test_tiny_imagenet_validation_labels_come_from_val_annotations(server, tmp_p
     assert d.x_train.shape == (4, 3, 64, 64)
 
 
-def test_tiny_imagenet_annotation_naming_an_unknown_class_is_one_line(tmp_path):
+def test_tiny_imagenet_annotation_naming_an_unknown_class_is_one_line(tmp_path, published):
     (tmp_path / "tinyimagenet").mkdir()
     (tmp_path / "tinyimagenet" / "tiny-imagenet-200.zip").write_bytes(tiny_imagenet_zip([("val_0.JPEG", "n99")]))
+    published("tinyimagenet", tmp_path)
     with pytest.raises(DataFileError, match="val_annotations.txt line 1"):
         load_dataset("tinyimagenet", tmp_path)
 
@@ -435,6 +439,7 @@ def test_two_processes_fetching_at_once_download_once(server, tmp_path):
 def test_a_mirror_answers_when_the_first_source_fails(server, tmp_path, monkeypatch):
     files = mnist_files()
     src = source_for("mnist", server, files)
+    monkeypatch.setitem(CATALOG, "mnist", src)
     for f in files:  # the publisher's URLs fail ...
         server.mode[f"/pub/mnist/{f}"] = "500"
         server.files[f"/mirror/mnist/{f}"] = files[f]  # ... the mirror has the data root's layout
@@ -448,6 +453,7 @@ def test_a_mirror_answers_when_the_first_source_fails(server, tmp_path, monkeypa
 def test_mirror_from_the_environment_and_a_local_folder(server, tmp_path, monkeypatch):
     files = mnist_files()
     src = source_for("mnist", server, files)
+    monkeypatch.setitem(CATALOG, "mnist", src)
     for f in files:
         server.mode[f"/pub/mnist/{f}"] = "404"
     mirror = tmp_path / "mirror"
@@ -462,22 +468,24 @@ def test_mirror_from_the_environment_and_a_local_folder(server, tmp_path, monkey
 # ---------------------------------------------------------------------------------------
 # bad input on the data side: one line, exit 2, nothing half-written
 # ---------------------------------------------------------------------------------------
-def test_corrupt_and_truncated_archives_are_one_line(tmp_path, capsys):
+def test_corrupt_and_truncated_archives_are_one_line(tmp_path, capsys, published):
     data = cifar10_tarball()
     folder = tmp_path / "cifar10"
     folder.mkdir()
     (folder / "cifar-10-python.tar.gz").write_bytes(data[: len(data) // 2])  # truncated
+    published("cifar10", tmp_path)  # its checksum pinned: the reader meets it
     assert main(["run", "digits", "data.name=cifar10", f"data.root={tmp_path}", "model.name=mlp",
                  "rounds=1", f"output.dir={tmp_path / 'runs'}"]) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "cifar10" in err
     (folder / "cifar-10-python.tar.gz").write_bytes(b"\x1f\x8b" + bytes(range(256)) * 4)  # corrupt
+    published("cifar10", tmp_path)
     with pytest.raises(DataFileError):
         load_dataset("cifar10", tmp_path)
     assert not (tmp_path / "runs").exists() or not any((tmp_path / "runs").rglob("metrics.jsonl"))
 
 
-def test_files_of_another_dataset_are_refused(tmp_path, capsys):
+def test_files_of_another_dataset_are_refused(tmp_path, capsys, published):
     folder = tmp_path / "cifar10"
     folder.mkdir()
     buf = io.BytesIO()  # a CIFAR-100 tarball where CIFAR-10's should be
@@ -487,12 +495,14 @@ def test_files_of_another_dataset_are_refused(tmp_path, capsys):
             info.size = 1
             tf.addfile(info, io.BytesIO(b"x"))
     (folder / "cifar-10-python.tar.gz").write_bytes(buf.getvalue())
-    with pytest.raises(DataFileError, match="not the archive this dataset is published in"):
-        load_dataset("cifar10", tmp_path)
-    # and `data verify` says which files are not the published ones, exit 2
+    # `data verify` says which files are not the published ones, exit 2
     assert main(["data", "verify", "cifar10", "--root", str(tmp_path)]) == 2
     cap = capsys.readouterr()
     assert "MISMATCH: cifar-10-python.tar.gz" in cap.out and cap.err.count("\n") == 1
+    # and, were its checksum the pinned one, the reader itself refuses it
+    published("cifar10", tmp_path)
+    with pytest.raises(DataFileError, match="not the archive this dataset is published in"):
+        load_dataset("cifar10", tmp_path)
 
 
 def test_an_unknown_dataset_to_fetch_is_one_line(tmp_path, capsys):
@@ -566,7 +576,101 @@ def test_docs_data_page_lists_every_dataset_and_checksum():
     from conftest import REPO
 
     page = (REPO / "docs" / "data.md").read_text()
+    rows = {line.split(" | ")[0].strip("| `"): line for line in page.splitlines() if line.startswith("| `")}
     for src in CATALOG.values():
         assert f"| `{src.name}` |" in page, src.name
         for f in src.files:
             assert (f.sha256 or f.md5) in page and f.urls[0] in page, (src.name, f.name)
+        if src.files:  # the size a download will show (decimal MB from the pinned bytes)
+            assert f"| {src.size_text} | {src.license} |" in rows[src.name], src.name
+
+
+def test_a_source_with_pinned_byte_counts_states_its_size_from_them():
+    assert CATALOG["cifar10"].size_text == "170.5 MB"  # 170,498,071 bytes, as the download shows it
+    assert not [s.name for s in CATALOG.values() if s.total_bytes is not None and s.size]  # no second, typed size
+    assert CATALOG["emnist"].size_text == "536 MB"  # no pinned byte count: the catalog's words
+
+
+# ---------------------------------------------------------------------------------------
+# a copy that is not the published one is never read unless the user says so
+# ---------------------------------------------------------------------------------------
+def test_a_tampered_tarball_in_the_data_root_stops_a_run_in_one_line(tmp_path, capsys, monkeypatch):
+    folder = tmp_path / "cifar10"
+    folder.mkdir()
+    (folder / "cifar-10-python.tar.gz").write_bytes(cifar10_tarball())  # readable, but not the published bytes
+    argv = ["run", "digits", "data.name=cifar10", f"data.root={tmp_path}", "model.name=mlp", "rounds=1",
+            "partition.num_clients=2", f"output.dir={tmp_path / 'runs'}", "output.progress=false"]
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "cifar-10-python.tar.gz" in err and "not the published file" in err
+    assert CATALOG["cifar10"].files[0].md5 in err and "data.verify=false" in err
+    assert not (tmp_path / "runs").exists() or not any((tmp_path / "runs").rglob("metrics.jsonl"))
+    assert main(["data", "verify", "cifar10", "--root", str(tmp_path)]) == 2  # and data verify agrees
+    capsys.readouterr()
+    # data.verify=false: read anyway, and said in one line, every time
+    for _ in range(2):
+        d = load_dataset("cifar10", tmp_path, verify=False)
+        assert d.y_test.tolist() == [3, 4, 5]
+        err = capsys.readouterr().err
+        assert err.count("\n") == 1 and "data.verify=false" in err and "does not match" in err
+
+
+def test_a_copy_is_checksummed_once_and_again_when_it_changes(tmp_path, published, monkeypatch):
+    folder = tmp_path / "cifar10"
+    folder.mkdir()
+    p = folder / "cifar-10-python.tar.gz"
+    p.write_bytes(cifar10_tarball())
+    published("cifar10", tmp_path)
+    reads = []
+    real = F.file_checksum
+    monkeypatch.setattr(F, "file_checksum", lambda path, alg: reads.append(path) or real(path, alg))
+    load_dataset("cifar10", tmp_path)
+    load_dataset("cifar10", tmp_path)
+    assert reads == [p]  # the record (size, mtime, checksum) spares the second read
+    p.write_bytes(cifar10_tarball(pad=1))  # another file under the same name
+    with pytest.raises(DataFileError, match="not the published file"):
+        load_dataset("cifar10", tmp_path)
+    assert reads == [p, p]
+
+
+def test_a_mirror_serving_a_wrong_archive_is_asked_once(server, tmp_path, online):
+    files = mnist_files()
+    src = source_for("mnist", server, files)
+    name = "t10k-labels-idx1-ubyte.gz"
+    server.files[f"/mirror/mnist/{name}"] = files[name][:-1] + bytes([files[name][-1] ^ 0xFF])  # other bytes, whole
+    for f in files:
+        if f != name:
+            server.files[f"/mirror/mnist/{f}"] = files[f]
+    F.fetch(src, tmp_path, mirrors=[server.url + "/mirror"], say=quiet, retries=3, progress=False)
+    assert server.count(f"/mirror/mnist/{name}") == 1  # a checksum mismatch is not a transfer error
+    assert server.count(f"/pub/mnist/{name}") == 1  # the next URL at once
+    assert F.status(src, tmp_path).checksums == "verified"
+
+
+def test_a_failed_download_names_the_file_its_place_its_checksum_and_offline(tmp_path, online):
+    import socket
+
+    with socket.socket() as s:  # a port nobody listens on
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    f = RemoteFile("cifar-10-python.tar.gz", (f"http://127.0.0.1:{port}/cifar-10-python.tar.gz",), md5="1" * 32)
+    src = replace(CATALOG["cifar10"], files=(f,))
+    with pytest.raises(F.FetchError) as err:
+        F.fetch(src, tmp_path, say=quiet, retries=0, progress=False)
+    msg = str(err.value)
+    assert "\n" not in msg and "Connection refused" in msg
+    assert f"cifar-10-python.tar.gz (md5 {'1' * 32}) into {tmp_path / 'cifar10'}" in msg and "PROTOFL_OFFLINE=1" in msg
+
+
+def test_a_read_only_data_root_is_checked_but_left_as_it_is(tmp_path, published):
+    folder = tmp_path / "cifar10"
+    folder.mkdir()
+    (folder / "cifar-10-python.tar.gz").write_bytes(cifar10_tarball())
+    published("cifar10", tmp_path)
+    folder.chmod(0o555)  # a shared, read-only copy
+    try:
+        for _ in range(2):
+            assert load_dataset("cifar10", tmp_path).y_test.tolist() == [3, 4, 5]
+        assert sorted(p.name for p in folder.iterdir()) == ["cifar-10-python.tar.gz"]  # no record written
+    finally:
+        folder.chmod(0o755)

@@ -264,6 +264,7 @@ def test_client_level_without_noise_and_clip_equals_the_plain_run_bit_for_bit(di
                         "output.name=dp"))
     for a, b in zip(results(plain.rows), results(dp.rows)):
         b.pop("bytes_down"), b.pop("privacy_seeded")  # the broadcast carries the clip
+        assert b.pop("privacy_sigma") == 0.0  # the sigma the run used, in every row
         # what client-level DP leaves out of a row: its values were computed without noise
         assert set(a) - set(b) == {"train_loss", "train_samples", "rejected", "pa", "pa_std", "evaluated_clients",
                                    "bytes_down", "pm_v", "pm_v_std", "pm_l", "pm_l_std", "acc", "acc_std",

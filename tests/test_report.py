@@ -621,3 +621,16 @@ def test_a_compare_writes_each_table_once(tmp_path):
         "compare-fedavg+fednh.csv", "compare-fedavg+fednh.md", "compare-fedavg+fednh.tex"]
     assert grid("fedavg", "fednh") == ["compare-local.md", "compare.md"]  # back to the first set: its old copy goes
     assert grid("fedavg", "fednh") == ["compare-local.md", "compare.md"]  # the same again: nothing new
+
+
+def test_participation_text_says_how_clients_are_drawn():
+    from protofl.report.html import participation_text
+
+    fixed = {"partition": {"num_clients": 10}, "participation": {"fraction": 0.5}}
+    assert participation_text(fixed).startswith("a fraction 0.5 of the 10 clients is asked each round")
+    poisson = {"partition": {"num_clients": 10}, "participation": {"fraction": 0.25, "sampling": "poisson"}}
+    text = participation_text(poisson)  # ceil(0.25 * 10) = 3 expected: q = 0.3, not "a fraction 0.25"
+    assert text.startswith("each of the 10 clients is asked with probability q = 0.3 each round, independently")
+    assert "3 expected, a round may ask nobody" in text and "fraction" not in text
+    per_round = {"partition": {"num_clients": 10}, "participation": {"clients_per_round": 4, "sampling": "poisson"}}
+    assert "q = 0.4" in participation_text(per_round)

@@ -201,7 +201,7 @@ def cmd_partition(args) -> int:
 
 def cmd_list(args) -> int:
     from .algorithms import ALGORITHMS
-    from .data.datasets import DATASETS
+    from .data.datasets import DATASETS, HF_USAGE
     from .data.features import FEATURES
     from .data.partition import PARTITIONERS
     from .models import MODELS
@@ -213,7 +213,7 @@ def cmd_list(args) -> int:
         print(f"  {family}: {', '.join(names)}")
     for title, reg in (("datasets", DATASETS), ("models", MODELS), ("partitioners", PARTITIONERS),
                        ("feature scenarios", FEATURES)):
-        print(f"{title}: {', '.join(reg.names() + reg.usages())}")
+        print(f"{title}: {', '.join(reg.names() + reg.usages() + ([HF_USAGE] if reg is DATASETS else []))}")
     return 0
 
 
@@ -243,7 +243,7 @@ def cmd_data(args) -> int:
                 continue
             st = F.status(src, root)
             fetchable = "fetchable" if src.fetchable else f"not fetchable: {src.not_fetchable}"
-            print(f"{name}: {src.title}, {src.size or '?'}; present: {st.present}; checksums: {st.checksums}; "
+            print(f"{name}: {src.title}, {src.size_text}; present: {st.present}; checksums: {st.checksums}; "
                   f"{fetchable}")
             pinned = f"checksums from {src.checksum_from}" if src.checksum_from else "no pinned checksums"
             print(f"    source: {src.homepage}; {pinned}; license: {src.license}")
@@ -424,7 +424,7 @@ def build_parser() -> argparse.ArgumentParser:
                     help="colour scale: log counts (default), per-client shares, or linear counts")
     sp.set_defaults(func=cmd_partition)
 
-    sp = sub.add_parser("demo", help="a 2-minute demo on data that needs no download")
+    sp = sub.add_parser("demo", help="a short demo: FedAvg vs ReBaFL under client dropout on scikit-learn's digits (no download)")
     sp.add_argument("--out", default="runs/demo", help="output folder (default runs/demo)")
     sp.add_argument("--rounds", type=int, default=None, help="rounds per method (default: the demo's own)")
     sp.add_argument("--quiet", action="store_true")

@@ -94,8 +94,11 @@ def disk_full(path: str | os.PathLike) -> bool:
     return free is not None and free < FULL_BELOW
 
 
-def human_bytes(n: int) -> str:
-    for unit, size in (("GB", 1 << 30), ("MB", 1 << 20), ("kB", 1 << 10)):
+def human_bytes(n: Optional[int]) -> str:
+    """A byte count for people, in decimal units (1 MB = 10^6 bytes), as downloads show it."""
+    if n is None:
+        return "size unknown"
+    for unit, size in (("GB", 10**9), ("MB", 10**6), ("kB", 10**3)):
         if n >= size:
             return f"{n / size:.1f} {unit}"
     return f"{n} B"

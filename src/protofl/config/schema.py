@@ -75,8 +75,9 @@ class Config:
                 for k in ("root", "train_size"):
                     if d.get(k) is None:
                         d.pop(k)
-                if d.get("download") is True:
-                    d.pop("download")
+                for k in ("download", "verify"):
+                    if d.get(k) is True:
+                        d.pop(k)
                 if not d.get("mirrors"):
                     d.pop("mirrors", None)
                 if not d.get("augment"):
@@ -92,7 +93,8 @@ class Config:
         d = self.to_dict()
         for k in ignore:
             d.pop(k, None)
-        for k in ("root", "download", "mirrors"):  # where the files live or come from does not change the results
+        for k in ("root", "download", "mirrors", "verify"):  # where the files live or come from, and whether
+            # they are checked, does not change the results
             d["data"].pop(k, None)
         for section, key, default in ADDED_AT_DEFAULT:  # settings added later, at the value that
             if d.get(section, {}).get(key, default) == default:  # reproduces the earlier behaviour,

@@ -30,6 +30,9 @@ class DataConfig:
     # false (or PROTOFL_OFFLINE=1) forbids the network: the error says how to place the files
     download: bool = True
     mirrors: list[str] = field(default_factory=list)  # base URLs laid out like the data root, tried first
+    # a catalog file that is present but not the published bytes stops the run; false reads
+    # it anyway (one line each time says so)
+    verify: bool = True
     # per-epoch augmentation of the training images, on the device (engine/augment.py):
     # {crop: 4, flip: true} is the standard CIFAR recipe; {} (default): none
     augment: dict = field(default_factory=dict)

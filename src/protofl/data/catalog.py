@@ -47,7 +47,7 @@ class Source:
     license: str
     folder: str  # under the data root
     files: tuple[RemoteFile, ...] = ()
-    size: str = ""  # what the files take on disk, for people
+    size: str = ""  # what the files take, for people, where their byte counts are not pinned
     checksum_from: str = ""  # who publishes the pinned checksums
     # why it cannot be fetched (empty: it can), and how to place it by hand
     not_fetchable: str = ""
@@ -66,6 +66,14 @@ class Source:
     def total_bytes(self) -> Optional[int]:
         sizes = [f.size for f in self.files]
         return sum(sizes) if sizes and all(s is not None for s in sizes) else None
+
+    @property
+    def size_text(self) -> str:
+        """What the files take, in the units a download shows (decimal MB): from their pinned
+        byte counts where every file has one, else the catalog's words."""
+        from ..errors import human_bytes
+
+        return human_bytes(self.total_bytes) if self.total_bytes is not None else self.size or "size unknown"
 
     def how_to_place(self, root) -> str:
         """One sentence: where the files go and where to get them."""
@@ -110,7 +118,7 @@ SOURCES: tuple[Source, ...] = (
         _files(_MNIST_MD5, "https://ossci-datasets.s3.amazonaws.com/mnist/", "http://yann.lecun.com/exdb/mnist/",
                sizes={"train-images-idx3-ubyte.gz": 9912422, "train-labels-idx1-ubyte.gz": 28881,
                       "t10k-images-idx3-ubyte.gz": 1648877, "t10k-labels-idx1-ubyte.gz": 4542}),
-        size="11 MB", checksum_from="torchvision (torchvision/datasets/mnist.py)",
+        checksum_from="torchvision (torchvision/datasets/mnist.py)",
         also_present_as=("MNIST/raw/train-images-idx3-ubyte",),
     ),
     Source(
@@ -119,7 +127,7 @@ SOURCES: tuple[Source, ...] = (
         _files(_FMNIST_MD5, "http://fashion-mnist.s3-website.eu-central-1.amazonaws.com/",
                sizes={"train-images-idx3-ubyte.gz": 26421880, "train-labels-idx1-ubyte.gz": 29515,
                       "t10k-images-idx3-ubyte.gz": 4422102, "t10k-labels-idx1-ubyte.gz": 5148}),
-        size="30 MB", checksum_from="torchvision (mnist.py, FashionMNIST) and Zalando's README",
+        checksum_from="torchvision (mnist.py, FashionMNIST) and Zalando's README",
         also_present_as=("fmnist/train-images-idx3-ubyte.gz", "FashionMNIST/raw/train-images-idx3-ubyte"),
     ),
     Source(
@@ -136,7 +144,7 @@ SOURCES: tuple[Source, ...] = (
         "cifar10",
         (RemoteFile("cifar-10-python.tar.gz", ("https://www.cs.toronto.edu/~kriz/cifar-10-python.tar.gz",),
                     md5="c58f30108f718f92721af3b95e74349a", size=170498071),),
-        size="163 MB", checksum_from="torchvision (cifar.py) and the publisher's page",
+        checksum_from="torchvision (cifar.py) and the publisher's page",
         also_present_as=("cifar10/cifar-10-batches-py/test_batch", "cifar-10-batches-py/test_batch"),
         note="read straight from the tarball (or from an extracted cifar-10-batches-py/)",
     ),
@@ -145,7 +153,7 @@ SOURCES: tuple[Source, ...] = (
         "cifar100",
         (RemoteFile("cifar-100-python.tar.gz", ("https://www.cs.toronto.edu/~kriz/cifar-100-python.tar.gz",),
                     md5="eb9058c3a382ffc7106e4002c42a8d85", size=169001437),),
-        size="161 MB", checksum_from="torchvision (cifar.py) and the publisher's page",
+        checksum_from="torchvision (cifar.py) and the publisher's page",
         also_present_as=("cifar100/cifar-100-python/test", "cifar-100-python/test"),
     ),
     Source(
@@ -154,7 +162,7 @@ SOURCES: tuple[Source, ...] = (
         _files({"train_32x32.mat": "e26dedcc434d2e4c54c9b2d4a06d8373", "test_32x32.mat": "eb5a983be6a315427106f1b164d9cef3"},
                "http://ufldl.stanford.edu/housenumbers/",
                sizes={"train_32x32.mat": 182040794, "test_32x32.mat": 64275384}),
-        size="235 MB", checksum_from="torchvision (svhn.py)", note="extra_32x32.mat (1.3 GB) is not fetched",
+        checksum_from="torchvision (svhn.py)", note="extra_32x32.mat (1.3 GB) is not fetched",
     ),
     Source(
         "tinyimagenet", "Tiny-ImageNet-200", "http://cs231n.stanford.edu/", "ImageNet terms: non-commercial research",
@@ -196,7 +204,6 @@ SOURCES: tuple[Source, ...] = (
         (RemoteFile("shakespeare.csv",
                     (f"https://huggingface.co/datasets/flwrlabs/shakespeare/resolve/{_SHAKESPEARE_REV}/shakespeare.csv",),
                     sha256="5c74050549811603d3bcccd428fed6318eb2c5491cdade24f3091467eea1ce3e", size=505874193),),
-        size="506 MB",
         checksum_from=f"the Hugging Face Hub's Git LFS pointer of flwrlabs/shakespeare at revision {_SHAKESPEARE_REV}",
         note="LEAF's samples per user, no LEAF preprocessing needed; each user's last 10% of samples are the test split",
         also_present_as=("shakespeare/train", "shakespeare/data/train", "shakespeare/*.tar.gz"),

@@ -37,6 +37,7 @@ from .dataset import channel_stats, Dataset, MissingDataError
 
 DATASETS: Registry = Registry("dataset", "protofl.datasets")
 HF_PREFIX = "hf:"  # data.name: hf:<repo> loads a Hugging Face dataset (protofl.data.hf)
+HF_USAGE = "hf:<repo> (any Hugging Face image-classification dataset, e.g. hf:uoft-cs/cifar10; the hf extra)"
 
 
 # MD5 of the published files (MNIST: LeCun's site; Fashion-MNIST: Zalando's release),
@@ -107,23 +108,31 @@ def _fetch_hint(dataset: str) -> str:
 
 
 def load_dataset(name: str, root: Optional[str | os.PathLike] = None, seed: int = 0, *,
-                 download: Optional[bool] = None, mirrors: tuple[str, ...] | list[str] = (), **options) -> Dataset:
+                 download: Optional[bool] = None, mirrors: tuple[str, ...] | list[str] = (), verify: bool = True,
+                 **options) -> Dataset:
     """Load a registered dataset; a file that exists but cannot be read is one-line bad input.
 
     A catalog dataset whose files are missing is fetched first (``download=False`` or
     ``PROTOFL_OFFLINE=1`` forbid it: the error then says how to place the files by hand).
+    A catalog file that is present but not the published bytes stops the load in one line
+    (``verify=False``, ``data.verify: false``: read anyway, said in one line).
     ``hf:<repo>`` loads a Hugging Face dataset (the ``hf`` extra).
     """
     if name.startswith(HF_PREFIX):
         from .hf import load_hf
 
         return load_hf(name[len(HF_PREFIX):], seed, **options)
+    from .catalog import CATALOG
+    from .fetch import check_before_reading
+
     loader = DATASETS.get(name)
     path = resolve_root(root)
     if name in COMPOSITE:  # each part fetched on first use as this call says
         names, pool = COMPOSITE[name]
-        parts = [load_dataset(n, path, seed, download=download, mirrors=mirrors) for n in names]
+        parts = [load_dataset(n, path, seed, download=download, mirrors=mirrors, verify=verify) for n in names]
         return _read(name, lambda _root, s, **o: pool(parts, s, **o), path, seed, options)
+    if name in CATALOG:
+        check_before_reading(CATALOG[name], path, verify)
     try:
         return _read(name, loader, path, seed, options)
     except MissingDataError as missing:
@@ -155,7 +164,8 @@ def _read(name, loader, root: Path, seed: int, options: dict) -> Dataset:
 def load_configured(cfg) -> Dataset:
     """The dataset of a config's ``data`` section (fetched on first use as it says)."""
     d = cfg.data
-    return load_dataset(d.name, d.root, seed=cfg.seed, download=d.download, mirrors=tuple(d.mirrors), **d.params)
+    return load_dataset(d.name, d.root, seed=cfg.seed, download=d.download, mirrors=tuple(d.mirrors), verify=d.verify,
+                        **d.params)
 
 
 # ---------------------------------------------------------------------------------------

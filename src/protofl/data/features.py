@@ -314,7 +314,7 @@ class Domains(Scenario):
 
     def build(self, cfg, dataset: Optional[Dataset] = None):
         root = resolve_root(cfg.data.root)
-        fetch = {"download": cfg.data.download, "mirrors": tuple(cfg.data.mirrors)}
+        fetch = {"download": cfg.data.download, "mirrors": tuple(cfg.data.mirrors), "verify": cfg.data.verify}
         parts = [DOMAIN_SOURCES[s](root, cfg.seed, **fetch) for s in self.sources]
         shapes = {s: tuple(p[0].shape[1:]) for s, p in zip(self.sources, parts)}
         if self.shape is None and len(set(shapes.values())) > 1:

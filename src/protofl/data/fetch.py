@@ -26,13 +26,14 @@ import json
 import logging
 import os
 import shutil
+import stat
 import sys
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Iterable, Optional, Sequence
 from urllib.parse import unquote, urlparse
 
-from ..errors import one_line
+from ..errors import human_bytes, one_line
 from .catalog import CATALOG, RemoteFile, Source
 
 OFFLINE_ENV = "PROTOFL_OFFLINE"
@@ -74,16 +75,6 @@ def candidate_urls(source: Source, f: RemoteFile, mirrors: Sequence[str]) -> lis
     return [f"{m.rstrip('/')}/{source.folder}/{f.name}" for m in mirror_list(mirrors)] + list(f.urls)
 
 
-def human_bytes(n: Optional[int]) -> str:
-    if n is None:
-        return "size unknown"
-    for unit in ("B", "KB", "MB", "GB"):
-        if n < 1000 or unit == "GB":
-            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
-        n /= 1000
-    return ""
-
-
 # ---------------------------------------------------------------------------------------
 # checksums and the verified record
 # ---------------------------------------------------------------------------------------
@@ -107,7 +98,12 @@ def _read_record(folder: Path) -> dict:
 
 
 def _write_record(folder: Path, record: dict) -> None:
-    tmp = folder / (RECORD_NAME + ".tmp")
+    try:
+        if not folder.stat().st_mode & stat.S_IWUSR:  # a data root made read-only (even for root): left as it is
+            return
+    except OSError:
+        return
+    tmp = folder / f"{RECORD_NAME}.{os.getpid()}.tmp"  # one per process: two runs may check the same copy
     try:
         tmp.write_text(json.dumps(record, indent=1, sort_keys=True))
         os.replace(tmp, _record_path(folder))
@@ -137,6 +133,44 @@ def recorded_ok(folder: Path, f: RemoteFile, record: dict) -> bool:
     entry = record.get(f.name)
     p = folder / f.name
     return bool(entry and p.exists() and entry.get("hash") == f.known_hash and entry.get("stat") == _stat_key(p))
+
+
+def check_before_reading(source: Source, root: Path, verify: bool = True,
+                         say: Optional[Callable[[str], None]] = None) -> None:
+    """Before a run reads ``source`` from ``root``: every published file present is the
+    published bytes, or the run stops in one line (:class:`~protofl.errors.DataFileError`).
+
+    A copy is read in full once; the record (size, mtime, checksum) spares the re-read
+    until the file changes. ``verify=False`` (``data.verify: false``) reads a copy that
+    does not match anyway, and says so in one line each time. A copy placed by hand in
+    another layout (an extracted archive) has no published checksum to check."""
+    from ..errors import DataFileError
+
+    folder = Path(root) / source.folder
+    have = [f for f in source.files if f.known_hash and (folder / f.name).is_file()]
+    if not have:
+        return
+    record = _read_record(folder)
+    unknown = [f for f in have if not recorded_ok(folder, f, record)]
+    if not unknown:
+        return
+    bad = [f for f in unknown if not check_file(folder / f.name, f, record)]
+    _write_record(folder, record)
+    if not bad:
+        return
+    names = ", ".join(f"{f.name} (expected {_hash_words(f)})" for f in bad)
+    if verify:
+        raise DataFileError(f"dataset {source.name!r}: {names} under {folder} is not the published file; "
+                            f"remove it and run `protofl data fetch {source.name}`, or place the published file by "
+                            f"hand ({source.how_to_place(root)}); data.verify=false reads it anyway")
+    (say or (lambda m: print(m, file=sys.stderr)))(
+        f"protofl: data.verify=false: reading {source.name}'s {names} under {folder}, which does not match "
+        "the published checksum")
+
+
+def _hash_words(f: RemoteFile) -> str:
+    alg, want = f.known_hash.split(":", 1)
+    return f"{alg} {want}"
 
 
 # ---------------------------------------------------------------------------------------
@@ -226,9 +260,10 @@ class ResumableDownloader:
     onto pooch's temporary file, which pooch checks and moves into place."""
 
     def __init__(self, part: Path, label: str, progress: Optional[bool] = None, timeout: float = TIMEOUT_S,
-                 opener: Callable = open):
+                 opener: Callable = open, known_hash: Optional[str] = None):
         self.part, self.label, self.progress, self.timeout = part, label, progress, timeout
         self.opener = opener  # how the part is opened for writing (tests pass one that fills the disk)
+        self.known_hash = known_hash  # checked on the whole part: a wrong file is not fetched again
 
     def __call__(self, url: str, output_file, pooch_obj=None, check_only: bool = False):
         parsed = urlparse(url)
@@ -242,6 +277,14 @@ class ResumableDownloader:
                 shutil.copyfileobj(r, w, CHUNK)
         else:
             raise PermanentError(f"{url}: unsupported URL scheme {parsed.scheme!r}")
+        if self.known_hash:
+            # a whole file with other bytes: retrying the same URL would fetch them again (pooch
+            # retries a checksum mismatch like a cut connection), so it goes to the next URL at once
+            alg, want = self.known_hash.split(":", 1)
+            if file_checksum(self.part, alg) != want:
+                self.part.unlink(missing_ok=True)
+                raise PermanentError(f"{url}: checksum mismatch (not the published file; expected {alg} {want}); "
+                                     "nothing was kept")
         os.replace(self.part, output_file)
 
     def _http(self, url: str) -> None:
@@ -290,7 +333,8 @@ def _fetch_file(source: Source, f: RemoteFile, folder: Path, mirrors: Sequence[s
     failures = []
     for url in candidate_urls(source, f, mirrors):
         part = folder / (f.name + ".part")
-        downloader = ResumableDownloader(part, f"{source.name}/{f.name}", progress, opener=opener)
+        downloader = ResumableDownloader(part, f"{source.name}/{f.name}", progress, opener=opener,
+                                         known_hash=f.known_hash)
         try:
             # one pooch registry per URL: it pins the checksum and carries the retries
             pup = pooch.create(path=folder, base_url="", registry={f.name: f.known_hash}, urls={f.name: url},
@@ -308,7 +352,9 @@ def _fetch_file(source: Source, f: RemoteFile, folder: Path, mirrors: Sequence[s
             failures.append(f"{url}: {_reason(e, url)}")
     raise FetchError(f"could not fetch {source.name}'s {f.name}: " + "; ".join(failures)
                      + (" (a partial download is kept and resumes next time)" if (folder / (f.name + '.part')).exists()
-                        else ""))
+                        else "")
+                     + f". A copy you already have works as well: {f.name} ({_hash_words(f)}) into {folder}, and "
+                       f"{OFFLINE_ENV}=1 keeps protofl off the network")
 
 
 def _reason(e: Exception, url: str) -> str:
@@ -373,7 +419,7 @@ def fetch(source: Source, root: Path, *, mirrors: Sequence[str] = (), download: 
                                    f"do not match the published checksums and downloads are off ({why}); "
                                    f"place the right files by hand: {source.how_to_place(root)}")
         sizes = [f.size for f in todo]
-        size = human_bytes(sum(sizes)) if all(s is not None for s in sizes) else source.size or "size unknown"
+        size = human_bytes(sum(sizes)) if all(s is not None for s in sizes) else source.size_text
         say(f"protofl: fetching {source.name} ({source.title}, {size}) into {folder}")
         from ..engine.callbacks import ensure_log_handler
 

@@ -297,10 +297,16 @@ BAND_WORDS = {"std": "the shaded band (the colour of its line) is ± 1 sample st
 
 def participation_text(cfg: dict) -> str:
     """Who is asked and whose update arrives, in words, from a run's config.yaml."""
-    p = {"fraction": 1.0, "clients_per_round": None, "p": 1.0, "group_p": None, "period": 1,
+    p = {"fraction": 1.0, "clients_per_round": None, "p": 1.0, "group_p": None, "period": 1, "sampling": "fixed",
          **(cfg.get("participation") or {})}
     K = (cfg.get("partition") or {}).get("num_clients")
-    if p["clients_per_round"]:
+    if p["sampling"] == "poisson" and K:  # each client on its own coin: q = m / K (config/sections.py)
+        from ..config import ceil_fraction
+
+        m = p["clients_per_round"] or ceil_fraction(p["fraction"], K)  # as engine/participation.py
+        asked = (f"each of the {K} clients is asked with probability q = {m / K:g} each round, independently "
+                 f"(Poisson sampling: {m} expected, a round may ask nobody)")
+    elif p["clients_per_round"]:
         asked = f"{p['clients_per_round']} clients are asked each round"
     elif p["fraction"] >= 1:
         asked = "every client is asked each round"

@@ -423,3 +423,48 @@ def test_without_cuda_auto_runs_on_the_cpu_and_the_first_line_says_so(tmp_path, 
     assert first.endswith(": 1 rounds on cpu (sequential executor)"), first
     summary = json.loads(next(tmp_path.glob("*/summary.json")).read_text())
     assert summary["execution"] == {"backend": "local", "workers": 0, "threads": 1}
+
+
+def test_an_epochs_batch_of_one_is_left_out_only_for_batchnorm():
+    from protofl.engine.train import batch_rows, batch_sizes, epoch_batches, total_steps
+
+    assert epoch_batches(65, 64) == [64, 1] and epoch_batches(65, 64, drop_single=True) == [64]
+    assert epoch_batches(66, 64, drop_single=True) == [64, 2]  # two samples reach BatchNorm
+    assert epoch_batches(1, 64, drop_single=True) == [] and total_steps(1, 64, 5, None, drop_single=True) == 0
+    assert total_steps(1, 64, 5, 7, drop_single=True) == 0  # one sample: no step can take place
+    assert total_steps(65, 64, 3, None) == 6 and total_steps(65, 64, 3, None, drop_single=True) == 3
+    assert batch_sizes(5, 2, 5, drop_single=True) == [2, 2, 2, 2, 2]
+    g, h = torch.Generator().manual_seed(0), torch.Generator().manual_seed(0)
+    rows = batch_rows(5, 2, 4, g, drop_single=True)
+    perms = [torch.randperm(5, generator=h).numpy() for _ in range(2)]  # the same draws, epoch by epoch
+    assert rows.tolist() == [list(perms[0][:2]), list(perms[0][2:4]), list(perms[1][:2]), list(perms[1][2:4])]
+    # without BatchNorm nothing changes: the sample alone is a step of its own
+    g, h = torch.Generator().manual_seed(0), torch.Generator().manual_seed(0)
+    perm = torch.randperm(5, generator=h).numpy()
+    assert batch_rows(5, 2, 3, g).tolist() == [list(perm[:2]), list(perm[2:4]), [perm[4], 0]]
+
+
+def _tiny_bn1d_mlp(input_shape, num_classes):
+    """An MLP with BatchNorm1d: a batch of one has one value per channel, which PyTorch refuses."""
+    d = int(np.prod(input_shape))
+    body = nn.Sequential(nn.Flatten(), nn.Linear(d, 16), nn.BatchNorm1d(16), nn.ReLU())
+    return FLModel(body, nn.Linear(16, num_classes), 16, num_classes)
+
+
+@pytest.mark.parametrize("model", ["tiny_bn_cnn", "tiny_bn1d_mlp"])
+def test_a_batch_of_one_never_reaches_batchnorm_on_either_executor(tmp_path, tiny_bn_cnn, monkeypatch, model):
+    """A client whose epoch ends on one sample: BatchNorm's statistics of one sample are
+    no statistics (BatchNorm1d raises "Expected more than 1 value per channel"); that
+    sample sits out the epoch, on both executors alike."""
+    from protofl.data.build import build_federated
+
+    monkeypatch.setitem(MODELS._items, "tiny_bn1d_mlp", _tiny_bn1d_mlp)
+    sizes = [len(i) for i in build_federated(cfg_for(tmp_path)).train_idx]
+    B = sizes[0] - 1  # client 0's epoch ends on a batch of one
+    assert B >= 2
+    cfg = cfg_for(tmp_path, f"training.batch_size={B}", "training.lr=0.01").replace(**{"model.name": model})
+    seq, bat = both(cfg, tmp_path)
+    assert bat.summary["execution"]["executor"] == "batched"
+    assert_close_runs(seq, bat)
+    left_out = sum(n % B == 1 for n in sizes)
+    assert all(r["train_samples"] == 2 * (sum(sizes) - left_out) for r in seq.rows)  # 2 epochs a round

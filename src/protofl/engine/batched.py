@@ -73,8 +73,8 @@ from .executor import ClientTask, Executor, SequentialExecutor, place_broadcasts
 from .augment import apply, augment_plan
 from .precision import autocast
 from ..nn.privacy import private_gradient
-from .train import (NonFiniteLossError, Objective, TrainSettings, batch_rows, batch_sizes, embed_batches,
-                    optimizer_state, optimizer_step, per_sample, poisson_rows, reset_rows, total_steps)
+from .train import (NonFiniteLossError, Objective, TrainSettings, batch_coupled, batch_rows, batch_sizes,
+                    embed_batches, optimizer_state, optimizer_step, per_sample, poisson_rows, reset_rows, total_steps)
 
 log = logging.getLogger("protofl")
 
@@ -584,9 +584,10 @@ class BatchedExecutor(Executor):
                     for r, o in zip(drawn_rows, offsets)]
             sizes = [[width] * t for t in totals]
         else:
-            totals = [total_steps(n, B, settings.epochs, settings.steps) if names else 0 for n in ns]
-            sizes = [batch_sizes(n, B, t) for n, t in zip(ns, totals)]
-            rows = [batch_rows(n, B, t, j.ctx.generator) + o for n, t, j, o in zip(ns, totals, jobs, offsets)]
+            drop = batch_coupled(model)  # a batch of one never reaches BatchNorm (train.epoch_batches)
+            totals = [total_steps(n, B, settings.epochs, settings.steps, drop) if names else 0 for n in ns]
+            sizes = [batch_sizes(n, B, t, drop) for n, t in zip(ns, totals)]
+            rows = [batch_rows(n, B, t, j.ctx.generator, drop) + o for n, t, j, o in zip(ns, totals, jobs, offsets)]
         augmentation = jobs[0].ctx.augmentation  # the same for every client of the run (of the stack)
         aug = [augment_plan(augmentation[0], t, width if dp else B, j.ctx.augmentation[1])
                for t, j in zip(totals, jobs)] if augmentation else None

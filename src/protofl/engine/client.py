@@ -28,8 +28,8 @@ from .augment import Augment, pad_value
 from .evaluate import personal_metrics
 from .privacy import ClientPrivacy
 from .task import Task, use_channels_last
-from .train import EMBED_BATCH_SIZE, NonFiniteLossError, TrainSettings, TrainStats, batch_sizes, embed_batches, fit, \
-    total_steps
+from .train import EMBED_BATCH_SIZE, NonFiniteLossError, TrainSettings, TrainStats, batch_coupled, batch_sizes, \
+    embed_batches, fit, total_steps
 
 
 @dataclass
@@ -226,8 +226,9 @@ class ClientContext:
         x, y = self.data
         per_step = None
         if req.step_extras is not None and len(y):
-            n_steps = total_steps(len(y), settings.batch_size, settings.epochs, settings.steps)
-            per_step = req.step_extras(batch_sizes(len(y), settings.batch_size, n_steps))
+            drop = batch_coupled(model)
+            n_steps = total_steps(len(y), settings.batch_size, settings.epochs, settings.steps, drop)
+            per_step = req.step_extras(batch_sizes(len(y), settings.batch_size, n_steps, drop))
         stats = fit(model, x, y, loss=req.loss, extras=req.extras, names=trainable_names(model, req.trainable),
                     settings=settings, generator=self.batch_generator, per_step=per_step, grad=req.grad,
                     channels_last=self.channels_last, precision=self.runtime.cfg.execution.precision,

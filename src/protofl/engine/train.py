@@ -137,24 +137,43 @@ class TrainSettings:
 # ---------------------------------------------------------------------------------------
 # the schedule of minibatches, and the inference batches of ctx.features
 # ---------------------------------------------------------------------------------------
-def total_steps(n: int, batch_size: int, epochs: int, steps: Optional[int]) -> int:
-    """SGD steps of a client with n samples: ``steps``, or ``epochs * ceil(n / batch_size)``."""
-    if n == 0:
+def batch_coupled(model: nn.Module) -> bool:
+    """Whether a training batch of one sample cannot reach ``model``: BatchNorm in training
+    mode needs more than one value per channel (PyTorch raises on a batch of one)."""
+    return any(isinstance(m, nn.modules.batchnorm._BatchNorm) for m in model.modules())
+
+
+def epoch_batches(n: int, batch_size: int, drop_single: bool = False) -> list[int]:
+    """The minibatch sizes of one epoch over n samples, the last smaller when
+    ``batch_size`` does not divide n. ``drop_single`` (a :func:`batch_coupled` model): a
+    last batch of one sample is left out, so that sample sits out that epoch (the next
+    epoch's permutation leaves out another); a client of one sample then takes no step."""
+    sizes = [min(batch_size, n - i) for i in range(0, n, batch_size)]
+    return sizes[:-1] if drop_single and sizes and sizes[-1] == 1 else sizes
+
+
+def total_steps(n: int, batch_size: int, epochs: int, steps: Optional[int], drop_single: bool = False) -> int:
+    """SGD steps of a client with n samples: ``steps``, or ``epochs`` times the batches of
+    an epoch (:func:`epoch_batches`; ceil(n / batch_size) unless a batch of one is left out)."""
+    per_epoch = len(epoch_batches(n, batch_size, drop_single))
+    if per_epoch == 0:
         return 0
-    return steps if steps is not None else epochs * math.ceil(n / batch_size)
+    return steps if steps is not None else epochs * per_epoch
 
 
-def batch_sizes(n: int, batch_size: int, total: int) -> list[int]:
-    """The minibatch size of each of ``total`` steps: epochs cut into batches, the last of
-    an epoch smaller when ``batch_size`` does not divide ``n``."""
-    per_epoch = [min(batch_size, n - i) for i in range(0, n, batch_size)]
-    return [per_epoch[s % len(per_epoch)] for s in range(total)] if n else []
+def batch_sizes(n: int, batch_size: int, total: int, drop_single: bool = False) -> list[int]:
+    """The minibatch size of each of ``total`` steps: epochs cut into batches
+    (:func:`epoch_batches`)."""
+    per_epoch = epoch_batches(n, batch_size, drop_single)
+    return [per_epoch[s % len(per_epoch)] for s in range(total)] if per_epoch else []
 
 
-def batch_rows(n: int, batch_size: int, total: int, generator: torch.Generator) -> np.ndarray:
+def batch_rows(n: int, batch_size: int, total: int, generator: torch.Generator,
+               drop_single: bool = False) -> np.ndarray:
     """The client-local sample indices of each step, (total, batch_size), padded with 0
     (step s uses its first ``batch_sizes(...)[s]``): a permutation per epoch begun, drawn
-    from ``generator`` on the CPU (the same order on any device)."""
+    from ``generator`` on the CPU (the same order on any device); ``drop_single``: an
+    epoch's last batch of one sample is left out (:func:`epoch_batches`)."""
     rows = np.zeros((total, batch_size), dtype=np.int64)
     step = 0
     while step < total:
@@ -163,6 +182,8 @@ def batch_rows(n: int, batch_size: int, total: int, generator: torch.Generator) 
             if step == total:
                 break
             b = perm[i:i + batch_size]
+            if drop_single and len(b) == 1 and n > 1:
+                continue
             rows[step, :len(b)] = b
             step += 1
     return rows
@@ -383,11 +404,12 @@ def fit(model: nn.Module, x: torch.Tensor, y: torch.Tensor, *, loss: LossFn, ext
     named = dict(model.named_parameters())
     params = [named[k] for k in names]
     n = len(y)
-    total = total_steps(n, settings.batch_size, settings.epochs, settings.steps)
+    drop = batch_coupled(model)
+    total = total_steps(n, settings.batch_size, settings.epochs, settings.steps, drop)
     if total == 0 or not params:
         return TrainStats(loss=0.0, steps=0, samples=0)
-    rows = batch_rows(n, settings.batch_size, total, generator)
-    sizes = batch_sizes(n, settings.batch_size, total)
+    rows = batch_rows(n, settings.batch_size, total, generator, drop)
+    sizes = batch_sizes(n, settings.batch_size, total, drop)
     plan = augment_plan(augment[0], total, settings.batch_size, augment[1]) if augment else None
     as_rows = [p.unsqueeze(0) for p in params]  # the live parameters as one row each
     # what ``grad`` reads as the current values: detached views, which the optimizer's

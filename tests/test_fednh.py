@@ -223,6 +223,10 @@ def test_cifar10_config_runs_on_a_tiny_stand_in(tmp_path):
     assert rc == 0
     W = torch.load(out / "r" / "model.pt")[HEAD_W]
     assert W.shape == (10, 192)  # conv2cifar: d = 192 >= C - 1, the regular simplex
+    import yaml
+
+    # the authors' augmentation (random crop with padding 4, horizontal flip) is in the recipe
+    assert yaml.safe_load((out / "r" / "config.yaml").read_text())["data"]["augment"] == {"crop": 4, "flip": True}
 
 
 def test_fednh_is_registered_with_its_ablation():

@@ -13,7 +13,7 @@ import yaml
 import protofl
 from protofl.cli import main
 from protofl.config import (PACKAGED_CONFIGS, ConfigError, config_description, defaults_yaml,
-                            load_config, packaged_configs)
+                            from_dict, load_config, packaged_configs)
 
 from conftest import REPO
 
@@ -82,9 +82,13 @@ def test_config_defaults_prints_the_resolved_defaults(capsys):
     assert main(["config", "defaults"]) == 0
     out = capsys.readouterr().out
     assert out == defaults_yaml()
-    assert yaml.safe_load(out) == load_config().to_dict()
+    assert yaml.safe_load(out) == load_config().to_dict(complete=True)
     d = yaml.safe_load(out)
     assert (d["training"]["momentum"], d["eval"]["personal_every"], d["eval"]["batch_size"]) == (0.0, 10, 256)
+    # the keys left out of a run's config.yaml at their defaults are in the reference
+    assert {"augment", "train_size", "download", "mirrors", "verify", "root"} <= set(d["data"])
+    assert d["data"]["augment"] == {} and d["features"]["name"] == "none" and d["privacy"]["mode"] == "none"
+    assert load_config(overrides=[]).to_dict(complete=True) == from_dict(d).to_dict(complete=True)  # it loads
 
 
 def test_readme_configuration_block_is_the_defaults():

@@ -181,14 +181,16 @@ def coerce(value: Any, tp: Any, key: str) -> Any:
 
 
 def check_kwargs(fn: Any, params: dict, section: str, skip: int = 0,
-                 provided: tuple[str, ...] = ()) -> dict:
+                 provided: tuple[str, ...] = (), own: tuple[str, ...] = (), component: str = "component") -> dict:
     """Validate ``params`` against the keyword parameters of ``fn`` after the first ``skip``.
 
     Unknown keys are rejected with the list of known ones, unless ``fn`` takes ``**kwargs``
     (a builder that passes them on to another library, e.g. ``torchvision:<name>``: that
     library checks them); values are type-checked against the annotations. Returns the
     coerced kwargs (only those given). Names in ``provided`` are supplied by the library
-    (e.g. the natural partition's users).
+    (e.g. the natural partition's users). ``own``: the section's own keys (``data.augment``
+    beside the loader's parameters), which an unknown key's message lists too, before the
+    parameters of the ``component`` (a word: "dataset").
     """
     sig = inspect.signature(fn)
     plist = list(sig.parameters.values())[skip:]
@@ -208,7 +210,9 @@ def check_kwargs(fn: Any, params: dict, section: str, skip: int = 0,
             out[k] = v
             continue
         if k not in known:
-            allowed = ", ".join(sorted(known)) or "no parameters"
+            theirs = ", ".join(sorted(known)) or "none"
+            allowed = (f"{section}'s keys {', '.join(sorted(own))}; the {component}'s parameters: {theirs}"
+                       if own else ", ".join(sorted(known)) or "no parameters")
             raise ConfigError(f"{section}.{k}", v, f"unknown parameter; allowed: {allowed}")
         out[k] = coerce(v, hints.get(k, Any), f"{section}.{k}")
     missing = [n for n, p in known.items() if p.default is inspect.Parameter.empty and n not in out]

@@ -64,9 +64,10 @@ def defaults_yaml(width: int = 92) -> str:
     """The resolved default config (every component's parameters included) as YAML.
 
     One line per section (flow style, wrapped at ``width``), values aligned, so that it
-    reads as a table, e.g. in the README; ``yaml.safe_load`` gives back ``to_dict()``.
+    reads as a table, e.g. in the README; every key of every section, the data's
+    augmentation and checks included; ``yaml.safe_load`` gives back ``to_dict(complete=True)``.
     """
-    d = load_config().to_dict()
+    d = load_config().to_dict(complete=True)
 
     def flow(v: Any) -> str:
         return yaml.safe_dump(v, default_flow_style=True, width=math.inf).strip().removesuffix("\n...")

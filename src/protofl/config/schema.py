@@ -52,20 +52,27 @@ class Config:
     privacy: PrivacyConfig = field(default_factory=PrivacyConfig)
 
     # -- (de)serialization ------------------------------------------------------------
-    def to_dict(self) -> dict:
-        """The flat YAML form: a named component's params sit next to its name."""
+    def to_dict(self, complete: bool = False) -> dict:
+        """The flat YAML form: a named component's params sit next to its name.
+
+        Settings added after runs were recorded are left out at their default values, so
+        that older configs keep their fingerprints; ``complete``: every key of every
+        section (the reference ``protofl config defaults`` prints)."""
         out: dict[str, Any] = {"seed": self.seed, "rounds": self.rounds}
         for sec in ("data", "partition", "features", "model", "training", "participation", "algorithm",
                     "eval", "execution", "output", "privacy"):
             obj = getattr(self, sec)
-            if sec == "features" and obj.name == "none":
-                continue  # the default; left out so that label-skew configs keep their fingerprints
-            if sec == "privacy" and obj.mode == "none":
-                continue  # likewise: a run without differential privacy keeps its fingerprint
             d = dataclasses.asdict(obj)
             params = d.pop("params", None)
             if params:
                 d.update(params)
+            if complete:
+                out[sec] = d
+                continue
+            if sec == "features" and obj.name == "none":
+                continue  # the default; left out so that label-skew configs keep their fingerprints
+            if sec == "privacy" and obj.mode == "none":
+                continue  # likewise: a run without differential privacy keeps its fingerprint
             if sec == "model":  # unset: left out, so that the fingerprints of older configs stay
                 if not d.get("per_client"):
                     d.pop("per_client", None)
@@ -215,6 +222,11 @@ def _get(reg, name, key):
         raise ConfigError(key, name, str(e)) from None
 
 
+def _own_keys(section: Any) -> tuple[str, ...]:
+    """A section's keys besides its component's parameters (``params``)."""
+    return tuple(f.name for f in dataclasses.fields(section) if f.name != "params")
+
+
 def validate_components(cfg: Config) -> None:
     """Check names against the registries and params against each component's signature."""
     require(cfg.execution.backend in BACKENDS, "execution.backend", cfg.execution.backend,
@@ -225,20 +237,24 @@ def validate_components(cfg: Config) -> None:
         from ..data.hf import load_hf as loader
     else:
         loader = _get(DATASETS, cfg.data.name, "data.name")
-    cfg.data.params = check_kwargs(loader, cfg.data.params, "data", skip=2)
+    cfg.data.params = check_kwargs(loader, cfg.data.params, "data", skip=2, own=_own_keys(cfg.data),
+                                   component="dataset")
     part = _get(PARTITIONERS, cfg.partition.name, "partition.name")
     require(cfg.partition.num_clients >= 1, "partition.num_clients", cfg.partition.num_clients, "must be >= 1")
     skip = [p.name for p in inspect.signature(part).parameters.values()].index("seed") + 1
     cfg.partition.params = check_kwargs(part, cfg.partition.params, "partition", skip=skip,
-                                        provided=("users",))
+                                        provided=("users",), own=_own_keys(cfg.partition),
+                                        component="partitioner")
     feats = _get(FEATURES, cfg.features.name, "features.name")
-    cfg.features.params = check_kwargs(feats, cfg.features.params, "features")
+    cfg.features.params = check_kwargs(feats, cfg.features.params, "features", own=_own_keys(cfg.features),
+                                       component="scenario")
     try:
         check_scenario(cfg)
     except ValueError as e:
         raise ConfigError(f"features ({cfg.features.name})", cfg.features.params, str(e)) from None
     builder = _get(MODELS, cfg.model.name, "model.name")
-    cfg.model.params = check_kwargs(builder, cfg.model.params, "model", skip=2)
+    cfg.model.params = check_kwargs(builder, cfg.model.params, "model", skip=2, own=_own_keys(cfg.model),
+                                    component="model")
     for k, values in cfg.model.per_client.items():
         if not isinstance(values, list) or not values:
             raise ConfigError(f"model.per_client.{k}", values, "expected a non-empty list of values")

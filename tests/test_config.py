@@ -32,7 +32,7 @@ def test_dotted_overrides_parse_yaml_values():
 @pytest.mark.parametrize("raw, key, fragment", [
     ({"training": {"lr": -1}}, "training.lr", "must be > 0"),
     ({"training": {"lr": "fast"}}, "training.lr", "expected a number"),
-    ({"training": {"lrr": 0.1}}, "training.lrr", "allowed: batch_size"),
+    ({"training": {"lrr": 0.1}}, "training.lrr", "allowed: alpha, batch_size"),
     ({"eval": {"personal": "yes"}}, "eval.personal", "true or false"),
     ({"algorithm": {"name": "fedfoo"}}, "algorithm.name", "known: "),
     ({"algorithm": {"name": "fedavg", "mu": 0.1}}, "algorithm.mu", "server_opt, server_tau, weighting"),

@@ -125,6 +125,8 @@ class Config:
 ADDED_AT_DEFAULT = (
     ("training", "schedule", "exponential"), ("training", "milestones", []), ("training", "min_lr", 0.0),
     ("training", "optimizer", "sgd"), ("training", "betas", [0.9, 0.999]), ("training", "eps", 1e-8),
+    ("training", "step_size", None), ("training", "warmup_rounds", 0), ("training", "warmup_factor", 0.1),
+    ("training", "alpha", 0.99),
     ("participation", "sampling", "fixed"),
     # the server optimizer of every GlobalModel method (server_opt: none = the method's own
     # step). SCAFFOLD's own server_lr (1.0) is not server_lr's default (null), so it stays in

@@ -87,15 +87,26 @@ class TrainingConfig:
     lr: float = 0.01
     momentum: float = 0.0
     weight_decay: float = 0.0
-    # the learning rate of round r: exponential lr * lr_decay^(r-1); step: lr * lr_decay^(number
-    # of milestones <= r); cosine: from lr to min_lr over the run (engine/train.py round_lr)
+    # the learning rate of round r, as torch.optim.lr_scheduler's schedulers stepped once a
+    # round (engine/train.py round_lr): exponential lr * lr_decay^(r-1) (ExponentialLR); step:
+    # lr * lr_decay^(number of milestones <= r) (MultiStepLR), or every step_size rounds
+    # lr * lr_decay^floor((r-1) / step_size) (StepLR); cosine: from lr to min_lr over the run
+    # (CosineAnnealingLR); warmup_rounds > 0 first: a linear warm-up from lr * warmup_factor
+    # to lr (LinearLR), then the schedule, its rounds counted from there (SequentialLR)
     schedule: Literal["exponential", "cosine", "step"] = "exponential"
     lr_decay: float = 1.0
     milestones: list[int] = field(default_factory=list)  # step: the rounds the lr is multiplied at
+    step_size: Optional[int] = None  # step: the lr is multiplied after every step_size rounds
     min_lr: float = 0.0  # cosine: the lr of the last round's end
-    optimizer: Literal["sgd", "adam", "adamw"] = "sgd"  # the clients' local optimizer
+    warmup_rounds: int = 0
+    warmup_factor: float = 0.1  # the first warm-up round's lr / lr
+    # the clients' local optimizer, as torch.optim's of that name with these settings:
+    # sgd (momentum, weight_decay), adam and adamw (betas, eps), rmsprop (alpha, eps, momentum),
+    # adagrad (eps; torch's own default eps is 1e-10)
+    optimizer: Literal["sgd", "adam", "adamw", "rmsprop", "adagrad"] = "sgd"
     betas: list[float] = field(default_factory=lambda: [0.9, 0.999])  # adam, adamw
-    eps: float = 1e-8  # adam, adamw
+    eps: float = 1e-8  # adam, adamw, rmsprop, adagrad
+    alpha: float = 0.99  # rmsprop: the smoothing constant of the squared gradients' average
     epochs: int = 1
     steps: Optional[int] = None  # if set, local steps per round instead of epochs
     batch_size: int = 32
@@ -111,14 +122,20 @@ class TrainingConfig:
         require(0 < self.lr_decay <= 1, f"{section}.lr_decay", self.lr_decay, "must be in (0, 1]")
         require(all(isinstance(m, int) and m >= 1 for m in self.milestones), f"{section}.milestones", self.milestones,
                 "must be rounds >= 1")
-        require(self.schedule != "step" or bool(self.milestones), f"{section}.milestones", self.milestones,
-                "schedule: step needs at least one milestone round")
+        require(self.schedule != "step" or bool(self.milestones) != (self.step_size is not None),
+                f"{section}.milestones", self.milestones,
+                "schedule: step needs milestone rounds or a step_size, one of the two")
+        require(self.step_size is None or (isinstance(self.step_size, int) and self.step_size >= 1),
+                f"{section}.step_size", self.step_size, "must be a number of rounds >= 1 or null")
+        require(self.warmup_rounds >= 0, f"{section}.warmup_rounds", self.warmup_rounds, "must be >= 0")
+        require(0 < self.warmup_factor <= 1, f"{section}.warmup_factor", self.warmup_factor, "must be in (0, 1]")
+        require(0 <= self.alpha < 1, f"{section}.alpha", self.alpha, "must be in [0, 1)")
         require(0 <= self.min_lr <= self.lr, f"{section}.min_lr", self.min_lr, "must be in [0, training.lr]")
         require(len(self.betas) == 2 and all(0 <= b < 1 for b in self.betas), f"{section}.betas", self.betas,
                 "must be two numbers in [0, 1)")
         require(self.eps > 0, f"{section}.eps", self.eps, "must be > 0")
-        require(self.optimizer == "sgd" or self.momentum == 0, f"{section}.momentum", self.momentum,
-                f"is SGD's; {self.optimizer} has betas instead (set training.momentum=0)")
+        require(self.optimizer in ("sgd", "rmsprop") or self.momentum == 0, f"{section}.momentum", self.momentum,
+                f"is SGD's and RMSprop's; {self.optimizer} has none (set training.momentum=0)")
         require(self.epochs >= 1, f"{section}.epochs", self.epochs, "must be >= 1")
         require(self.steps is None or self.steps >= 1, f"{section}.steps", self.steps, "must be >= 1 or null")
         require(self.batch_size >= 1, f"{section}.batch_size", self.batch_size, "must be >= 1")

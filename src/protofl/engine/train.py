@@ -40,7 +40,7 @@ from ..nn.privacy import NoiseStream, private_gradient
 from .augment import apply, Augment, augment_plan
 from .precision import autocast
 
-OPTIMIZERS = ("sgd", "adam", "adamw")
+OPTIMIZERS = ("sgd", "adam", "adamw", "rmsprop", "adagrad")
 SCHEDULES = ("exponential", "cosine", "step")
 
 
@@ -64,15 +64,30 @@ class NonFiniteLossError(FloatingPointError):
 # settings
 # ---------------------------------------------------------------------------------------
 def round_lr(tc, rnd: int, rounds: int) -> float:
-    """The learning rate of round ``rnd`` (1-based) of ``rounds`` under ``training.schedule``:
+    """The learning rate of round ``rnd`` (1-based) of ``rounds`` under ``training.schedule``,
+    as torch.optim.lr_scheduler's scheduler stepped once after each round (round r runs
+    at the scheduler's epoch r - 1; ``tests/test_train_schedules.py`` checks every one
+    against torch):
 
-    * ``exponential``: lr * lr_decay^(rnd - 1) (lr_decay = 1: constant);
-    * ``step``: lr * lr_decay^(number of ``milestones`` <= rnd) (PyTorch's MultiStepLR, per round);
-    * ``cosine``: min_lr + (lr - min_lr) (1 + cos(pi (rnd - 1) / rounds)) / 2.
+    * ``exponential``: lr * lr_decay^(rnd - 1) (ExponentialLR; lr_decay = 1: constant);
+    * ``step``: lr * lr_decay^(number of ``milestones`` <= rnd) (MultiStepLR with the
+      milestones m - 1: a milestone names the first round at the lower lr), or with
+      ``step_size`` k: lr * lr_decay^floor((rnd - 1) / k) (StepLR);
+    * ``cosine``: min_lr + (lr - min_lr) (1 + cos(pi (rnd - 1) / rounds)) / 2 (CosineAnnealingLR
+      with T_max = rounds);
+    * ``warmup_rounds`` w > 0: rounds 1..w at lr (f + (1 - f) (rnd - 1) / w), f =
+      ``warmup_factor`` (LinearLR), then the schedule above from its start, over the
+      rounds - w rounds left (SequentialLR with the milestone w).
     """
+    w = tc.warmup_rounds
+    if rnd <= w:
+        return tc.lr * (tc.warmup_factor + (1.0 - tc.warmup_factor) * (rnd - 1) / w)
+    rnd, rounds = rnd - w, rounds - w
     if tc.schedule == "exponential":
         return tc.lr * tc.lr_decay ** (rnd - 1)
     if tc.schedule == "step":
+        if tc.step_size is not None:
+            return tc.lr * tc.lr_decay ** ((rnd - 1) // tc.step_size)
         return tc.lr * tc.lr_decay ** sum(1 for m in tc.milestones if m <= rnd)
     if tc.schedule == "cosine":
         return tc.min_lr + (tc.lr - tc.min_lr) * (1.0 + math.cos(math.pi * (rnd - 1) / rounds)) / 2.0
@@ -94,6 +109,7 @@ class TrainSettings:
     optimizer: str = "sgd"
     betas: tuple = (0.9, 0.999)
     eps: float = 1e-8
+    alpha: float = 0.99  # rmsprop
     # DP-SGD (privacy.mode: sample): each sample's gradient clipped to dp_clip, Gaussian
     # noise of std dp_noise * dp_clip on their sum, batches Poisson-sampled at rate
     # batch_size / dp_n (dp_n: the client's released sample count n~, which also sets the
@@ -106,7 +122,7 @@ class TrainSettings:
     def of_round(cls, tc, rnd: int, rounds: int) -> "TrainSettings":
         return cls(lr=round_lr(tc, rnd, rounds), momentum=tc.momentum, weight_decay=tc.weight_decay,
                    batch_size=tc.batch_size, epochs=tc.epochs, steps=tc.steps, clip_grad=tc.clip_grad,
-                   optimizer=tc.optimizer, betas=tuple(tc.betas), eps=tc.eps)
+                   optimizer=tc.optimizer, betas=tuple(tc.betas), eps=tc.eps, alpha=tc.alpha)
 
     def with_overrides(self, overrides: Mapping[str, Any]) -> "TrainSettings":
         """These settings with ``overrides`` (an unknown key is a TypeError naming it)."""
@@ -235,10 +251,17 @@ def embed_batches(n: int, batch: int = EMBED_BATCH_SIZE, block: int = EMBED_BLOC
 def optimizer_state(s: TrainSettings, params: Sequence[torch.Tensor]) -> dict[str, list[torch.Tensor]]:
     """The zero state of ``s.optimizer`` for rows of parameters (each tensor (S, ...)):
     SGD's momentum buffers (none without momentum); Adam's first and second moments and
-    each row's step count ``t`` (one (S,) float64 tensor). A row is zeroed when a client
-    enters it (:func:`reset_rows`): torch's first momentum step, buf = d_p, is 0 * m + d_p."""
+    each row's step count ``t`` (one (S,) float64 tensor); RMSprop's average of squared
+    gradients (and momentum buffers); Adagrad's sum of squared gradients. A row is zeroed
+    when a client enters it (:func:`reset_rows`), which is torch's initial state: its first
+    momentum step, buf = d_p, is 0 * m + d_p; RMSprop and Adagrad start from zeros."""
     if s.optimizer == "sgd":
         return {"momentum": [torch.zeros_like(p) for p in params]} if s.momentum != 0 else {}
+    if s.optimizer == "rmsprop":
+        return {"square_avg": [torch.zeros_like(p) for p in params],
+                **({"momentum": [torch.zeros_like(p) for p in params]} if s.momentum != 0 else {})}
+    if s.optimizer == "adagrad":
+        return {"sum": [torch.zeros_like(p) for p in params]}
     if s.optimizer in ("adam", "adamw"):
         rows = len(params[0]) if params else 0
         device = params[0].device if params else None
@@ -278,7 +301,12 @@ def optimizer_step(params: Sequence[torch.Tensor], grads: Sequence[torch.Tensor]
        ``torch.optim.SGD`` (dampening 0, no Nesterov);
        Adam: g <- g + lambda p (AdamW instead: p <- p (1 - lr lambda)); m1 <- lerp(m1, g,
        1 - beta1); m2 <- beta2 m2 + (1 - beta2) g^2; p <- p - lr / (1 - beta1^t)
-       m1 / (sqrt(m2) / sqrt(1 - beta2^t) + eps), each row with its own t, as ``torch.optim.Adam(W)``.
+       m1 / (sqrt(m2) / sqrt(1 - beta2^t) + eps), each row with its own t, as ``torch.optim.Adam(W)``;
+       RMSprop: g <- g + lambda p; v <- alpha v + (1 - alpha) g^2; p <- p - lr g / (sqrt(v) + eps)
+       (with momentum: b <- mu b + g / (sqrt(v) + eps); p <- p - lr b), as ``torch.optim.RMSprop``
+       (not centered);
+       Adagrad: g <- g + lambda p; s <- s + g^2; p <- p - lr g / (sqrt(s) + eps), as
+       ``torch.optim.Adagrad`` (lr_decay 0, initial accumulator 0).
     """
     if s.clip_grad is not None:
         norms = torch.stack([_row_norms(g) for g in grads], dim=1)  # (S, tensors)
@@ -293,6 +321,23 @@ def optimizer_step(params: Sequence[torch.Tensor], grads: Sequence[torch.Tensor]
             if momenta is not None:
                 g = momenta[i].mul_(s.momentum).add_(g)
             p.add_(g, alpha=-s.lr)
+        return
+    if s.optimizer in ("rmsprop", "adagrad"):
+        acc = state["square_avg" if s.optimizer == "rmsprop" else "sum"]
+        momenta = state.get("momentum")
+        for i, (p, g) in enumerate(zip(params, grads)):
+            if s.weight_decay != 0:
+                g = g.add(p, alpha=s.weight_decay)
+            if s.optimizer == "rmsprop":
+                acc[i].mul_(s.alpha).addcmul_(g, g, value=1.0 - s.alpha)
+            else:
+                acc[i].addcmul_(g, g, value=1.0)
+            denom = acc[i].sqrt().add_(s.eps)
+            if momenta is not None:
+                momenta[i].mul_(s.momentum).addcdiv_(g, denom)
+                p.add_(momenta[i], alpha=-s.lr)
+            else:
+                p.addcdiv_(g, denom, value=-s.lr)
         return
     beta1, beta2 = s.betas
     t = state["t"][0].add_(1.0)  # (S,)

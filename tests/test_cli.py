@@ -74,6 +74,25 @@ def test_compare_runs_grid_and_skips_complete_runs(tmp_path, capsys):
     assert capsys.readouterr().err.count("[skip ") == 4
 
 
+def test_compare_and_sweep_share_one_rule_for_a_run_that_has_ended(tmp_path, capsys):
+    """A run that diverged is a result of its config: compare (like sweep) does not run it
+    again, leaves it out of the table, names it and exits 3; run --resume says so too."""
+    wild = ["compare", str(DIGITS), "rounds=3", "training.lr=1e6", "training.momentum=0.99", "--methods",
+            "fedavg", "--seeds", "0,1", "--out", str(tmp_path / "cmp"), "--quiet"]
+    assert main(wild) == 3
+    err = capsys.readouterr().err
+    assert err.count("[diverged]") == 2 and "2 run(s) diverged and are left out of the table" in err
+    meta = json.loads((tmp_path / "cmp" / "compare.json").read_text())
+    assert len(meta["diverged"]) == 2 and meta["groups"] == {}  # named, never averaged in
+    assert main(wild) == 3  # again: nothing is retrained; both are named as ended
+    err = capsys.readouterr().err
+    assert err.count("[skip ") == 2 and err.count(": diverged in ") == 2 and "[diverged]" not in err
+    run_dir = tmp_path / "cmp" / meta["diverged"][0]
+    assert main(["run", str(run_dir / "config.yaml"), "--resume", f"output.dir={tmp_path / 'cmp'}",
+                 f"output.name={run_dir.name}"]) == 3
+    assert "diverged in an earlier run" in capsys.readouterr().err
+
+
 def test_python_m_protofl_works():
     env = dict(os.environ, PYTHONPATH=str(REPO / "src"))
     out = subprocess.run([sys.executable, "-m", "protofl", "list"], capture_output=True, text=True, env=env)

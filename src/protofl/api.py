@@ -35,6 +35,7 @@ from .engine.privacy import check_privacy
 from .engine.server import ServerContext
 from .engine.simulation import CHECKPOINT, METRICS, read_rows, run_dir_for, RunResult, Simulation, SUMMARY
 from .engine.task import model_mismatch, Task
+from .engine.train import DIVERGED, NonFiniteLossError
 from .errors import ConfigError, one_line
 from .records import finished
 from .report import tables
@@ -109,23 +110,30 @@ def run(cfg: Config, resume: bool = False, callbacks: Iterable[Callback] = (),
             raise ConfigError("rounds", cfg.rounds, f"{total_rounds_dependence(cfg)} depends on the total number "
                               f"of rounds, so its run of {summary.get('rounds')} rounds in {run_dir} cannot be "
                               "resumed with another")
-        if summary is not None and summary.get("status") == "complete" \
-                and summary.get("fingerprint") == cfg.fingerprint() and summary.get("rounds_completed") == cfg.rounds:
-            return RunResult(run_dir, read_rows(run_dir / METRICS), summary, already_complete=True)
+        done = ended(run_dir, cfg.rounds, cfg.fingerprint())
+        if done is not None:  # complete, diverged or stopped: running it again gives the same run
+            return RunResult(run_dir, read_rows(run_dir / METRICS), done, already_complete=True)
     return Simulation(cfg, callbacks=callbacks, run_dir=run_dir, task=check_task(cfg)).run(resume=resume)
 
 
 def is_complete(run_dir: Path, rounds: int) -> bool:
+    """Whether the run has all its ``rounds`` rounds: what a table reads as a result (a
+    run that diverged or stopped has ended, :func:`ended`, but is not a full result)."""
     s = read_summary(run_dir)
     return s is not None and s.get("status") == "complete" and s.get("rounds_completed") == rounds
 
 
-def ended(run_dir: Path, rounds: int) -> Optional[dict]:
-    """The summary of the run when it is a run of ``rounds`` rounds that is complete or
-    diverged before its last round (a NaN/inf loss; :func:`protofl.records.finished`):
-    either way, running it again gives the same run. Else None."""
+def ended(run_dir: Path, rounds: int, fingerprint: Optional[str] = None) -> Optional[dict]:
+    """The one rule for "this run is done" (``run --resume``, ``compare``, ``sweep``,
+    ``reproduce``): the summary of the run when it is a run of ``rounds`` rounds (and of
+    the config ``fingerprint``, where given) that is complete, diverged before its last
+    round (a NaN/inf loss) or stopped at its privacy target (:func:`protofl.records.finished`):
+    running it again gives the same run. Else None. Whether its results enter a table is
+    the table's rule: a diverged run is named there, never averaged in."""
     s = finished(Path(run_dir))
-    return s if s is not None and s.get("rounds") == rounds else None
+    if s is None or s.get("rounds") != rounds:
+        return None
+    return s if fingerprint is None or s.get("fingerprint") == fingerprint else None
 
 
 # ---------------------------------------------------------------------------------------
@@ -365,9 +373,11 @@ def write_tables(rows: list[dict], out: Path, labels: Iterable[str], stem: str =
 
 def compare(cfg: Config, methods: dict[str, dict], seeds: list[int], out: Path,
             callbacks: Iterable[Callback] = (), log=print, select: str = "final",
-            report: bool = True) -> tuple[list[dict], Path]:
-    """Run every (method, seed) not already complete in ``out`` (extending finished runs
-    to more rounds by the reuse rule above), then :func:`finish_grid`."""
+            report: bool = True, diverged: Optional[list] = None) -> tuple[list[dict], Path]:
+    """Run every (method, seed) that has not ended in ``out`` (:func:`ended`, the rule
+    ``sweep`` follows too; finished runs are extended to more rounds by the reuse rule
+    above), then :func:`finish_grid`. A run that diverged (now or before) is left out of
+    the table and logged; ``diverged``, a list, receives its (label, seed, folder)."""
     tables.parse_select(select)
     out = Path(out)
     # every (method, seed) is resolved and checked before the first run starts
@@ -380,21 +390,34 @@ def compare(cfg: Config, methods: dict[str, dict], seeds: list[int], out: Path,
                 raise ConfigError(e.key, e.value, f"{e.allowed} (--methods entry {label})") from e
             c.output.dir = str(out)
             planned.append((label, seed, c, run_dir_for(c)))
-    check_runs((label, c) for label, _, c, d in planned if not is_complete(d, c.rounds))
+    check_runs((label, c) for label, _, c, d in planned if ended(d, c.rounds) is None)
     groups: dict[str, list[Path]] = {}
+    bad: list = [] if diverged is None else diverged
     progress = OverallProgress(len(planned))
     for label, seed, c, d in planned:
-        groups.setdefault(label, []).append(d)
-        if is_complete(d, c.rounds):
-            log(f"{progress.prefix('skip')} {label} seed {seed}: complete in {d}")
+        done = ended(d, c.rounds)
+        if done is not None:
+            how = done.get("status")
+            log(f"{progress.prefix('skip')} {label} seed {seed}: {how} in {d}"
+                + (f" ({done.get('error')})" if how != "complete" else ""))
             progress.finished(ran=False)
-            continue
-        log(f"{progress.prefix()} {label} seed {seed} -> {d}{progress.eta()}")
-        t0 = time.perf_counter()
-        run(c, resume=True, callbacks=callbacks, run_dir=d)
-        progress.finished(ran=True, seconds=time.perf_counter() - t0)
+        else:
+            log(f"{progress.prefix()} {label} seed {seed} -> {d}{progress.eta()}")
+            t0 = time.perf_counter()
+            try:
+                done = run(c, resume=True, callbacks=callbacks, run_dir=d).summary
+            except NonFiniteLossError as e:  # its summary says diverged: a result of its config
+                done = {"status": DIVERGED, "error": str(e)}
+                log(f"[diverged] {label} seed {seed}: {e}")
+            progress.finished(ran=True, seconds=time.perf_counter() - t0)
+        if done.get("status") == DIVERGED:
+            bad.append((label, seed, d))
+        else:
+            groups.setdefault(label, []).append(d)
     rows = finish_grid(groups, out, "compare", select=select, report=report,
-                       meta={"seeds": seeds, "methods": methods})
+                       meta={"seeds": seeds, "methods": methods,
+                             "diverged": [str(Path(d).relative_to(out)) if Path(d).is_relative_to(out) else str(d)
+                                          for _, _, d in bad]})
     return rows, out
 
 
@@ -410,6 +433,6 @@ def finish_grid(groups: dict[str, list[Path]], out: Path, stem: str, select: str
         **(meta or {}), "select": select,
         "groups": {label: [str(Path(d).relative_to(out)) if Path(d).is_relative_to(out) else str(d)
                            for d in dirs] for label, dirs in groups.items()}})
-    if report:
+    if report and groups:  # every run diverged: no report of nothing (the runs are named)
         write_report(out, select=select)
     return rows

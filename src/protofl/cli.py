@@ -40,9 +40,17 @@ def cmd_run(args) -> int:
 
     cfg = config_from_args(args)
     result = api.run(cfg, resume=args.resume)
-    if result.already_complete:
+    status = result.summary.get("status")
+    if result.already_complete and status == "diverged":  # it diverges again in the same round
+        print(f"{result.dir} diverged in an earlier run ({result.summary.get('rounds_completed')} of {cfg.rounds} "
+              f"rounds; {result.summary.get('error')}): nothing to do; the same config diverges again",
+              file=sys.stderr)
+        return EXIT_DIVERGED
+    if result.already_complete and status == "complete":
         print(f"{result.dir} is already complete ({cfg.rounds} of {cfg.rounds} rounds): nothing to do. "
               + _extend_hint(args, cfg))
+    elif result.already_complete:  # stopped at its privacy target
+        print(f"{result.dir} ended earlier ({status}): nothing to do.")
     print(f"{cfg.algorithm.name}: {result.summary['rounds_completed']} rounds -> {result.dir}")
     if result.summary.get("status") == "stopped":  # privacy.target_epsilon reached
         print(result.summary["error"])
@@ -78,10 +86,16 @@ def cmd_compare(args) -> int:
     methods = api.parse_methods(args.methods or cfg.algorithm.name)
     seeds = [int(s) for s in args.seeds.split(",") if s.strip()]
     out = Path(args.out) if args.out else Path(cfg.output.dir) / "compare"
+    diverged: list = []
     rows, out = api.compare(cfg, methods, seeds, out, log=lambda m: print(m, file=sys.stderr),
-                            select=args.select)
+                            select=args.select, diverged=diverged)
     print(tables.to_markdown(rows, with_caption=True))
-    print(f"tables: {out / 'compare.md'} (.tex, .csv beside it); report: {out / 'report.html'}")
+    print(f"tables: {out / 'compare.md'} (.tex, .csv beside it)"
+          + (f"; report: {out / 'report.html'}" if (out / "report.html").exists() else ""))
+    if diverged:
+        print(f"protofl: {len(diverged)} run(s) diverged and are left out of the table: "
+              + ", ".join(f"{label} seed {seed}" for label, seed, _ in diverged), file=sys.stderr)
+        return EXIT_DIVERGED
     return 0
 
 

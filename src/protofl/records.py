@@ -36,10 +36,17 @@ RECORD = (METRICS, CLIENTS, CONFIG, SUMMARY)  # the order they are written in: t
 DATA_ROOT = "DATA"  # what a record's config says for the data root
 
 
+STOPPED = "stopped"  # the summary status of a run stopped at privacy.target_epsilon
+
+
 def finished(run_dir: Path) -> Optional[dict]:
-    """The summary of a finished run, else None: status complete with every round done, or
+    """The summary of a finished run, else None: status complete with every round done;
     status diverged (a NaN/inf loss stopped it before its last round: a result of its
-    config, which diverges again in the same round, and so part of a grid's record)."""
+    config, which diverges again in the same round, and so part of a grid's record); or
+    status stopped (its privacy budget, ``privacy.target_epsilon``, ran out before its last
+    round: again a result of its config). Running a finished run again gives the same
+    run; this is the one rule of ``run --resume``, ``compare``, ``sweep`` and
+    ``reproduce`` (through :func:`protofl.api.ended`)."""
     try:
         s = json.loads((run_dir / SUMMARY).read_text())
     except (OSError, ValueError):
@@ -47,8 +54,8 @@ def finished(run_dir: Path) -> Optional[dict]:
     if not isinstance(s, dict) or not isinstance(s.get("rounds"), int):
         return None
     done = s.get("rounds_completed")
-    if s.get("status") == DIVERGED:
-        return s if isinstance(done, int) and done < s["rounds"] else None
+    if s.get("status") in (DIVERGED, STOPPED):
+        return s if isinstance(done, int) and done <= s["rounds"] else None
     return s if s.get("status") == "complete" and done == s["rounds"] else None
 
 

@@ -65,6 +65,7 @@ def test_subprocess_isolation_still_works(tmp_path):
     with LocalDeployment(tmp_path / "deployment", num_nodes=3, isolation="subprocess") as dep:
         res = dep.submit(cfg, tmp_path / "flower", timeout=300, round_timeout=150)
     assert res.returncode == 0, res.stdout[-3000:]
+    assert "[protofl]" in res.stdout and "\x1b[" not in res.stdout  # the streamed logs: no colour codes in a pipe
     summary, rows = run_rows(tmp_path / "flower")
     assert summary["status"] == "complete" and rows[0]["arrived"] == 3, res.stdout[-3000:]
     for key in set(ref.rows[0]) - TIMING_KEYS:

@@ -457,3 +457,19 @@ def test_supernodes_get_one_long_lived_clientapp_process_by_default(monkeypatch)
     assert main(base) == 0 and main(base + ["--isolation", "subprocess"]) == 0
     assert seen == [cmd, plain]
 
+
+def test_flower_log_lines_are_plain_outside_a_terminal(monkeypatch):
+    import logging
+
+    from protofl.flower.project import plain_flower_logs, plain_text
+
+    assert plain_text("\x1b[32mINFO \x1b[0m:  round 1") == "INFO :  round 1"
+    handlers = [h for h in logging.getLogger("flwr").handlers if hasattr(h, "colored")]
+    assert handlers
+    monkeypatch.setattr(handlers[0], "colored", True)
+    monkeypatch.setattr("sys.stderr.isatty", lambda: False)
+    plain_flower_logs()
+    assert all(not h.colored for h in handlers)
+    record = logging.LogRecord("flwr", logging.INFO, __file__, 1, "round 1", None, None)
+    assert "\x1b[" not in handlers[0].format(record)
+

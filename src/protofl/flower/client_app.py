@@ -34,11 +34,12 @@ from flwr.app import ConfigRecord, Context, Message, RecordDict
 from flwr.clientapp import ClientApp
 from torch import nn
 
-from .project import config_from_run, CONFIG_KEY, NODE_OVERRIDES, partition_of
+from .project import config_from_run, CONFIG_KEY, NODE_OVERRIDES, partition_of, plain_flower_logs
 
 NODE_KEY = "node"
 RUN_KEY = "protofl-run"  # in a query's content and in the node's Context.state: the run's config
 
+plain_flower_logs()  # colours only on a terminal
 app = ClientApp()
 
 _CACHE: dict[str, Any] = {}  # {"key": ..., "runtime": ClientRuntime, "cfg": Config}

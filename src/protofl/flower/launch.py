@@ -444,7 +444,9 @@ class LocalDeployment:
             out, _ = proc.communicate(timeout=timeout)
         finally:
             stop_process(proc)
-        text = out.decode(errors="replace")
+        from .project import plain_text
+
+        text = plain_text(out.decode(errors="replace"))  # the flwr CLI's own lines may carry colours too
         (self.workdir / f"flwr-run-{self._runs}.log").write_text(text)
         return subprocess.CompletedProcess(proc.args, proc.returncode, text)
 

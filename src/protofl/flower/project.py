@@ -33,6 +33,8 @@ Node config keys (``flower-supernode --node-config '...'``):
 """
 from __future__ import annotations
 
+import re
+import sys
 from pathlib import Path
 from typing import Any, Mapping, Optional
 
@@ -134,3 +136,27 @@ def partition_of(node_config: Mapping[str, Any], num_clients: int) -> int:
         raise ConfigError("node-config.num-partitions", node_config["num-partitions"],
                           f"must equal partition.num_clients={num_clients} (one SuperNode per client)")
     return pid
+
+
+# ---------------------------------------------------------------------------------------
+# Flower's log lines: colours only on a terminal
+# ---------------------------------------------------------------------------------------
+ANSI = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")
+
+
+def plain_text(text: str) -> str:
+    """``text`` without ANSI colour codes."""
+    return ANSI.sub("", text)
+
+
+def plain_flower_logs() -> None:
+    """Flower colours its log lines whatever they are written to; a process of protofl's
+    (the ServerApp, a ClientApp, a node's worker) writes them plain where its stderr is
+    not a terminal (a pipe, a log file, the stream ``flwr run`` prints)."""
+    try:
+        from flwr.common.logger import update_console_handler
+    except ImportError:  # pragma: no cover - the flower extra is not installed
+        return
+    if not sys.stderr.isatty():
+        update_console_handler(colored=False)
+

@@ -23,8 +23,9 @@ from flwr.serverapp import Grid, ServerApp
 
 from ..config import Config
 from ..engine.callbacks import Callback, short_metrics
-from .project import config_from_run, CONFIG_KEY, run_config_for, setting
+from .project import config_from_run, CONFIG_KEY, plain_flower_logs, run_config_for, setting
 
+plain_flower_logs()  # colours only on a terminal
 app = ServerApp()
 
 

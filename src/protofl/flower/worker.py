@@ -352,6 +352,9 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     ap.add_argument("--poll-interval", type=float, default=DEFAULT_POLL_INTERVAL,
                     help=f"seconds between task polls while idle (default {DEFAULT_POLL_INTERVAL})")
     args = ap.parse_args(argv)
+    from .project import plain_flower_logs
+
+    plain_flower_logs()  # colours only on a terminal
     return run_worker(args.runtime_api_address, insecure=args.root_certificates is None,
                       root_certificates=args.root_certificates, parent_pid=args.parent_pid,
                       poll_interval=args.poll_interval)

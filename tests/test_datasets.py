@@ -568,3 +568,55 @@ def test_hf_local_parquet_folder_when_datasets_is_installed(tmp_path):
 
     with pytest.raises(InputError, match="cannot be loaded"):
         load_dataset("hf:protofl-test/no-such-repository-anywhere")
+
+
+def test_hf_respects_offline_and_download_false(tmp_path):
+    """PROTOFL_OFFLINE=1 and data.download=false keep hf: off the network: a Hub endpoint
+    on 127.0.0.1 counts the requests (and, online, proves that it is the one asked)."""
+    pytest.importorskip("datasets", reason="the hf extra (datasets) is not installed")
+    import os
+    import subprocess
+    import sys
+    import threading
+    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+    from conftest import REPO
+
+    seen = []
+
+    class Handler(BaseHTTPRequestHandler):
+        def do_GET(self):
+            seen.append(self.path)
+            self.send_response(404)
+            self.end_headers()
+
+        do_HEAD = do_GET
+
+        def log_message(self, *a):
+            pass
+
+    httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    threading.Thread(target=httpd.serve_forever, daemon=True).start()
+    code = ("import sys; from protofl.data.datasets import load_dataset\n"
+            "try:\n    load_dataset('hf:someone/tiny', download=(sys.argv[1] != 'no'))\n"
+            "except Exception as e:\n    print(type(e).__name__, e)\n")
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("HF_", "PROTOFL_OFFLINE"))}
+    env.update(HF_ENDPOINT=f"http://127.0.0.1:{httpd.server_port}", HF_HOME=str(tmp_path / "hf"),
+               PYTHONPATH=str(REPO / "src"))
+
+    def load(download: str, offline: bool) -> str:
+        e = dict(env, PROTOFL_OFFLINE="1") if offline else env
+        out = subprocess.run([sys.executable, "-c", code, download], env=e, capture_output=True, text=True, timeout=120)
+        return out.stdout.strip()
+
+    try:
+        for download, offline, why in (("yes", True, "PROTOFL_OFFLINE=1"), ("no", False, "data.download=false")):
+            out = load(download, offline)
+            assert out.startswith("DataFileError") and f"downloads are off ({why})" in out and "\n" not in out, out
+            assert seen == []
+        out = load("yes", False)  # online: the endpoint is asked (so the two above would have been seen)
+        assert out.startswith("DataFileError") and "downloads are off" not in out, out
+        assert seen
+    finally:
+        httpd.shutdown()
+        httpd.server_close()

@@ -124,7 +124,7 @@ def test_all_extra_holds_every_extra_and_the_readme_names_each():
     listed = set(re.fullmatch(r"protofl\[(.+)\]", all_req)[1].split(","))
     # extras left out of `all` on purpose (pyproject.toml says why next to each); the
     # README's table must say they are not in `all`
-    outside = {"hf", "torchvision"}
+    outside = {"torchvision"}
     assert listed == set(extras) - {"all"} - outside, "add the new extra to `all` in pyproject.toml"
     readme = (REPO / "README.md").read_text()
     for name in extras:

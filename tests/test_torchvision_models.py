@@ -270,7 +270,8 @@ def test_without_torchvision_the_error_says_how_to_install_it(monkeypatch, tmp_p
     assert main(["run", str(DIGITS), "model.name=torchvision:resnet18", f"output.dir={tmp_path}", "--quiet"]) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1
-    assert "model.name='torchvision:resnet18': needs torchvision: pip install 'protofl[torchvision]'" in err
+    assert "model.name='torchvision:resnet18': needs torchvision: install the torchvision build of your torch" in err
+    assert "torchvision==0.28.0 --index-url https://download.pytorch.org/whl/cpu" in err  # the CPU build's pair
 
 
 def test_protofl_list_shows_how_to_name_a_torchvision_model(capsys):

@@ -121,7 +121,7 @@ def load_dataset(name: str, root: Optional[str | os.PathLike] = None, seed: int 
     if name.startswith(HF_PREFIX):
         from .hf import load_hf
 
-        return load_hf(name[len(HF_PREFIX):], seed, **options)
+        return load_hf(name[len(HF_PREFIX):], seed, download=download, **options)
     from .catalog import CATALOG
     from .fetch import check_before_reading
 

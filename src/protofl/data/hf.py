@@ -8,7 +8,8 @@ folder), which is how the tests run it without a network.
 """
 from __future__ import annotations
 
-from typing import Any, Optional
+from contextlib import contextmanager
+from typing import Any, Iterator, Optional
 
 import numpy as np
 import torch
@@ -32,9 +33,21 @@ def _first(columns, wanted, given: Optional[str], what: str, repo: str) -> str:
     return found
 
 
+def _image(v: Any) -> Any:
+    """An image as ``datasets`` may hand it undecoded ({"bytes": ..., "path": ...}) -> PIL."""
+    if isinstance(v, dict) and ("bytes" in v or "path" in v):
+        import io
+
+        from PIL import Image
+
+        return Image.open(io.BytesIO(v["bytes"]) if v.get("bytes") is not None else v["path"])
+    return v
+
+
 def to_array(values: list, repo: str) -> np.ndarray:
-    """A column of PIL images, nested lists or numbers -> a numpy array (images: uint8
-    (N, C, H, W))."""
+    """A column of PIL images (decoded or as ``datasets``' {"bytes", "path"} records), nested
+    lists or numbers -> a numpy array (images: uint8 (N, C, H, W))."""
+    values = [_image(v) for v in values]
     first = values[0] if values else None
     if first is not None and hasattr(first, "convert") and hasattr(first, "size"):  # PIL images
         mode = "RGB" if any(getattr(v, "mode", "L") not in ("L", "1", "I;16") for v in values) else "L"
@@ -76,22 +89,49 @@ def from_columns(repo: str, train: dict[str, list], test: dict[str, list], image
                    info={"source": f"hf:{repo}"}, **fields)
 
 
+@contextmanager
+def _hub_offline(offline: bool) -> Iterator[None]:
+    """The Hugging Face libraries kept off the network (their HF_HUB_OFFLINE, read when a
+    call is made) while ``offline``."""
+    if not offline:
+        yield
+        return
+    import datasets.config
+    import huggingface_hub.constants as constants
+
+    before = (datasets.config.HF_HUB_OFFLINE, constants.HF_HUB_OFFLINE)
+    datasets.config.HF_HUB_OFFLINE = constants.HF_HUB_OFFLINE = True
+    try:
+        yield
+    finally:
+        datasets.config.HF_HUB_OFFLINE, constants.HF_HUB_OFFLINE = before
+
+
 def load_hf(repo: str, seed: int, image_column: Optional[str] = None, label_column: Optional[str] = None,
             train_split: str = "train", test_split: str = "test", revision: Optional[str] = None,
-            subset: Optional[str] = None) -> Dataset:
-    """Load ``repo`` (a Hub id or a local folder) with ``datasets.load_dataset``."""
+            subset: Optional[str] = None, *, download: Optional[bool] = None) -> Dataset:
+    """Load ``repo`` (a Hub id or a local folder) with ``datasets.load_dataset``.
+
+    ``PROTOFL_OFFLINE=1`` or ``download=False`` (``data.download: false``) keep it off the
+    network: a local folder or a copy in the ``datasets`` cache loads, anything else stops
+    in one line."""
+    from .fetch import offline_reason
+
     try:
         import datasets
     except ImportError:
         raise ConfigError("data.name", f"hf:{repo}", "needs the datasets library: pip install 'protofl[hf]'") from None
     if not repo:
         raise ConfigError("data.name", "hf:", "expected hf:<repository>, e.g. hf:uoft-cs/cifar10")
+    why = offline_reason(download)
     try:
-        dd = datasets.load_dataset(repo, subset, revision=revision)
+        with _hub_offline(why is not None):
+            dd = datasets.load_dataset(repo, subset, revision=revision)
     except InputError:
         raise
     except Exception as e:  # noqa: BLE001 - datasets raises many kinds for an unknown or unreachable repo
-        raise DataFileError(f"hf:{repo}: cannot be loaded ({type(e).__name__}: {one_line(e, 200)})") from None
+        off = f"; downloads are off ({why}) and it is neither a local folder nor in the datasets cache" if why else ""
+        raise DataFileError(f"hf:{repo}: cannot be loaded ({type(e).__name__}: {one_line(e, 200)}){off}") from None
     missing = [s for s in (train_split, test_split) if s not in dd]
     if missing:
         raise ConfigError("data.test_split" if test_split in missing else "data.train_split", missing[0],
@@ -101,4 +141,6 @@ def load_hf(repo: str, seed: int, image_column: Optional[str] = None, label_colu
     label = _first(columns, LABEL_COLUMNS, label_column, "label", repo)
     feature = dd[train_split].features.get(label)
     names = list(feature.names) if getattr(feature, "names", None) else None
-    return from_columns(repo, dd[train_split].to_dict(), dd[test_split].to_dict(), image, label, names)
+    # the two columns, each image decoded (to_dict() leaves datasets' Image records undecoded)
+    cols = [{c: list(dd[split][c]) for c in (image, label)} for split in (train_split, test_split)]
+    return from_columns(repo, cols[0], cols[1], image, label, names)

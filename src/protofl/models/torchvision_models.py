@@ -37,7 +37,9 @@ from .split import split_classifier
 
 PREFIX = "torchvision:"
 USAGE = "torchvision:<name> (any torchvision classification model, e.g. torchvision:resnet18; the torchvision extra)"
-INSTALL = "pip install 'protofl[torchvision]' (the torchvision build that matches your torch)"
+INSTALL = ("install the torchvision build of your torch: with a CUDA torch, pip install 'protofl[torchvision]'; with "
+           "the CPU build of torch 2.13.0, pip install torchvision==0.28.0 --index-url "
+           "https://download.pytorch.org/whl/cpu (PyPI's torchvision wheels are CUDA builds)")
 # builders whose training-mode forward also returns auxiliary logits unless told not to; the
 # body must return features only (with pretrained weights torchvision loads the auxiliary
 # heads and then drops them, as it does for its own users)

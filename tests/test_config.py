@@ -81,3 +81,42 @@ def test_replace_switches_components_and_drops_old_params():
     assert avg.algorithm.params == {}
     iid = cfg.replace(**{"partition.name": "iid"})
     assert iid.partition.params == {} and iid.partition.num_clients == 10
+
+
+def _float_fields(obj) -> list[str]:
+    """The fields of a settings dataclass that hold a float (float, or float or null)."""
+    import dataclasses
+    import types
+    import typing
+
+    hints = typing.get_type_hints(type(obj))
+    return [f.name for f in dataclasses.fields(obj) if hints.get(f.name) is float
+            or (typing.get_origin(hints.get(f.name)) in (typing.Union, types.UnionType)
+                and float in typing.get_args(hints.get(f.name)))]
+
+
+def test_no_numeric_setting_accepts_inf_or_nan():
+    """Every float setting of every section and of every method's hyper-parameters: .inf and
+    .nan are one-line config errors, except the clips where .inf means no clipping."""
+    from protofl.algorithms import ALGORITHMS
+    from protofl.config import load_config
+    from protofl.config.coerce import INFINITE_ALLOWED
+    from protofl.config.schema import method
+
+    base = load_config(DIGITS)
+    cases = [("fedavg", f"{sec}.{name}") for sec in ("training", "participation", "eval", "privacy", "data",
+                                                      "partition", "model")
+             for name in _float_fields(getattr(base, sec))]
+    for name in ALGORITHMS.names():
+        hp = method(load_config(DIGITS, [f"algorithm.name={name}"]))[1]
+        cases += [(name, f"algorithm.{k}") for k in _float_fields(hp)]
+    checked = 0
+    for name, key in cases:
+        for bad in (".inf", ".nan", "-.inf"):
+            if bad == ".inf" and key in INFINITE_ALLOWED:
+                continue
+            with pytest.raises(ConfigError) as e:
+                load_config(DIGITS, [f"algorithm.name={name}", f"{key}={bad}"])
+            assert "must be a finite number" in str(e.value) and "\n" not in str(e.value), (name, key, bad)
+            checked += 1
+    assert checked > 300  # every method's float hyper-parameters, not a handful

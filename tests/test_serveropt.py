@@ -121,7 +121,7 @@ def test_the_named_methods_are_fedavg_with_their_optimizer_and_the_authors_notes
     ("server_opt", "sgd", "expected one of"), ("server_lr", 0.0, "must be > 0"),
     ("server_momentum", 1.0, r"must be in \[0, 1\)"), ("server_beta2", -0.1, r"must be in \[0, 1\)"),
     ("server_tau", 0.0, "must be > 0"), ("server_tau", 1e30, "at most 1e18"),
-    ("server_tau", float("inf"), "at most 1e18")])
+    ("server_tau", float("inf"), "must be a finite number")])
 def test_bad_settings_are_one_line_config_errors(key, value, why):
     with pytest.raises(ConfigError, match=why) as e:
         check_dataclass(FedAvgHyper, {key: value}, "algorithm")

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 import inspect
+import math
 import re
 import types
 import typing
@@ -100,6 +101,9 @@ def check_path_component(key: str, name: Any) -> None:
         raise ConfigError(key, name, why)
 
 
+# the settings where .inf has a meaning (no clipping, stated in config/sections.py); every
+# other number must be finite (NaN never is)
+INFINITE_ALLOWED = frozenset({"privacy.clip", "privacy.feature_clip"})
 _NUMBER = re.compile(r"^[+-]?(\d+\.?\d*|\.\d+)([eE][+-]?\d+)?$")
 
 
@@ -130,6 +134,9 @@ def coerce(value: Any, tp: Any, key: str) -> Any:
                 return coerce(value, a, key)
             except ConfigError as e:
                 errors.append(e)
+        finite = next((e for e in errors if e.allowed == "must be a finite number"), None)
+        if finite is not None:  # a number, but not a finite one: say that, not "expected float or null"
+            raise finite
         raise ConfigError(key, value, f"expected {_type_name(tp)}")
     if origin is Literal:
         if value in args:
@@ -167,10 +174,14 @@ def coerce(value: Any, tp: Any, key: str) -> Any:
         raise ConfigError(key, value, "expected an integer")
     if tp is float:
         if isinstance(value, (int, float)) and not isinstance(value, bool):
-            return float(value)
-        if isinstance(value, str) and _NUMBER.match(value.strip()):  # YAML 1.1 reads 1e6 as a string
-            return float(value)
-        raise ConfigError(key, value, "expected a number")
+            number = float(value)
+        elif isinstance(value, str) and _NUMBER.match(value.strip()):  # YAML 1.1 reads 1e6 as a string
+            number = float(value)
+        else:
+            raise ConfigError(key, value, "expected a number")
+        if not math.isfinite(number) and not (number == math.inf and key in INFINITE_ALLOWED):
+            raise ConfigError(key, value, "must be a finite number")
+        return number
     if tp is str:
         if isinstance(value, str):
             return value

@@ -41,10 +41,12 @@ HF_USAGE = "hf:<repo> (any Hugging Face image-classification dataset, e.g. hf:uo
 
 
 # MD5 of the published files (MNIST: LeCun's site; Fashion-MNIST: Zalando's release),
-# keyed by (dataset, file name). A readable file that is byte for byte another published
-# file is refused (e.g. Fashion-MNIST's images in the MNIST folder: same names, same
-# shapes); a file with an unknown checksum is accepted (a re-packed copy, a subset), since
-# gzip's CRC and the IDX header/size checks already catch damage.
+# keyed by (dataset, file name). A file that is not the published one stops a run before
+# it is read (fetch.check_before_reading, which also names the dataset whose file it is);
+# read anyway (data.verify: false), a readable file that is byte for byte another
+# published file is still refused here (e.g. Fashion-MNIST's images in the MNIST folder:
+# same names, same shapes), while a re-packed copy or a subset is read, gzip's CRC and the
+# IDX header/size checks catching damage.
 PUBLISHED_MD5 = {
     ("mnist", "train-images-idx3-ubyte.gz"): "f68b3c2dcbeaaa9fbdd348bbdeb94873",
     ("mnist", "train-labels-idx1-ubyte.gz"): "d53e105ee54ea40749a09fcbcd1e9432",

@@ -158,7 +158,7 @@ def check_before_reading(source: Source, root: Path, verify: bool = True,
     _write_record(folder, record)
     if not bad:
         return
-    names = ", ".join(f"{f.name} (expected {_hash_words(f)})" for f in bad)
+    names = ", ".join(f"{f.name} (expected {_hash_words(f)}{_whose(folder / f.name, source)})" for f in bad)
     if verify:
         raise DataFileError(f"dataset {source.name!r}: {names} under {folder} is not the published file; "
                             f"remove it and run `protofl data fetch {source.name}`, or place the published file by "
@@ -166,6 +166,22 @@ def check_before_reading(source: Source, root: Path, verify: bool = True,
     (say or (lambda m: print(m, file=sys.stderr)))(
         f"protofl: data.verify=false: reading {source.name}'s {names} under {folder}, which does not match "
         "the published checksum")
+
+
+def _whose(path: Path, source: Source) -> str:
+    """", it is <dataset>'s <file>" when ``path`` is byte for byte another published file
+    of the catalog (Fashion-MNIST's images in the MNIST folder: same names, same shapes)."""
+    digests: dict[str, str] = {}
+    for other in CATALOG.values():
+        for f in other.files:
+            if f.known_hash is None or (other.name == source.name and f.name == path.name):
+                continue
+            alg, want = f.known_hash.split(":", 1)
+            if alg not in digests:
+                digests[alg] = file_checksum(path, alg)
+            if digests[alg] == want:
+                return f"; it is {other.name}'s {f.name}, byte for byte"
+    return ""
 
 
 def _hash_words(f: RemoteFile) -> str:

@@ -120,3 +120,24 @@ def test_no_numeric_setting_accepts_inf_or_nan():
             assert "must be a finite number" in str(e.value) and "\n" not in str(e.value), (name, key, bad)
             checked += 1
     assert checked > 300  # every method's float hyper-parameters, not a handful
+
+
+def test_a_section_written_as_a_name_and_a_config_from_a_pipe(tmp_path):
+    import os
+    import threading
+
+    from protofl.config import load_config
+
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("algorithm: fednh\n")
+    with pytest.raises(ConfigError, match=r"expected a mapping: write `algorithm: \{name: fednh\}`"):
+        load_config(bad)  # was an internal error
+    with pytest.raises(ConfigError, match="is a folder, not a config file"):
+        load_config(tmp_path)
+    fifo = tmp_path / "config.fifo"  # what `protofl run <(...)` passes
+    os.mkfifo(fifo)
+    writer = threading.Thread(target=lambda: fifo.write_text("rounds: 3\nalgorithm: {name: fedprox}\n"))
+    writer.start()
+    cfg = load_config(fifo)
+    writer.join(5)
+    assert cfg.rounds == 3 and cfg.algorithm.name == "fedprox"

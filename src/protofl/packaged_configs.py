@@ -38,10 +38,13 @@ def packaged_config(name: str) -> Path:
 
 
 def resolve_config_path(path: str | Path) -> Path:
-    """An existing file wins; otherwise a bare name (no folder) names a packaged config."""
+    """An existing file wins (a pipe too: ``<(...)``, a FIFO); otherwise a bare name (no
+    folder) names a packaged config."""
     p = Path(path)
-    if p.is_file():
+    if p.exists() and not p.is_dir():
         return p
+    if p.is_dir():
+        raise ConfigError("CONFIG", str(path), "is a folder, not a config file")
     if len(p.parts) == 1 and p.suffix in ("", ".yaml"):
         try:
             return packaged_config(p.name)

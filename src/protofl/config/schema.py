@@ -156,9 +156,13 @@ def from_dict(raw: dict) -> Config:
             raise ConfigError(sec, val, "expected a mapping")
         kwargs[sec] = check_dataclass(cls, val, sec)
     for sec, cls in NAMED_SECTIONS.items():
-        val = dict(raw.get(sec) or {})
+        val = raw.get(sec) or {}
+        if isinstance(val, str):  # `algorithm: fednh`: the name of a component, written as the section
+            raise ConfigError(sec, val, f"expected a mapping: write `{sec}: {{name: {val}}}` (or the override "
+                                        f"{sec}.name={val})")
         if not isinstance(val, dict):
             raise ConfigError(sec, val, "expected a mapping")
+        val = dict(val)
         own = {f.name for f in dataclasses.fields(cls)} - {"params"}
         fixed = {k: val.pop(k) for k in list(val) if k in own}
         fixed["params"] = val

@@ -135,6 +135,28 @@ def test_fresh_runs_never_overwrite(digits_cfg):
     assert strip_timing(a.rows) == strip_timing(b.rows)
 
 
+def test_runs_started_at_once_get_folders_of_their_own(digits_cfg):
+    """Two runs of one config started together: each claims its folder (mkdir) before it
+    writes, so neither writes into the other's."""
+    import threading
+
+    from protofl.api import fresh_dir
+
+    cfg = digits_cfg("rounds=1", "output.name=same")
+    got, start = [], threading.Barrier(8)
+
+    def claim():
+        start.wait()
+        got.append(fresh_dir(cfg))
+
+    threads = [threading.Thread(target=claim) for _ in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert len(set(got)) == 8 and {d.name for d in got} == {"same", *(f"same-{i}" for i in range(1, 8))}
+
+
 class Boom(Callback):
     def on_round(self, row):
         if row["round"] == 2:

@@ -291,6 +291,28 @@ def test_no_readable_checkpoint_is_one_line_exit_2(tmp_path, capsys):
     assert "checkpoint" in err and "without --resume" in err and err.count("\n") == 1, err
 
 
+@pytest.mark.parametrize("forge", [
+    lambda ck: ck.pop("fingerprint"),
+    lambda ck: ck.update(fingerprint=["not", "a", "hash"]),
+    lambda ck: ck.update(round="3"),
+    lambda ck: ck.update(rows=-1),
+    lambda ck: ck.pop("server_state"),
+])
+def test_a_forged_checkpoint_is_one_line_exit_2(tmp_path, capsys, forge):
+    import torch
+
+    args = ["run", str(DIGITS), "rounds=2", f"output.dir={tmp_path}", "output.name=r"]
+    assert main([*args, "--quiet"]) == 0
+    p = tmp_path / "r" / "checkpoint.pt"
+    ck = torch.load(p, weights_only=False)
+    forge(ck)
+    torch.save(ck, p)
+    capsys.readouterr()
+    assert main([*args, "rounds=3", "--quiet", "--resume"]) == 2
+    err = capsys.readouterr().err
+    assert "has no valid" in err and "without --resume" in err and err.count("\n") == 1, err
+
+
 def test_resume_with_another_config_is_one_line_exit_2(tmp_path, capsys):
     args = ["run", str(DIGITS), "rounds=2", f"output.dir={tmp_path}", "output.name=r"]
     assert main([*args, "--quiet"]) == 0

@@ -43,13 +43,20 @@ from .report.html import write_report
 
 
 def fresh_dir(cfg: Config) -> Path:
-    """The config's run folder, or the first free ``<name>-N`` beside it (never overwrite)."""
+    """The config's run folder, or the first free ``<name>-N`` beside it (never overwrite),
+    claimed by creating it: of two runs started at once with the same name, each gets a
+    folder of its own (``mkdir`` succeeds for one of them only)."""
     base = run_dir_for(cfg)
+    base.parent.mkdir(parents=True, exist_ok=True)
     d, n = base, 1
-    while d.exists() and any(d.iterdir()):
+    while True:
+        try:
+            d.mkdir()
+            return d
+        except FileExistsError:  # another run's (or one being started right now)
+            pass
         d = base.with_name(f"{base.name}-{n}")
         n += 1
-    return d
 
 
 def _last_written(d: Path) -> float:

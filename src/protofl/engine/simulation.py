@@ -242,6 +242,15 @@ class Simulation:
             raise CheckpointError(f"cannot resume {self.dir}: its checkpoint was written by an earlier protofl "
                                   f"(checkpoint format {ck.get('format', 1)}, this version reads "
                                   f"{CHECKPOINT_FORMAT}); start a fresh run without --resume")
+        # a checkpoint is a file someone may have edited or forged: what is read of it is checked
+        bad = [k for k, kind in (("fingerprint", str), ("round", int), ("rows", int)) if not isinstance(ck.get(k), kind)
+               or isinstance(ck.get(k), bool)]
+        bad += [k for k in ("server_state", "client_states", *(["privacy"] if self.privacy is not None else []))
+                if k not in ck]
+        if bad or ck["round"] < 0 or ck["rows"] < 0:
+            raise CheckpointError(f"cannot resume {self.dir}: its checkpoint has no valid "
+                                  f"{', '.join(bad) or 'round or rows'} (damaged, or not written by protofl); "
+                                  "start a fresh run without --resume")
         if ck["fingerprint"] != cfg.fingerprint():
             raise CheckpointError(f"cannot resume {self.dir}: its checkpoint was written by a different "
                                   f"config (fingerprint {ck['fingerprint']} != {cfg.fingerprint()})")

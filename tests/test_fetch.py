@@ -630,7 +630,7 @@ def test_a_copy_is_checksummed_once_and_again_when_it_changes(tmp_path, publishe
     p.write_bytes(cifar10_tarball(pad=1))  # another file under the same name
     with pytest.raises(DataFileError, match="not the published file"):
         load_dataset("cifar10", tmp_path)
-    assert reads == [p, p]
+    assert reads[:2] == [p, p]  # read again (and then once per algorithm, to name whose file it is)
 
 
 def test_a_mirror_serving_a_wrong_archive_is_asked_once(server, tmp_path, online):

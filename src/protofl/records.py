@@ -55,7 +55,7 @@ def finished(run_dir: Path) -> Optional[dict]:
         return None
     done = s.get("rounds_completed")
     if s.get("status") in (DIVERGED, STOPPED):
-        return s if isinstance(done, int) and done <= s["rounds"] else None
+        return s if isinstance(done, int) and done < s["rounds"] else None
     return s if s.get("status") == "complete" and done == s["rounds"] else None
 
 

@@ -674,3 +674,22 @@ def test_a_read_only_data_root_is_checked_but_left_as_it_is(tmp_path, published)
         assert sorted(p.name for p in folder.iterdir()) == ["cifar-10-python.tar.gz"]  # no record written
     finally:
         folder.chmod(0o755)
+
+
+def test_a_read_only_root_with_the_published_files_fetches_and_verifies(server, tmp_path, capsys, monkeypatch):
+    src = source_for("mnist", server, mnist_files())
+    monkeypatch.setitem(CATALOG, "mnist", src)
+    folder = tmp_path / "mnist"
+    folder.mkdir()
+    for name, data in mnist_files().items():
+        (folder / name).write_bytes(data)
+    folder.chmod(0o555)  # a shared copy nobody may write to
+    try:
+        assert F.fetch(src, tmp_path, say=quiet, progress=False) == folder  # checked in place: no download
+        assert server.requests == [] and sorted(p.name for p in folder.iterdir()) == sorted(mnist_files())
+        assert main(["data", "verify", "mnist", "--root", str(tmp_path)]) == 0
+        assert "checksums: verified" in capsys.readouterr().out
+        assert main(["data", "fetch", "mnist", "--root", str(tmp_path)]) == 0
+        assert sorted(p.name for p in folder.iterdir()) == sorted(mnist_files())  # no lock, no record
+    finally:
+        folder.chmod(0o755)

@@ -26,7 +26,7 @@ from protofl.config import load_config  # noqa: E402
 from protofl.engine.simulation import Simulation, read_rows  # noqa: E402
 from protofl.flower.launch import LocalDeployment, _group_alive, flower_env, free_port  # noqa: E402
 
-from conftest import DIGITS, TIMING_KEYS  # noqa: E402
+from conftest import DIGITS, REPO, TIMING_KEYS  # noqa: E402
 
 pytestmark = pytest.mark.flower
 
@@ -165,3 +165,48 @@ def test_flower_run_equals_in_process_simulation(name, deployment, tmp_path):
         assert len(re.findall(r"ClientApp worker pid \d+ \(", log)) == 1, log[-2000:]
         assert len(re.findall(r"\[protofl worker\] task \d+ \(run \d+\) done", log)) >= 3, log[-2000:]
         assert "failed in" not in log and "Start `flwr-clientapp` process" not in log, log[-2000:]
+
+
+def _processes_naming(text: str) -> list[int]:
+    """PIDs whose command line names ``text`` (a deployment's own folder) or that run in it."""
+    pids = []
+    for d in os.listdir("/proc"):
+        if d.isdigit() and int(d) != os.getpid():
+            try:
+                with open(f"/proc/{d}/cmdline", "rb") as fh:
+                    named = text.encode() in fh.read()
+                if named or os.readlink(f"/proc/{d}/cwd").startswith(text):
+                    pids.append(int(d))
+            except OSError:
+                pass
+    return pids
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc")
+def test_sigterm_stops_a_local_deployment_and_everything_it_started(tmp_path):
+    """`protofl flower local` killed with SIGTERM (kill, timeout, SLURM) stops its SuperLink
+    and SuperNodes as Ctrl-C does: nothing of it is left running."""
+    work = tmp_path / "work"
+    env = dict(os.environ, **flower_env(), PYTHONPATH=str(REPO / "src"))
+    proc = subprocess.Popen([sys.executable, "-m", "protofl", "flower", "local", str(DIGITS), "rounds=200",
+                             "partition.num_clients=2", f"output.dir={tmp_path / 'runs'}", "--workdir", str(work),
+                             "--timeout", "300"], env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                            start_new_session=True)
+    try:
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline and not list((tmp_path / "runs").rglob("metrics.jsonl")):
+            time.sleep(0.5)  # running: the SuperLink, both SuperNodes and a round or more
+        assert list((tmp_path / "runs").rglob("metrics.jsonl")), proc.stderr.read().decode()[-2000:] if proc.poll() \
+            is not None else "no round within 120 s"
+        assert _processes_naming(str(work))  # the deployment's processes name its folder
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=60) != 0
+        deadline = time.monotonic() + 20
+        while time.monotonic() < deadline and _processes_naming(str(work)):
+            time.sleep(0.5)
+        assert _processes_naming(str(work)) == []
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+        for pid in _processes_naming(str(work)):
+            os.kill(pid, signal.SIGKILL)

@@ -386,10 +386,19 @@ class Corrupting(SequentialExecutor):
         super().__init__(runtime, 1)
         self.kind = kind
 
+    REPORTS = {  # what a client says of itself: its evaluation and its training numbers
+        "accuracy 1e9": ("eval", "pa", 1e9), "nan accuracy": ("eval", "acc", float("nan")),
+        "unknown evaluation": ("eval", "backdoor", 0.5), "nan loss": ("train", "loss", float("nan")),
+        "negative samples": ("train", "samples", -3.0), "rate above 1": ("train", "dp_q0", 2.0),
+    }
+
     def run(self, tasks):
         outs = super().run(tasks)
         for t, o in zip(tasks, outs):
-            if t.cid == BAD:
+            if t.cid == BAD and self.kind in self.REPORTS:
+                where, key, value = self.REPORTS[self.kind]
+                getattr(o, where)[key] = value
+            elif t.cid == BAD:
                 o.reply = self.corrupt(o.reply)
         return outs
 
@@ -430,7 +439,7 @@ def baseline(digits_cfg, tmp_path):
     return cfg, sim.run()
 
 
-@pytest.mark.parametrize("kind", ["nan", "shape", "negative count", "extra key", "huge"])
+@pytest.mark.parametrize("kind", ["nan", "shape", "negative count", "extra key", "huge", *Corrupting.REPORTS])
 def test_a_bad_client_is_rejected_and_the_run_equals_the_run_without_it(kind, baseline, tmp_path, monkeypatch):
     cfg, base = baseline
     res = Simulation(cfg, run_dir=tmp_path / kind, executor_factory=lambda s: Corrupting(s.runtime, kind)).run()

@@ -46,15 +46,20 @@ def fresh_dir(cfg: Config) -> Path:
     """The config's run folder, or the first free ``<name>-N`` beside it (never overwrite),
     claimed by creating it: of two runs started at once with the same name, each gets a
     folder of its own (``mkdir`` succeeds for one of them only)."""
+    from .errors import OutputDirError
+
     base = run_dir_for(cfg)
-    base.parent.mkdir(parents=True, exist_ok=True)
     d, n = base, 1
     while True:
         try:
+            base.parent.mkdir(parents=True, exist_ok=True)
             d.mkdir()
             return d
         except FileExistsError:  # another run's (or one being started right now)
             pass
+        except OSError as e:
+            raise OutputDirError(f"cannot write the run folder {d}: {e.strerror or e} "
+                                 f"(set output.dir to a writable folder)") from None
         d = base.with_name(f"{base.name}-{n}")
         n += 1
 
@@ -108,8 +113,12 @@ def run(cfg: Config, resume: bool = False, callbacks: Iterable[Callback] = (),
     :class:`~protofl.errors.ConfigError`.
     """
     check_here(cfg)
-    if run_dir is None:
-        run_dir = newest_run_dir(cfg, log) if resume else fresh_dir(cfg)
+    task = None
+    if run_dir is None and not resume:
+        task = check_task(cfg)  # before the folder is claimed: a refused run leaves nothing behind
+        run_dir = fresh_dir(cfg)
+    elif run_dir is None:
+        run_dir = newest_run_dir(cfg, log)
     run_dir = Path(run_dir)
     if resume:
         summary = read_summary(run_dir)
@@ -120,7 +129,7 @@ def run(cfg: Config, resume: bool = False, callbacks: Iterable[Callback] = (),
         done = ended(run_dir, cfg.rounds, cfg.fingerprint())
         if done is not None:  # complete, diverged or stopped: running it again gives the same run
             return RunResult(run_dir, read_rows(run_dir / METRICS), done, already_complete=True)
-    return Simulation(cfg, callbacks=callbacks, run_dir=run_dir, task=check_task(cfg)).run(resume=resume)
+    return Simulation(cfg, callbacks=callbacks, run_dir=run_dir, task=task or check_task(cfg)).run(resume=resume)
 
 
 def is_complete(run_dir: Path, rounds: int) -> bool:

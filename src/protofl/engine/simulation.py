@@ -50,7 +50,7 @@ from .store import make_store
 from .task import Task
 from .trackers import make_trackers
 from .train import DIVERGED, NonFiniteLossError, round_lr
-from .validate import check_reply
+from .validate import check_reply, check_report
 
 log = logging.getLogger("protofl")
 
@@ -436,8 +436,9 @@ class Simulation:
         state = algo.aggregate(state, rnd, replies if self.privacy is None else
                                self.privacy.release(rnd, shared, kept, server), server)
         if self.privacy is not None:  # every client that trained spent, its reply kept or not
-            server.log("epsilon", self.privacy.account([(t.cid, o.train) for t, o in zip(tasks, outputs)
-                                                        if o is not None]))
+            # (a report the server cannot read counts nothing: only its sender's data is at stake)
+            server.log("epsilon", self.privacy.account([(t.cid, o.train if check_report(None, o.train) is None
+                                                         else {}) for t, o in zip(tasks, outputs) if o is not None]))
             server.log("privacy_sigma", self.privacy.z)  # the noise multiplier (privacy.calibrate's choice)
             if self.privacy.secret is None:
                 server.log(SEEDED_KEY, 1.0)
@@ -487,7 +488,7 @@ class Simulation:
             size = self.privacy.count_bound(size)
         reason = check_reply(out.reply, sent, client_size=size,
                              model_bytes=self.model_bytes, patterns=self.algorithm.reply_arrays)
-        return reason or self.algorithm.check_reply(out.reply, sent)
+        return reason or check_report(out.eval, out.train) or self.algorithm.check_reply(out.reply, sent)
 
     def evaluate_all_clients(self, state: Any):
         """Every client's personalized model after the last round (``all_*`` metrics).
@@ -513,8 +514,9 @@ class Simulation:
                                 self.store.get(cid), True, True, noise_key=self.noise_key(cid))
                      for cid in cids[i:i + chunk]]
             outputs = yield tasks
-            personal += [o.eval for o in outputs if o is not None and o.eval]
-            spent += [(t.cid, o.train) for t, o in zip(tasks, outputs) if o is not None]
+            personal += [o.eval for o in outputs if o is not None and o.eval and check_report(o.eval, None) is None]
+            spent += [(t.cid, o.train if check_report(None, o.train) is None else {})
+                      for t, o in zip(tasks, outputs) if o is not None]
         out: dict[str, Any] = {}
         if self.privacy is not None:  # every client trained once more: its spend counts
             out["epsilon"] = self.privacy.account(spent, count_round=False)

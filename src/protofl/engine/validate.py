@@ -22,11 +22,21 @@ Checks, in order (the first failure is the reason):
    largest honest reply, SCAFFOLD's weights and control variates, is 2 x the model);
 6. the method's own :meth:`~protofl.algorithms.base.Algorithm.check_reply` (e.g. class
    indices within range, prototype dimensions).
+
+What a client says of itself beside its reply (:func:`check_report`) is checked too, and a
+report that fails rejects the reply the same way (it never reaches a metrics row):
+
+* its personalized models' evaluation: only ``acc``, ``pm_v``, ``pm_l``, ``pa`` (with an
+  ``@name`` suffix for extra predictors), each an accuracy in [0, 1];
+* its training numbers: ``loss`` finite; ``seconds`` finite and >= 0; ``steps``,
+  ``samples`` and the privacy spend ``dp_steps<i>``, ``dp_releases``, ``dp_labels`` whole
+  numbers >= 0; the sampling rates ``dp_q<i>`` in (0, 1]; nothing else.
 """
 from __future__ import annotations
 
 import fnmatch
 import math
+import re
 from typing import Optional, Sequence
 
 import torch
@@ -34,6 +44,40 @@ import torch
 from ..messages import Record, expect_indices, expect_shapes  # noqa: F401 (re-exported)
 
 SLACK_BYTES = 1 << 20
+
+
+EVAL_NAME = re.compile(r"(acc|pm_v|pm_l|pa)(@[\w.-]+)?")
+COUNTS = re.compile(r"steps|samples|dp_steps\d+|dp_releases|dp_labels")
+
+
+def _number(v: object) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
+
+
+def check_report(evaluation: Optional[dict], training: Optional[dict]) -> Optional[str]:
+    """The reason to reject what a client reports of itself (see above), or None."""
+    for name, v in (evaluation or {}).items():
+        if not isinstance(name, str) or not EVAL_NAME.fullmatch(name):
+            return f"evaluation {name!r} is not one the server asked for"
+        if not _number(v) or not 0.0 <= v <= 1.0:
+            return f"evaluation {name!r} is not an accuracy in [0, 1] ({v!r})"
+    for name, v in (training or {}).items():
+        if not isinstance(name, str):
+            return f"training number {name!r} is not named by a string"
+        if not _number(v):
+            return f"training number {name!r} is not a finite number ({v!r})"
+        if COUNTS.fullmatch(name):
+            if v < 0 or float(v) != int(v):
+                return f"training number {name!r} is not a whole count ({v!r})"
+        elif name == "seconds":
+            if v < 0:
+                return f"training number 'seconds' is negative ({v!r})"
+        elif re.fullmatch(r"dp_q\d+", name):
+            if not 0.0 < v <= 1.0:
+                return f"training number {name!r} is not a sampling rate in (0, 1] ({v!r})"
+        elif name != "loss":
+            return f"training number {name!r} is not one the server knows"
+    return None
 
 
 def reply_size_bound(model_bytes: int, sent: Record) -> int:

@@ -252,6 +252,39 @@ def loopback_sim(cfg, run_dir, partitions=None, **executor_kw):
     return Simulation(cfg, run_dir=run_dir, executor_factory=factory), grid, box
 
 
+def test_a_false_divergence_report_concerns_its_sender_only(digits_cfg, tmp_path, task_identity):
+    """A node that answers every train message with "my training diverged", naming another
+    client and round: under on_nonfinite: drop its own reply is withdrawn and the run ends
+    complete; under stop the run stops naming that node's client, not the one it named."""
+    from protofl.flower.records import ERROR_KEY
+
+    hostile = 1001  # the node of client 1
+
+    class Lying(LoopbackGrid):
+        def _deliver(self, m):
+            if m.metadata.dst_node_id == hostile and m.metadata.message_type == "train":
+                err = RecordDict({ERROR_KEY: ConfigRecord({"type": "NonFiniteLossError", "round": 99, "cid": 0,
+                                                           "value": 1.0})})
+                self.replies[m.metadata.message_id] = Message(content=wire(err), reply_to=m)
+                return
+            super()._deliver(m)
+
+    for mode in ("drop", "stop"):
+        cfg = digits_cfg("rounds=2", "partition.num_clients=3", "participation.fraction=1.0",
+                         f"training.on_nonfinite={mode}", "eval.final_all_clients=false")
+        grid = Lying(run_config_for(cfg), range(3), 3)
+        sim = Simulation(cfg, run_dir=tmp_path / mode, executor_factory=lambda s: FlowerExecutor(
+            grid, s.fed.num_clients, poll_interval=0.0, log=lambda m: None, stop_on_nonfinite=mode == "stop"))
+        if mode == "drop":
+            res = sim.run()
+            assert res.summary["status"] == "complete" and [r["rejected"] for r in res.rows] == [1, 1]
+            assert all(r["rejected_reasons"][0].startswith("client 1:") for r in res.rows)
+        else:
+            with pytest.raises(NonFiniteLossError) as e:
+                sim.run()
+            assert (e.value.rnd, e.value.cid) == (1, 1)  # the server's round and the sender, not (99, 0)
+
+
 @pytest.mark.parametrize("name", ALGORITHMS.names())
 def test_every_method_on_flowers_clientapp_equals_in_process(name, digits_cfg, tmp_path, task_identity):
     # the real ClientApp on three loopback nodes: every message and reply crosses Flower's

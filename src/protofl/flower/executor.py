@@ -46,8 +46,11 @@ class FlowerExecutor(Executor):
     def __init__(self, grid: Grid, num_clients: int, *, round_timeout: float = 600.0,
                  discovery_timeout: float = 120.0, poll_interval: float = 0.5,
                  log: Callable[[str], None] = print, config_text: str = "",
-                 run_info: Optional[dict] = None) -> None:
+                 run_info: Optional[dict] = None, stop_on_nonfinite: bool = True) -> None:
         self.grid, self.K = grid, num_clients
+        # training.on_nonfinite: stop (a client's report that its training diverged stops the
+        # run, as in process) or drop (the report withdraws that client's reply, nothing more)
+        self.stop_on_nonfinite = stop_on_nonfinite
         # the run's protofl config, sent with every query: a node whose runtime gave the
         # ClientApp an empty run config (flwr.simulation.run_simulation) learns it from there
         self.config_text = config_text
@@ -167,8 +170,16 @@ class FlowerExecutor(Executor):
                     self.log(f"[flower] round {rnd}: client {t.cid} failed: {reply.error.reason}")
                     self.late.add(t.cid)
                 elif ERROR_KEY in reply.content:
-                    e = reply.content[ERROR_KEY]
-                    raise NonFiniteLossError(int(e["round"]), int(e["cid"]), float(e["value"]))
+                    # a client's word that its training diverged concerns its own reply only:
+                    # the round and the client are the server's, whatever the report names
+                    try:
+                        value = float(reply.content[ERROR_KEY]["value"])
+                    except Exception:  # noqa: BLE001 - a malformed report
+                        value = float("nan")
+                    if self.stop_on_nonfinite:
+                        raise NonFiniteLossError(rnd, t.cid, value)
+                    out[i] = ClientOutput(reply=Record(), state=None,
+                                          rejected=f"non-finite training loss ({value}) reported")
                 else:
                     try:
                         out[i] = content_to_output(reply.content)

@@ -92,7 +92,8 @@ def _main(grid: Grid, context: Context, defaults: Optional[dict] = None) -> None
         return FlowerExecutor(grid, sim.fed.num_clients, round_timeout=setting(rc, "round-timeout"),
                               discovery_timeout=setting(rc, "discovery-timeout"),
                               poll_interval=setting(rc, "poll-interval"), log=_log,
-                              config_text=str(rc[CONFIG_KEY]), run_info=run_info)
+                              config_text=str(rc[CONFIG_KEY]), run_info=run_info,
+                              stop_on_nonfinite=cfg.training.on_nonfinite == "stop")
 
     _log(f"[protofl] {cfg.algorithm.name} on {cfg.data.name}, {cfg.partition.num_clients} clients, "
          f"{cfg.rounds} rounds -> {run_dir.resolve()}")

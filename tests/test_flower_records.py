@@ -285,6 +285,44 @@ def test_a_false_divergence_report_concerns_its_sender_only(digits_cfg, tmp_path
             assert (e.value.rnd, e.value.cid) == (1, 1)  # the server's round and the sender, not (99, 0)
 
 
+def test_a_node_claiming_a_served_client_or_answering_garbage_changes_nothing(digits_cfg, tmp_path, task_identity):
+    """A fourth node that claims client 0 while client 0's node is online is refused; a
+    node that answers the server's query with garbage is ignored; the run equals the one
+    without them."""
+    from protofl.flower.client_app import NODE_KEY
+
+    cfg = digits_cfg("rounds=2", "partition.num_clients=3", "participation.fraction=1.0",
+                     "eval.final_all_clients=false")
+
+    class Crowded(LoopbackGrid):
+        def __init__(self, *a):
+            super().__init__(*a)
+            for node in (2000, 2001):  # the impostor and the babbler: contexts of their own
+                self.contexts[node] = Context(run_id=77, node_id=node, state=RecordDict(),
+                                              run_config=self.contexts[1000].run_config,
+                                              node_config={"partition-id": 0, "num-partitions": 3})
+
+        def _deliver(self, m):
+            if m.metadata.dst_node_id == 2001:  # garbage for any message
+                self.replies[m.metadata.message_id] = Message(
+                    content=wire(RecordDict({NODE_KEY: ConfigRecord({"partition-id": "zero"})})), reply_to=m)
+                return
+            super()._deliver(m)
+
+    logs: list[str] = []
+    grid = Crowded(run_config_for(cfg), range(3), 3)
+    sim = Simulation(cfg, run_dir=tmp_path / "crowded", executor_factory=lambda s: FlowerExecutor(
+        grid, s.fed.num_clients, poll_interval=0.0, log=logs.append))
+    res = sim.run()
+    ref, _, _ = loopback_sim(cfg, tmp_path / "plain")
+    want = ref.run()
+    assert res.summary["status"] == "complete"
+    assert strip_timing(res.rows) == strip_timing(want.rows)
+    assert not any(node == 2000 for kind, node in grid.pushed if kind == "train")  # never given client 0's work
+    assert any("node 2000 claims client 0" in line and "refused" in line for line in logs)
+    assert any("node 2001 answered the query with something else" in line for line in logs)
+
+
 @pytest.mark.parametrize("name", ALGORITHMS.names())
 def test_every_method_on_flowers_clientapp_equals_in_process(name, digits_cfg, tmp_path, task_identity):
     # the real ClientApp on three loopback nodes: every message and reply crosses Flower's

@@ -93,16 +93,26 @@ class FlowerExecutor(Executor):
         if reply.has_error():
             self.log(f"[flower] node {node} did not answer the query ({reply.error.reason})")
             return  # asked again next round if it is still online
-        info = reply.content[NODE_KEY]
-        cid, n = int(info["partition-id"]), int(info["num-partitions"])
+        try:
+            info = reply.content[NODE_KEY]
+            cid, n = int(info["partition-id"]), int(info["num-partitions"])
+        except Exception as e:  # noqa: BLE001 - a malformed answer: that node's problem, not the run's
+            self.log(f"[flower] node {node} answered the query with something else ({type(e).__name__}): ignored")
+            self.cid_of[node] = -1
+            return
         if not 0 <= cid < self.K or n not in (-1, self.K):
             self.log(f"[flower] node {node} serves partition-id={cid} num-partitions={n}; this run has "
                      f"{self.K} clients: ignored")
             self.cid_of[node] = -1
             return
         old = self.node_of.get(cid)
+        if old is not None and old != node and old in set(self.grid.get_node_ids()):
+            # the client's node is still online: a second node claiming its id is refused (a
+            # restarted node takes over once the old one has left; it is asked again until then)
+            self.log(f"[flower] node {node} claims client {cid}, which node {old} serves and is online: refused")
+            return
         if old is not None and old != node:
-            self.log(f"[flower] client {cid} is now served by node {node} (was node {old})")
+            self.log(f"[flower] client {cid} is now served by node {node} (was node {old}, gone)")
             self.cid_of[old] = -1
         self.node_of[cid], self.cid_of[node] = node, cid
         self.late.discard(cid)

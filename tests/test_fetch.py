@@ -88,7 +88,15 @@ class Server:
                 else:
                     self.send_response(200)
                 body = data[start:]
-                self.send_header("Content-Length", str(len(body)))
+                if mode == "gzip":  # a body the client would expand if it decoded what it did not ask for
+                    body = gzip.compress(bytes(20_000_000), 9)
+                    self.send_header("Content-Encoding", "gzip")
+                if mode == "longer":  # more bytes than the file, and no length to say so
+                    body = body + bytes(len(body))
+                    self.send_header("Connection", "close")
+                    self.close_connection = True
+                else:
+                    self.send_header("Content-Length", str(len(body)))
                 self.end_headers()
                 if isinstance(mode, tuple) and mode[0] == "cut" and n_before == 0:
                     self.wfile.write(body[: mode[1]])
@@ -329,8 +337,8 @@ def test_a_cut_connection_resumes_with_range(server, tmp_path):
     path = "/pub/cifar10/cifar-10-python.tar.gz"
     server.mode[path] = ("cut", 100_000)
     F.fetch(src, tmp_path, say=quiet, retries=1, progress=False)
-    # the bytes read before the cut (whole 64 KB network reads) are kept and continued
-    assert [r for p, r in server.requests if p == path] == ["", "bytes=65536-"]
+    # every byte read before the cut is kept and continued
+    assert [r for p, r in server.requests if p == path] == ["", "bytes=100000-"]
     assert (tmp_path / "cifar10" / "cifar-10-python.tar.gz").read_bytes() == data
     assert not (tmp_path / "cifar10" / "cifar-10-python.tar.gz.part").exists()
 
@@ -343,9 +351,9 @@ def test_a_cut_connection_without_retries_resumes_in_the_next_fetch(server, tmp_
     with pytest.raises(F.FetchError, match="partial download is kept"):
         F.fetch(src, tmp_path, say=quiet, retries=0, progress=False)
     part = tmp_path / "cifar10" / "cifar-10-python.tar.gz.part"
-    assert part.stat().st_size == 65536 and not (tmp_path / "cifar10" / "cifar-10-python.tar.gz").exists()
+    assert part.stat().st_size == 100_000 and not (tmp_path / "cifar10" / "cifar-10-python.tar.gz").exists()
     F.fetch(src, tmp_path, say=quiet, retries=0, progress=False)
-    assert server.requests[-1] == (path, "bytes=65536-")
+    assert server.requests[-1] == (path, "bytes=100000-")
     assert (tmp_path / "cifar10" / "cifar-10-python.tar.gz").read_bytes() == data and not part.exists()
 
 
@@ -693,3 +701,42 @@ def test_a_read_only_root_with_the_published_files_fetches_and_verifies(server, 
         assert sorted(p.name for p in folder.iterdir()) == sorted(mnist_files())  # no lock, no record
     finally:
         folder.chmod(0o755)
+
+
+# ---------------------------------------------------------------------------------------
+# a server that abuses the download: bounded by the published size and a deadline
+# ---------------------------------------------------------------------------------------
+def test_a_gzip_body_is_not_expanded_and_a_longer_one_is_cut(server, tmp_path, caplog):
+    import logging
+
+    data = cifar10_tarball(pad=300_000)
+    src = source_for("cifar10", server, {"cifar-10-python.tar.gz": data})
+    path = "/pub/cifar10/cifar-10-python.tar.gz"
+    for mode, says in (("gzip", "checksum mismatch"), ("longer", "sent more than")):
+        server.mode[path] = mode
+        caplog.clear()
+        with caplog.at_level(logging.INFO, logger="protofl.data"), pytest.raises(F.FetchError, match=says):
+            F.fetch(src, tmp_path, say=quiet, retries=3, progress=False)
+        assert server.count(path) == 1  # not retried: the same bytes would come again
+        assert [p.name for p in (tmp_path / "cifar10").iterdir() if not p.name.startswith(".")] == []
+        assert len(caplog.records) <= 12  # progress at most every 10 % of the file, never past 100 %
+        assert all("%" not in r.getMessage() or int(r.getMessage().split(": ")[1].split("%")[0]) <= 100
+                   for r in caplog.records)
+        server.requests.clear()
+
+
+def test_a_trickling_server_meets_a_deadline_and_the_part_is_kept(server, tmp_path, monkeypatch):
+    data = cifar10_tarball(pad=300_000)
+    src = source_for("cifar10", server, {"cifar-10-python.tar.gz": data})
+    path = "/pub/cifar10/cifar-10-python.tar.gz"
+    server.mode[path] = ("slow", 4.0)  # the file in ten pieces over 4 s: each read well within its timeout
+    monkeypatch.setattr(F, "DEADLINE_S", 1.0)
+    monkeypatch.setattr(F, "DEADLINE_RATE", 1e12)
+    with pytest.raises(F.FetchError, match="slower than its deadline"):
+        F.fetch(src, tmp_path, say=quiet, retries=3, progress=False)
+    part = tmp_path / "cifar10" / "cifar-10-python.tar.gz.part"
+    assert server.count(path) == 1 and 0 < part.stat().st_size < len(data)  # kept for the next fetch
+    server.mode[path] = "ok"
+    F.fetch(src, tmp_path, say=quiet, retries=0, progress=False)
+    assert (tmp_path / "cifar10" / "cifar-10-python.tar.gz").read_bytes() == data
+

@@ -28,6 +28,7 @@ import os
 import shutil
 import stat
 import sys
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Iterable, Optional, Sequence
@@ -40,6 +41,9 @@ OFFLINE_ENV = "PROTOFL_OFFLINE"
 MIRROR_ENV = "PROTOFL_DATA_MIRROR"  # one or more base URLs, separated by whitespace or commas
 RETRIES = 3  # attempts after the first, per URL (pooch's retry_if_failed)
 TIMEOUT_S = 60.0  # connect/read timeout of one request
+# the whole of one transfer: 10 minutes plus the file at 100 kB/s (a server that sends a
+# byte every few seconds passes the read timeout, never this); the partial file is kept
+DEADLINE_S, DEADLINE_RATE = 600.0, 100e3
 LOCK_NAME = ".protofl-fetch.lock"
 RECORD_NAME = ".protofl-verified.json"
 CHUNK = 1 << 16
@@ -256,7 +260,7 @@ class Progress:
                             file=sys.stderr)
 
     def update(self, n: int) -> None:
-        self.done += n
+        self.done = min(self.done + n, self.total) if self.total else self.done + n  # never past 100 %
         if self.bar is not None:
             self.bar.update(n)
         elif self.total and self.done / self.total >= self.next_mark:
@@ -276,10 +280,11 @@ class ResumableDownloader:
     onto pooch's temporary file, which pooch checks and moves into place."""
 
     def __init__(self, part: Path, label: str, progress: Optional[bool] = None, timeout: float = TIMEOUT_S,
-                 opener: Callable = open, known_hash: Optional[str] = None):
+                 opener: Callable = open, known_hash: Optional[str] = None, size: Optional[int] = None):
         self.part, self.label, self.progress, self.timeout = part, label, progress, timeout
         self.opener = opener  # how the part is opened for writing (tests pass one that fills the disk)
         self.known_hash = known_hash  # checked on the whole part: a wrong file is not fetched again
+        self.size = size  # the published byte count: no server may send more
 
     def __call__(self, url: str, output_file, pooch_obj=None, check_only: bool = False):
         parsed = urlparse(url)
@@ -324,15 +329,37 @@ class ResumableDownloader:
             if not resumed:
                 have = 0  # the server sent the whole file
             length = r.headers.get("Content-Length")
-            total = have + int(length) if length is not None else None
+            total = have + int(length) if length is not None and length.isdigit() else None
+            if self.size is not None and total is not None and total > self.size:
+                raise PermanentError(f"{url}: announces {human_bytes(total)}, the published file has "
+                                     f"{human_bytes(self.size)}")
+            bound = self.size if self.size is not None else total  # no body beyond it is taken
             if resumed:
                 log.info("%s: resuming at %s", self.label, human_bytes(have))
-            bar = Progress(self.label, total, have, self.progress)
+            deadline = time.monotonic() + DEADLINE_S + (bound or 0) / DEADLINE_RATE
+            bar = Progress(self.label, bound, have, self.progress)
+            got = have
+            import urllib3
+
             try:
                 with self.opener(self.part, "ab" if resumed else "wb") as fh:
-                    for chunk in r.iter_content(CHUNK):
+                    # the bytes as sent: no transparent decoding of a Content-Encoding the server
+                    # chose (a gzip body would expand on the way, unbounded); checked by checksum
+                    for chunk in r.raw.stream(CHUNK, decode_content=False):
+                        got += len(chunk)
+                        if bound is not None and got > bound:
+                            fh.close()
+                            self.part.unlink(missing_ok=True)
+                            raise PermanentError(f"{url}: sent more than the {human_bytes(bound)} of the file; "
+                                                 "nothing was kept")
                         fh.write(chunk)
                         bar.update(len(chunk))
+                        if time.monotonic() > deadline:
+                            raise PermanentError(f"{url}: slower than its deadline ({human_bytes(got)} in "
+                                                 f"{DEADLINE_S + (bound or 0) / DEADLINE_RATE:.0f} s); the partial "
+                                                 "file is kept and resumes next time")
+            except urllib3.exceptions.HTTPError as e:  # a cut or timed-out transfer: pooch retries it
+                raise requests.exceptions.ConnectionError(f"{url}: {type(e).__name__}") from e
             finally:
                 bar.close()
         got = self.part.stat().st_size
@@ -350,7 +377,7 @@ def _fetch_file(source: Source, f: RemoteFile, folder: Path, mirrors: Sequence[s
     for url in candidate_urls(source, f, mirrors):
         part = folder / (f.name + ".part")
         downloader = ResumableDownloader(part, f"{source.name}/{f.name}", progress, opener=opener,
-                                         known_hash=f.known_hash)
+                                         known_hash=f.known_hash, size=f.size)
         try:
             # one pooch registry per URL: it pins the checksum and carries the retries
             pup = pooch.create(path=folder, base_url="", registry={f.name: f.known_hash}, urls={f.name: url},

@@ -48,6 +48,8 @@ def test_dotted_overrides_parse_yaml_values():
      "allowed: data's keys augment, download, mirrors, name, root, train_size, verify; the dataset's parameters: none"),
     ({"partition": {"name": "dirichlet", "beta": "x"}}, "partition.beta", "expected a number"),
     ({"rounds": 0}, "rounds", "must be >= 1"),
+    ({"training": {"batch_size": 10**12}}, "training.batch_size", "must be in [1, 1,048,576]"),  # 14.6 TiB of indices
+    ({"eval": {"batch_size": 0}}, "eval.batch_size", "must be in [1, 1,048,576]"),
     ({"participation": {"p": 1.5}}, "participation.p", "[0, 1]"),
     ({"bogus": 1}, "bogus", "unknown section"),
     ({"model": {"name": "mlp", "per_client": {"feature_dim": [8, 16]}}}, "model.per_client", "share"),

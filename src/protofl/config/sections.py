@@ -19,6 +19,13 @@ from .machine import resolve_device, TRACKERS
 AUGMENT_KEYS = {"crop": "padding of the random crop, in pixels (0: no crop)", "flip": "random horizontal flip"}
 
 
+# a batch is allocated (its sample indices, its augmentation draws) at its size: a size
+# above every dataset's would ask for memory no machine has (1e12: 14.6 TiB); any value at
+# least the largest client's sample count already means one batch an epoch
+MAX_BATCH = 1 << 20
+BATCH_RULE = f"must be in [1, {MAX_BATCH:,}] (any value >= a client's sample count is one batch an epoch)"
+
+
 @dataclass
 class DataConfig:
     name: str = "digits"
@@ -138,7 +145,7 @@ class TrainingConfig:
                 f"is SGD's and RMSprop's; {self.optimizer} has none (set training.momentum=0)")
         require(self.epochs >= 1, f"{section}.epochs", self.epochs, "must be >= 1")
         require(self.steps is None or self.steps >= 1, f"{section}.steps", self.steps, "must be >= 1 or null")
-        require(self.batch_size >= 1, f"{section}.batch_size", self.batch_size, "must be >= 1")
+        require(1 <= self.batch_size <= MAX_BATCH, f"{section}.batch_size", self.batch_size, BATCH_RULE)
         require(self.clip_grad is None or self.clip_grad > 0, f"{section}.clip_grad", self.clip_grad,
                  "must be > 0 or null")
 
@@ -275,7 +282,7 @@ class EvalConfig:
     def validate(self, section: str) -> None:
         require(self.every >= 1, f"{section}.every", self.every, "must be >= 1")
         require(self.personal_every >= 0, f"{section}.personal_every", self.personal_every, "must be >= 0")
-        require(self.batch_size >= 1, f"{section}.batch_size", self.batch_size, "must be >= 1")
+        require(1 <= self.batch_size <= MAX_BATCH, f"{section}.batch_size", self.batch_size, BATCH_RULE)
         require(self.local_test_fraction is None or self.local_test_fraction > 0,
                  f"{section}.local_test_fraction", self.local_test_fraction, "must be > 0 or null")
 

@@ -415,6 +415,8 @@ class Corrupting(SequentialExecutor):
             arrays["backdoor"] = torch.ones(4)
         elif self.kind == "huge":
             arrays["huge"] = torch.zeros(1 << 22)
+        elif self.kind == "3e38":  # finite, and the average would overflow
+            weights[first] = torch.full_like(weights[first], 3e38)
         return Record(weights=weights, arrays=arrays, num_samples=n)
 
 
@@ -439,7 +441,8 @@ def baseline(digits_cfg, tmp_path):
     return cfg, sim.run()
 
 
-@pytest.mark.parametrize("kind", ["nan", "shape", "negative count", "extra key", "huge", *Corrupting.REPORTS])
+@pytest.mark.parametrize("kind", ["nan", "shape", "negative count", "extra key", "huge", "3e38",
+                                  *Corrupting.REPORTS])
 def test_a_bad_client_is_rejected_and_the_run_equals_the_run_without_it(kind, baseline, tmp_path, monkeypatch):
     cfg, base = baseline
     res = Simulation(cfg, run_dir=tmp_path / kind, executor_factory=lambda s: Corrupting(s.runtime, kind)).run()

@@ -14,7 +14,9 @@ Checks, in order (the first failure is the reason):
 2. every metric is a finite number; the sample count ``num_samples`` (Flower's
    ``num-examples``), when present, is a whole number in [0, the client's training-set size];
 3. model weights (``Record.weights``) only for weights that were sent: the names are a
-   subset of those sent, each with the shape and dtype it was sent with;
+   subset of those sent, each with the shape and dtype it was sent with, and each update
+   (reply - sent) with a finite L2 norm in float32 (values near 3e38 pass step 1 and would
+   overflow the average);
 4. the names of the arrays and groups match the method's
    :attr:`~protofl.algorithms.base.Algorithm.reply_arrays` patterns, when the method
    declares them (no extra keys);
@@ -110,6 +112,12 @@ def check_reply(reply: object, sent: Record, *, client_size: int, model_bytes: i
         if tuple(t.shape) != tuple(ref.shape) or t.dtype != ref.dtype:
             return (f"weight {name!r} has shape {tuple(t.shape)} {t.dtype}, it was sent as "
                     f"{tuple(ref.shape)} {ref.dtype}")
+        if t.is_floating_point() and t.numel():
+            # finite values near float32's limit (3e38) would overflow the average into inf and
+            # the next round would diverge on honest clients: the update's norm must be finite
+            d = t.detach().float() - ref.detach().to(t.device).float()
+            if not math.isfinite(float(torch.linalg.vector_norm(d))):
+                return f"weight {name!r} moved by more than float32 can measure (values near {float(d.abs().max()):.3g})"
     if patterns is not None:
         extra = [k for k in reply.arrays if not any(fnmatch.fnmatchcase(k, p) for p in patterns)]
         if extra:

@@ -162,3 +162,48 @@ def test_by_default_a_worker_process_starts_only_when_it_pays(idle, digits_cfg, 
     strip = lambda rs: [{k: v for k, v in r.items() if k not in ("s_per_round", "cpu_per_round")}  # noqa: E731
                         for r in rs]
     assert repr(strip(rows)) == repr(strip(seq))
+
+
+def test_sigterm_stops_a_sweep_and_its_worker_processes(tmp_path):
+    """`protofl sweep --jobs 2` killed with SIGTERM stops as Ctrl-C does: its worker
+    process gets the interrupt too, and nothing of the sweep is left running."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    from conftest import REPO
+
+    def children(pid: int) -> list[int]:
+        out = []
+        for d in os.listdir("/proc"):
+            if d.isdigit():
+                try:
+                    with open(f"/proc/{d}/stat") as fh:
+                        if int(fh.read().rsplit(")", 1)[1].split()[1]) == pid:
+                            out.append(int(d))
+                except (OSError, ValueError, IndexError):
+                    pass
+        return out
+
+    env = dict(os.environ, PYTHONPATH=str(REPO / "src"))
+    proc = subprocess.Popen([sys.executable, "-m", "protofl", "sweep", str(DIGITS), "rounds=200", "--grid",
+                             "training.lr=0.01,0.02,0.03,0.04", "--jobs", "2", "--out", str(tmp_path / "sw"),
+                             "execution.workers=0", "--quiet"], env=env, stdout=subprocess.DEVNULL,
+                            stderr=subprocess.DEVNULL)
+    try:
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline and len(list((tmp_path / "sw").rglob("metrics.jsonl"))) < 2:
+            time.sleep(0.3)  # both runs under way: this process's and the worker's
+        workers = children(proc.pid)
+        assert workers and len(list((tmp_path / "sw").rglob("metrics.jsonl"))) >= 2
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=60) == 130  # as Ctrl-C: interrupted
+        deadline = time.monotonic() + 20
+        while time.monotonic() < deadline and any(os.path.exists(f"/proc/{p}") for p in workers):
+            time.sleep(0.3)
+        assert not [p for p in workers if os.path.exists(f"/proc/{p}")]
+    finally:
+        if proc.poll() is None:
+            proc.kill()

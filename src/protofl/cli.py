@@ -564,8 +564,11 @@ def _fail(code: int, *lines: str, debug: bool = False) -> int:
 def main(argv: Optional[Sequence[str]] = None) -> int:
     args = parse_args(argv)
     debug = debug_wanted(args)
+    from .errors import terminate_as_interrupt
+
     try:
-        return args.func(args)
+        with terminate_as_interrupt():  # SIGTERM / SIGHUP: as Ctrl-C (checkpoints kept, children stopped)
+            return args.func(args)
     except _bad_input_errors() as e:  # config, names, data files, checkpoints, output folder, reports
         return _fail(EXIT_BAD_INPUT, f"protofl: error: {e}", debug=debug)
     except _diverged_error() as e:

@@ -15,8 +15,9 @@ from __future__ import annotations
 import errno
 import os
 import shutil
+from contextlib import contextmanager
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any, Iterator, Optional
 
 
 class InputError(Exception):
@@ -114,3 +115,23 @@ def os_error_text(e: OSError) -> str:
         room = f", {human_bytes(free)} free" if free is not None else ""
         return f"{why} (the disk is full{room})"
     return why
+
+
+@contextmanager
+def terminate_as_interrupt() -> Iterator[None]:
+    """SIGTERM and SIGHUP (``kill``, ``timeout``, systemd, SLURM, Kubernetes) end this
+    process as Ctrl-C does: a ``KeyboardInterrupt`` unwinds the ``with`` blocks and
+    ``finally`` clauses above, so a run keeps its last checkpoint, a sweep stops its worker
+    processes and a local Flower deployment stops everything it started (a SIGTERM used to
+    leave the SuperLink and every SuperNode running, holding their ports). Main thread only."""
+    import signal
+
+    def interrupt(signum, frame):
+        raise KeyboardInterrupt(signal.Signals(signum).name)
+
+    before = {s: signal.signal(s, interrupt) for s in (signal.SIGTERM, signal.SIGHUP)}
+    try:
+        yield
+    finally:
+        for s, handler in before.items():
+            signal.signal(s, handler)

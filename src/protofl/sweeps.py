@@ -25,6 +25,7 @@ from __future__ import annotations
 import itertools
 import multiprocessing as mp
 import os
+import signal
 import re
 import threading
 import time
@@ -415,6 +416,11 @@ class _SharedQueue:
         except BaseException:
             with self.lock:
                 self.queue.clear()  # no new runs; the workers' current runs end with their own interrupt
+            # Ctrl-C reaches the workers too (the terminal's process group); SIGTERM to this
+            # process alone does not: pass it on as the interrupt it is
+            for p in list(getattr(self.pool, "_processes", {}).values()):
+                if p.is_alive():
+                    os.kill(p.pid, signal.SIGINT)
             raise
         finally:
             self.stop.set()

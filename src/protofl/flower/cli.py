@@ -122,7 +122,7 @@ def cmd_local(args) -> int:
     if not _need_flwr():
         return EXIT_BAD_INPUT
     from ..config import config_from_args
-    from .launch import LocalDeployment, terminate_as_interrupt, throwaway_certificates
+    from .launch import LocalDeployment, throwaway_certificates
 
     cfg = config_from_args(args)
     work = Path(args.workdir or tempfile.mkdtemp(prefix="protofl-flower-"))
@@ -134,8 +134,9 @@ def cmd_local(args) -> int:
 
         run_dir = run_dir_for(cfg) if args.resume else fresh_dir(cfg)
     print(f"SuperLink + {cfg.partition.num_clients} SuperNodes on 127.0.0.1 (logs in {work})", file=sys.stderr)
-    with terminate_as_interrupt(), LocalDeployment(work, cfg.partition.num_clients, tls=tls, isolation=args.isolation,
-                                                   node_config={"state-dir": str(work / "node-state")}) as dep:
+    # (SIGTERM and SIGHUP unwind this block as Ctrl-C does: protofl's main, errors.terminate_as_interrupt)
+    with LocalDeployment(work, cfg.partition.num_clients, tls=tls, isolation=args.isolation,
+                         node_config={"state-dir": str(work / "node-state")}) as dep:
         res = dep.submit(cfg, run_dir, timeout=args.timeout, **{k: v for k, v in _settings(args).items()
                                                                 if k != "run_dir"})
     print(res.stdout)

@@ -30,10 +30,9 @@ import socket
 import subprocess
 import sys
 import time
-from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Iterator, Optional, Sequence
+from typing import Any, Optional, Sequence
 
 FLOWER_ENV = {
     "FLWR_TELEMETRY_ENABLED": "0",
@@ -249,22 +248,6 @@ def stop_processes(procs: Sequence[subprocess.Popen], timeout: float = 10.0) -> 
 def stop_process(proc: subprocess.Popen, timeout: float = 10.0) -> None:
     stop_processes([proc], timeout)
 
-
-@contextmanager
-def terminate_as_interrupt() -> Iterator[None]:
-    """SIGTERM and SIGHUP (``kill``, ``timeout``, systemd, SLURM, Kubernetes) end this
-    process as Ctrl-C does: a ``KeyboardInterrupt`` unwinds the ``with`` blocks above, so a
-    :class:`LocalDeployment` stops everything it started (a SIGTERM used to leave the
-    SuperLink and every SuperNode running, holding their ports)."""
-    def interrupt(signum, frame):
-        raise KeyboardInterrupt(signal.Signals(signum).name)
-
-    before = {s: signal.signal(s, interrupt) for s in (signal.SIGTERM, signal.SIGHUP)}
-    try:
-        yield
-    finally:
-        for s, handler in before.items():
-            signal.signal(s, handler)
 
 
 # ---------------------------------------------------------------------------------------

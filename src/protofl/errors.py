@@ -125,6 +125,11 @@ def terminate_as_interrupt() -> Iterator[None]:
     processes and a local Flower deployment stops everything it started (a SIGTERM used to
     leave the SuperLink and every SuperNode running, holding their ports). Main thread only."""
     import signal
+    import threading
+
+    if threading.current_thread() is not threading.main_thread():  # (signals reach the main thread only)
+        yield
+        return
 
     def interrupt(signum, frame):
         raise KeyboardInterrupt(signal.Signals(signum).name)

@@ -488,7 +488,12 @@ class Simulation:
             size = self.privacy.count_bound(size)
         reason = check_reply(out.reply, sent, client_size=size,
                              model_bytes=self.model_bytes, patterns=self.algorithm.reply_arrays)
-        return reason or check_report(out.eval, out.train) or self.algorithm.check_reply(out.reply, sent)
+        return reason or check_report(out.eval, out.train, self._group(task.cid)) or self.algorithm.check_reply(out.reply, sent)
+
+    def _group(self, cid: int) -> Optional[str]:
+        """The client's feature group (its ``pa:<group>``), or None without feature groups."""
+        names = self.fed.feature_group_names
+        return names[self.fed.feature_groups[cid]] if names is not None else None
 
     def evaluate_all_clients(self, state: Any):
         """Every client's personalized model after the last round (``all_*`` metrics).
@@ -514,7 +519,8 @@ class Simulation:
                                 self.store.get(cid), True, True, noise_key=self.noise_key(cid))
                      for cid in cids[i:i + chunk]]
             outputs = yield tasks
-            personal += [o.eval for o in outputs if o is not None and o.eval and check_report(o.eval, None) is None]
+            personal += [o.eval for t, o in zip(tasks, outputs) if o is not None and o.eval
+                         and check_report(o.eval, None, self._group(t.cid)) is None]
             spent += [(t.cid, o.train if check_report(None, o.train) is None else {})
                       for t, o in zip(tasks, outputs) if o is not None]
         out: dict[str, Any] = {}

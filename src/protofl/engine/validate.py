@@ -29,7 +29,9 @@ What a client says of itself beside its reply (:func:`check_report`) is checked 
 report that fails rejects the reply the same way (it never reaches a metrics row):
 
 * its personalized models' evaluation: only ``acc``, ``pm_v``, ``pm_l``, ``pa`` (with an
-  ``@name`` suffix for extra predictors), each an accuracy in [0, 1];
+  ``@name`` suffix for extra predictors) and ``pa:<its own feature group>``, each an
+  accuracy in [0, 1] (``pm_v`` and ``pm_l`` may be NaN: undefined for a client without a
+  class of its own);
 * its training numbers: ``loss`` finite; ``seconds`` finite and >= 0; ``steps``,
   ``samples`` and the privacy spend ``dp_steps<i>``, ``dp_releases``, ``dp_labels`` whole
   numbers >= 0; the sampling rates ``dp_q<i>`` in (0, 1]; nothing else.
@@ -56,12 +58,16 @@ def _number(v: object) -> bool:
     return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
 
 
-def check_report(evaluation: Optional[dict], training: Optional[dict]) -> Optional[str]:
-    """The reason to reject what a client reports of itself (see above), or None."""
+def check_report(evaluation: Optional[dict], training: Optional[dict], group: Optional[str] = None) -> Optional[str]:
+    """The reason to reject what a client reports of itself (see above), or None.
+    ``group``: the client's feature group, whose local accuracy it reports as ``pa:<group>``."""
     for name, v in (evaluation or {}).items():
-        if not isinstance(name, str) or not EVAL_NAME.fullmatch(name):
+        if not isinstance(name, str) or not (EVAL_NAME.fullmatch(name) or (group is not None and name == f"pa:{group}")):
             return f"evaluation {name!r} is not one the server asked for"
-        if not _number(v) or not 0.0 <= v <= 1.0:
+        # NaN only where it means undefined (pm_v, pm_l of a client without a class of its own);
+        # acc and pa are over test sets that are never empty
+        undefined = v != v and name.startswith(("pm_v", "pm_l"))
+        if not isinstance(v, (int, float)) or isinstance(v, bool) or not (undefined or 0.0 <= v <= 1.0):
             return f"evaluation {name!r} is not an accuracy in [0, 1] ({v!r})"
     for name, v in (training or {}).items():
         if not isinstance(name, str):

@@ -139,6 +139,9 @@ def recorded_ok(folder: Path, f: RemoteFile, record: dict) -> bool:
     return bool(entry and p.exists() and entry.get("hash") == f.known_hash and entry.get("stat") == _stat_key(p))
 
 
+_CHECKED: set[tuple] = set()  # (path, size, mtime_ns, checksum) this process found to be the published bytes
+
+
 def check_before_reading(source: Source, root: Path, verify: bool = True,
                          say: Optional[Callable[[str], None]] = None) -> None:
     """Before a run reads ``source`` from ``root``: every published file present is the
@@ -155,11 +158,15 @@ def check_before_reading(source: Source, root: Path, verify: bool = True,
     if not have:
         return
     record = _read_record(folder)
-    unknown = [f for f in have if not recorded_ok(folder, f, record)]
+    unknown = [f for f in have if not recorded_ok(folder, f, record)
+               and (str(folder / f.name), *_stat_key(folder / f.name), f.known_hash) not in _CHECKED]
     if not unknown:
         return
     bad = [f for f in unknown if not check_file(folder / f.name, f, record)]
     _write_record(folder, record)
+    # (a read-only root keeps no record: this process remembers what it checked, so a sweep's
+    # runs read a copy once)
+    _CHECKED.update((str(folder / f.name), *_stat_key(folder / f.name), f.known_hash) for f in unknown if f not in bad)
     if not bad:
         return
     names = ", ".join(f"{f.name} (expected {_hash_words(f)}{_whose(folder / f.name, source)})" for f in bad)

@@ -68,6 +68,7 @@ sys.path.insert(0, str(HERE.parent))
 from harness import header, shown_command  # noqa: E402
 
 CONFIG = HERE.parents[1] / "configs" / "fednh_fmnist.yaml"
+CHANCE_MARGIN = 0.02  # GA within 2 points of chance (1/C): the run's model learned nothing
 PROTO_CLIP = 5.0  # FedProto's raw cnn_fmnist features (ReLU, 128-d): the norm bound of one sample's
 
 MECHANISMS = {  # label: (method, privacy overrides; None: the reference without privacy)
@@ -203,6 +204,10 @@ def main() -> None:
     table = []
     run_seconds = 0.0  # the rounds' wall time over every run, however many sittings they took
     max_dev = None  # the largest |epsilon spent / target - 1| of a run
+    from protofl.data.datasets import FMNIST_CLASSES
+
+    chance = 1.0 / len(FMNIST_CLASSES)  # a model that learned nothing: GA at 1/C
+    at_chance_rule = chance + CHANCE_MARGIN
     for label, eps, names in points_of:
         privacy = MECHANISMS[label][1]
         per_seed = []
@@ -221,6 +226,7 @@ def main() -> None:
                 for k, metric in enumerate(("GA", "PA")):
                     at[metric].setdefault(eps, {}).setdefault(label, {})[seed] = 100 * per_seed[-1][k]
         ga, pa, spent, sigma = (np.array(v, dtype=np.float64) for v in zip(*per_seed))
+        at_chance = int(np.sum(ga <= at_chance_rule))  # runs whose model ended at chance level
         if privacy is not None:
             dev = float(np.max(np.abs(spent / eps - 1)))
             max_dev = dev if max_dev is None else max(max_dev, dev)
@@ -229,13 +235,15 @@ def main() -> None:
                       "–" if privacy is None else f"{np.mean(spent):.2f}",
                       "–" if privacy is None else f"{np.mean(sigma):.3g}",
                       pct(float(ga.mean()), sd(ga)), pct(float(pa.mean()), sd(pa)),
-                      f"{100 * rejected / replies:.1f}" if replies and logged else "–", str(len(seeds))])
+                      f"{100 * rejected / replies:.1f}" if replies and logged else "–",
+                      f"{at_chance} of {len(seeds)}" if at_chance else "–", str(len(seeds))])
         if privacy is not None:
             points.setdefault(label, []).append((float(np.mean(spent)), float(ga.mean()), sd(ga)))
         else:
             references[label] = float(ga.mean())
     cfg = load_config(CONFIG, base)
-    head = ["mechanism", "target ε", "ε spent", "noise σ", "GA (%)", "PA (%)", "replies rejected (%)", "seeds"]
+    head = ["mechanism", "target ε", "ε spent", "noise σ", "GA (%)", "PA (%)", "replies rejected (%)",
+            "runs at chance", "seeds"]
     # at each epsilon: the mechanism with the most GA / PA, tested against each of the others
     # (paired over seeds); a mechanism without the metric (PA under client-level DP) is left out
     leaders, tests = [], []
@@ -275,7 +283,11 @@ def main() -> None:
             + ". Every row protects all its clients send. PA under client-level DP: not logged (the "
               "clients' personalized models are trained without noise). Replies rejected: the share of the "
               "replies the server dropped for non-finite weights (the noise), over every round and seed; not logged "
-              "under client-level DP (the server judges the updates before their noise).\n\n"
+              "under client-level DP (the server judges the updates before their noise). Runs at chance: the "
+              f"runs whose GA ended within {100 * CHANCE_MARGIN:g} points of chance ({100 * chance:g} %, "
+              f"{len(FMNIST_CLASSES)} classes): a model that learned nothing under that noise; they are this "
+              f"mechanism's result at that ε (every run completed its {cfg.rounds} rounds), and their mean is the mean "
+              "of chance-level models.\n\n"
             + "\nWhich mechanism keeps the most accuracy at each ε: the leader's verdict is its paired one-sided "
               "test (5 %) above each other mechanism at that ε (intersection-union; protofl.reproduce.stats).\n\n"
             + markdown(leaders_head, leaders)

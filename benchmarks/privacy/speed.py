@@ -29,8 +29,14 @@ from pathlib import Path
 import torch
 
 HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE.parent))
+from harness import header, shown_command  # noqa: E402
+
 CONFIG = HERE.parents[1] / "configs" / "fednh_fmnist.yaml"
 
+# the runs here draw seeded noise (the same clients as the runs without privacy): their
+# epsilon is the accountant's for that noise multiplier, not a guarantee
+EPS_HEAD = "epsilon (seeded noise: not private)"
 SEEDED = "privacy.noise=seeded"  # the same clients as the run without privacy (and the same cost as secret noise)
 SETTINGS = [  # label, method, overrides (a setting's reference: the first of its method, without privacy)
     ("FedAvg", "fedavg", []),
@@ -92,7 +98,10 @@ def main() -> None:
             f"{args.threads} intra-op thread(s), torch {torch.__version__}, "
             f"{platform.processor() or platform.machine()}."
             f" Last executor's description: {ran}.\n\n"
-            + markdown(["executor", "setting", "training samples/s", "each repeat", "epsilon"], rows))
+            + header("Written by `" + shown_command("benchmarks/privacy/speed.py", sys.argv[1:],
+                                                    {"--data-dir": "DATA", "--runs": "RUNS", "--results": "RESULTS"})
+                     + "`.") + "\n\n"
+            + markdown(["executor", "setting", "training samples/s", "each repeat", EPS_HEAD], rows))
     out = Path(args.results) / "speed.md"
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(text)

@@ -106,10 +106,11 @@ class FlowerExecutor(Executor):
             self.cid_of[node] = -1
             return
         old = self.node_of.get(cid)
-        if old is not None and old != node and old in set(self.grid.get_node_ids()):
-            # the client's node is still online: a second node claiming its id is refused (a
-            # restarted node takes over once the old one has left; it is asked again until then)
-            self.log(f"[flower] node {node} claims client {cid}, which node {old} serves and is online: refused")
+        if old is not None and old != node and cid not in self.late and old in set(self.grid.get_node_ids()):
+            # the client's node is online and answering: a second node claiming its id is
+            # refused (asked again each round). A node restarted after a crash takes over at
+            # once: its client went late when the old node stopped answering
+            self.log(f"[flower] node {node} claims client {cid}, which node {old} serves and answers: refused")
             return
         if old is not None and old != node:
             self.log(f"[flower] client {cid} is now served by node {node} (was node {old}, gone)")

@@ -431,10 +431,13 @@ def compare(cfg: Config, methods: dict[str, dict], seeds: list[int], out: Path,
         else:
             groups.setdefault(label, []).append(d)
     rows = finish_grid(groups, out, "compare", select=select, report=report,
-                       meta={"seeds": seeds, "methods": methods,
-                             "diverged": [str(Path(d).relative_to(out)) if Path(d).is_relative_to(out) else str(d)
-                                          for _, _, d in bad]})
+                       meta={"seeds": seeds, "methods": methods, "diverged": [_in(out, d) for _, _, d in bad]})
     return rows, out
+
+
+def _in(out: Path, d: Path) -> str:
+    """A run folder as a grid's json names it: relative to the grid's folder when inside it."""
+    return str(Path(d).relative_to(out)) if Path(d).is_relative_to(out) else str(d)
 
 
 def finish_grid(groups: dict[str, list[Path]], out: Path, stem: str, select: str = "final",
@@ -447,8 +450,7 @@ def finish_grid(groups: dict[str, list[Path]], out: Path, stem: str, select: str
     write_tables(rows, out, groups, stem)
     save_json(out / f"{stem}.json", {
         **(meta or {}), "select": select,
-        "groups": {label: [str(Path(d).relative_to(out)) if Path(d).is_relative_to(out) else str(d)
-                           for d in dirs] for label, dirs in groups.items()}})
+        "groups": {label: [_in(out, d) for d in dirs] for label, dirs in groups.items()}})
     if report and groups:  # every run diverged: no report of nothing (the runs are named)
         write_report(out, select=select)
     return rows

@@ -28,15 +28,12 @@ from typing import Callable, Iterable, Iterator, Optional
 
 import yaml
 
-from .engine.train import DIVERGED
+from .engine.train import DIVERGED, STOPPED
 from .errors import InputError
 
 SUMMARY, METRICS, CLIENTS, CONFIG = "summary.json", "metrics.jsonl", "clients.json", "config.yaml"
 RECORD = (METRICS, CLIENTS, CONFIG, SUMMARY)  # the order they are written in: the summary last
 DATA_ROOT = "DATA"  # what a record's config says for the data root
-
-
-STOPPED = "stopped"  # the summary status of a run stopped at privacy.target_epsilon
 
 
 def finished(run_dir: Path) -> Optional[dict]:

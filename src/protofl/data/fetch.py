@@ -441,9 +441,11 @@ def fetch(source: Source, root: Path, *, mirrors: Sequence[str] = (), download: 
     todo = [f for f in source.files if not (folder / f.name).exists() or not recorded_ok(folder, f, record)]
     if todo and all((folder / f.name).is_file() for f in todo):
         # every file is there, only not yet checked: check it in place, without the lock (a
-        # read-only data root holding the published files verifies, and nothing is written)
-        if all(check_file(folder / f.name, f, record) for f in todo):
-            _write_record(folder, record)
+        # read-only data root holding the published files verifies, and nothing is written);
+        # what passed is recorded, so the pass under the lock re-reads only what did not
+        passed = [check_file(folder / f.name, f, record) for f in todo]
+        _write_record(folder, record)
+        if all(passed):
             return folder
     if not todo:
         return folder

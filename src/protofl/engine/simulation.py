@@ -49,7 +49,7 @@ from .server import global_metrics, ServerContext
 from .store import make_store
 from .task import Task
 from .trackers import make_trackers
-from .train import DIVERGED, NonFiniteLossError, round_lr
+from .train import DIVERGED, NonFiniteLossError, round_lr, STOPPED
 from .validate import check_reply, check_report
 
 log = logging.getLogger("protofl")
@@ -66,6 +66,13 @@ def default_run_name(cfg: Config) -> str:
     feat = "" if cfg.features.name == "none" else f"-{cfg.features.name}"
     return (f"{cfg.algorithm.name}-{cfg.data.name}{feat}-{cfg.partition.name}{cfg.partition.num_clients}"
             f"-s{cfg.seed}-{cfg.fingerprint()}")
+
+
+def spend(out) -> dict:
+    """A client output's training numbers as the privacy ledger reads them: a report the
+    server cannot read (engine/validate.py check_report) counts nothing, since only its
+    sender's own data is at stake."""
+    return out.train if check_report(None, out.train) is None else {}
 
 
 def run_dir_for(cfg: Config) -> Path:
@@ -310,7 +317,7 @@ class Simulation:
             for rnd in range(start, cfg.rounds + 1):
                 stop = self.privacy.stop_reason(rnd) if self.privacy is not None else None
                 if stop is not None:  # privacy.target_epsilon: the rounds so far are the run
-                    status, error = "stopped", stop
+                    status, error = STOPPED, stop
                     log.info("%s", stop)
                     if pending is not None:
                         emit(pending)
@@ -346,11 +353,11 @@ class Simulation:
             try:
                 save_json(self.dir / SUMMARY, summary)
                 weights = self.diagnostics().model_weights(state) \
-                    if status in ("complete", "stopped") and cfg.output.save_model else None
+                    if status in ("complete", STOPPED) and cfg.output.save_model else None
                 if weights is not None:
                     save_torch(self.dir / "model.pt", weights)
             except OSError as e:
-                if status in ("complete", "stopped"):  # nothing else is being raised: this is the error
+                if status in ("complete", STOPPED):  # nothing else is being raised: this is the error
                     raise self.write_error(e, rows) from e
                 log.warning("%s was not written: %s", e.filename, e.strerror or e)  # the run's own error matters more
             for cb in callbacks:
@@ -436,9 +443,8 @@ class Simulation:
         state = algo.aggregate(state, rnd, replies if self.privacy is None else
                                self.privacy.release(rnd, shared, kept, server), server)
         if self.privacy is not None:  # every client that trained spent, its reply kept or not
-            # (a report the server cannot read counts nothing: only its sender's data is at stake)
-            server.log("epsilon", self.privacy.account([(t.cid, o.train if check_report(None, o.train) is None
-                                                         else {}) for t, o in zip(tasks, outputs) if o is not None]))
+            server.log("epsilon", self.privacy.account([(t.cid, spend(o)) for t, o in zip(tasks, outputs)
+                                                        if o is not None]))
             server.log("privacy_sigma", self.privacy.z)  # the noise multiplier (privacy.calibrate's choice)
             if self.privacy.secret is None:
                 server.log(SEEDED_KEY, 1.0)
@@ -521,8 +527,7 @@ class Simulation:
             outputs = yield tasks
             personal += [o.eval for t, o in zip(tasks, outputs) if o is not None and o.eval
                          and check_report(o.eval, None, self._group(t.cid)) is None]
-            spent += [(t.cid, o.train if check_report(None, o.train) is None else {})
-                      for t, o in zip(tasks, outputs) if o is not None]
+            spent += [(t.cid, spend(o)) for t, o in zip(tasks, outputs) if o is not None]
         out: dict[str, Any] = {}
         if self.privacy is not None:  # every client trained once more: its spend counts
             out["epsilon"] = self.privacy.account(spent, count_round=False)

@@ -47,6 +47,9 @@ SCHEDULES = ("exponential", "cosine", "step")
 # the summary status of a run stopped by a NaN/inf training loss: a result of its config (the
 # same config diverges again in the same round), where "failed" is an error of the machine
 DIVERGED = "diverged"
+# the summary status of a run stopped before a round that would take it past its privacy
+# budget (privacy.target_epsilon): a result of its config too
+STOPPED = "stopped"
 
 
 class NonFiniteLossError(FloatingPointError):

@@ -52,10 +52,11 @@ SLACK_BYTES = 1 << 20
 
 EVAL_NAME = re.compile(r"(acc|pm_v|pm_l|pa)(@[\w.-]+)?")
 COUNTS = re.compile(r"steps|samples|dp_steps\d+|dp_releases|dp_labels")
+RATE = re.compile(r"dp_q\d+")
 
 
-def _number(v: object) -> bool:
-    return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
+def _real(v: object) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool)
 
 
 def check_report(evaluation: Optional[dict], training: Optional[dict], group: Optional[str] = None) -> Optional[str]:
@@ -66,13 +67,12 @@ def check_report(evaluation: Optional[dict], training: Optional[dict], group: Op
             return f"evaluation {name!r} is not one the server asked for"
         # NaN only where it means undefined (pm_v, pm_l of a client without a class of its own);
         # acc and pa are over test sets that are never empty
-        undefined = v != v and name.startswith(("pm_v", "pm_l"))
-        if not isinstance(v, (int, float)) or isinstance(v, bool) or not (undefined or 0.0 <= v <= 1.0):
+        if not _real(v) or not (0.0 <= v <= 1.0 or (math.isnan(v) and name.startswith(("pm_v", "pm_l")))):
             return f"evaluation {name!r} is not an accuracy in [0, 1] ({v!r})"
     for name, v in (training or {}).items():
         if not isinstance(name, str):
             return f"training number {name!r} is not named by a string"
-        if not _number(v):
+        if not _real(v) or not math.isfinite(v):
             return f"training number {name!r} is not a finite number ({v!r})"
         if COUNTS.fullmatch(name):
             if v < 0 or float(v) != int(v):
@@ -80,7 +80,7 @@ def check_report(evaluation: Optional[dict], training: Optional[dict], group: Op
         elif name == "seconds":
             if v < 0:
                 return f"training number 'seconds' is negative ({v!r})"
-        elif re.fullmatch(r"dp_q\d+", name):
+        elif RATE.fullmatch(name):
             if not 0.0 < v <= 1.0:
                 return f"training number {name!r} is not a sampling rate in (0, 1] ({v!r})"
         elif name != "loss":

@@ -113,7 +113,8 @@ class FlowerExecutor(Executor):
             self.log(f"[flower] node {node} claims client {cid}, which node {old} serves and answers: refused")
             return
         if old is not None and old != node:
-            self.log(f"[flower] client {cid} is now served by node {node} (was node {old}, gone)")
+            self.log(f"[flower] client {cid} is now served by node {node} "
+                     f"(was node {old}, which left or stopped answering)")
             self.cid_of[old] = -1
         self.node_of[cid], self.cid_of[node] = node, cid
         self.late.discard(cid)

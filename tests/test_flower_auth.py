@@ -1,6 +1,7 @@
 """SuperNode authentication and TLS over real Flower processes: registered SuperNodes train;
 an unregistered one, and a registered one without TLS, are refused (``protofl flower
 keys|register``, ``superlink --auth``)."""
+import math
 import subprocess
 
 import pytest
@@ -39,10 +40,12 @@ def test_registered_tls_supernodes_train_and_unregistered_or_insecure_ones_are_r
     # Flower allows SuperNode auth only with TLS
     certs = throwaway_certificates(tmp_path / "certs", hosts=("127.0.0.1", "localhost"))
     with LocalDeployment(tmp_path / "deployment", num_nodes=3, tls=certs, auth=True) as dep:
-        rogues = {"stranger": dep.start_node(0, name="stranger", auth_key=stranger, max_wait_time=15),
+        # (rejoin_wait=0: a refused node gives up at once instead of trying again as a restarted one would)
+        rogues = {"stranger": dep.start_node(0, name="stranger", auth_key=stranger, max_wait_time=15,
+                                             rejoin_wait=0),
                   # gets a registered key pair, but no TLS
                   "insecure-supernode": dep.start_node(0, insecure=True, name="insecure-supernode",
-                                                       max_wait_time=15)}
+                                                       max_wait_time=15, rejoin_wait=0)}
         res = dep.submit(cfg, tmp_path / "flower", timeout=300, round_timeout=150)
         rcs = {}
         for name, rogue in rogues.items():
@@ -61,3 +64,65 @@ def test_registered_tls_supernodes_train_and_unregistered_or_insecure_ones_are_r
     assert "Failed to activate SuperNode" in logs["stranger"], logs["stranger"][-2000:]
     for k in range(3):  # the registered ones did join
         assert "SuperNode ID" in (tmp_path / "deployment" / f"supernode-{k}.log").read_text(errors="replace")
+
+
+@pytest.mark.flower
+def test_authenticated_node_killed_and_restarted_rejoins_and_its_client_cannot_be_claimed(tmp_path):
+    """Under SuperNode authentication a node's id is its key's. SuperNode 1 is killed
+    (SIGKILL: no goodbye) during the run: its client is lost in that round (the round waits
+    no longer than round-timeout) and skipped at once in the next ones, and the run goes
+    on. Restarted at once, the node is refused by the SuperLink while it still counts the
+    old session online (about 60 s); its supervisor tries again until it is let in, and
+    the client is back within two rounds of that. Meanwhile a registered node claims
+    client 1: refused and logged (the run binds each client to its first node), never
+    given client 1's work."""
+    import threading
+    import time
+
+    from test_flower_deploy import digits, run_rows
+
+    from protofl.engine.simulation import read_rows
+
+    # enough rounds to outlast the SuperLink's heartbeat patience: the node is let in 36-65 s
+    # after the kill (2 x 30 s after its last heartbeat, which came up to 24 s before the
+    # kill, + a 5 s retry), about round 12-20 at Flower's 3-4 s a round (its nodes poll every 3 s)
+    cfg = digits(tmp_path, "algorithm.name=fedavg", "rounds=26", "training.epochs=1", "eval.personal=false")
+    certs = throwaway_certificates(tmp_path / "certs", hosts=("127.0.0.1", "localhost"))
+    metrics = tmp_path / "flower" / "metrics.jsonl"
+
+    def rows() -> int:
+        return len(read_rows(metrics)) if metrics.exists() else 0
+
+    def wait_for(cond, timeout):
+        deadline = time.monotonic() + timeout
+        while not cond():
+            assert time.monotonic() < deadline, "timed out"
+            time.sleep(0.2)
+
+    with LocalDeployment(tmp_path / "deployment", num_nodes=3, tls=certs, auth=True) as dep:
+        box = {}
+        submit = threading.Thread(target=lambda: box.setdefault("res", dep.submit(
+            cfg, tmp_path / "flower", timeout=600, round_timeout=10)))
+        submit.start()
+        wait_for(lambda: rows() >= 1, 240)
+        dep.kill_node(1)
+        wait_for(lambda: any(json_row["lost"] for json_row in read_rows(metrics)), 120)  # client 1 is late
+        dep.start_node(1, name="hijacker")  # a registered key of its own, claiming client 1
+        dep.restart_node(1)
+        log1 = tmp_path / "deployment" / "supernode-1.log"
+        wait_for(lambda: "SuperNode ID" in log1.read_text(errors="replace"), 180)
+        up = rows()  # the round in progress when the restarted node was let in
+        submit.join(timeout=600)
+    res = box["res"]
+    assert res.returncode == 0, res.stdout[-3000:]
+    summary, got = run_rows(tmp_path / "flower")
+    assert summary["status"] == "complete", summary
+    assert "refused to activate this SuperNode" in log1.read_text(errors="replace")  # tried again, then let in
+    assert up + 3 <= len(got), (up, len(got))  # rounds were left to see it back
+    assert all(r["lost"] == 0 and r["arrived"] == 3 for r in got[up + 2:]), [(r["round"], r["lost"]) for r in got]
+    assert all(r["lost"] <= 1 and math.isfinite(r["train_loss"]) for r in got)
+    first = next(i for i, r in enumerate(got) if r["lost"])
+    assert got[first]["wall_s"] < 10 + 8, got[first]["wall_s"]  # round-timeout (10 s) bounds the wait ...
+    assert all(r["wall_s"] < 10 for r in got[first + 1:up]), [r["wall_s"] for r in got]  # ... then skipped at once
+    assert "which is bound to node" in res.stdout and "refused" in res.stdout, res.stdout[-3000:]
+    assert "is now served by node" not in res.stdout  # no takeover, by the hijacker or anyone

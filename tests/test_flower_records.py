@@ -323,6 +323,52 @@ def test_a_node_claiming_a_served_client_or_answering_garbage_changes_nothing(di
     assert any("node 2001 answered the query with something else" in line for line in logs)
 
 
+@pytest.mark.parametrize("bind", [False, True])
+def test_a_late_clients_id_is_taken_over_only_without_binding(bind, digits_cfg, tmp_path, task_identity):
+    """Client 2's node is cut off after round 1; an impostor node claims client 2 in round 2.
+    Without ``bind_clients`` (no authentication: a restarted node has a new id) it takes the
+    late client over; with it (authenticated ids) its claim is refused and logged, the
+    impostor is never asked again, and client 2's own node, back after round 3, serves it."""
+    cfg = digits_cfg("algorithm.name=fedavg", "rounds=4", "partition.num_clients=3", "participation.fraction=1.0",
+                     "training.steps=1", "eval.personal=false")
+    grid = LoopbackGrid(run_config_for(cfg), range(3), 3)
+    impostor = Context(run_id=77, node_id=2000, state=RecordDict(), run_config=grid.contexts[1000].run_config,
+                       node_config={"partition-id": 2, "num-partitions": 3})
+    logs: list[str] = []
+    box = {}
+
+    def factory(s):
+        box["ex"] = FlowerExecutor(grid, s.fed.num_clients, poll_interval=0.0, round_timeout=0.2, log=logs.append,
+                                   discovery_timeout=5, bind_clients=bind)
+        return box["ex"]
+
+    class Hijack:
+        def on_start(self, info): ...
+        def on_end(self, summary): ...
+
+        def on_round(self, row):
+            if row["round"] == 1:
+                grid.down.add(1002)  # client 2's node stops answering ...
+            if row["round"] == 2:
+                grid.contexts[2000] = impostor  # ... and, once it is late, another node claims client 2
+            if row["round"] == 3:
+                grid.revive(1002)
+
+    sim = Simulation(cfg, run_dir=tmp_path / str(bind), executor_factory=factory)
+    sim.user_callbacks.append(Hijack())
+    rows = sim.run().rows
+    trained = [node for kind, node in grid.pushed if kind == "train"]
+    if bind:
+        assert box["ex"].node_of[2] == 1002 and 2000 not in trained
+        assert any("node 2000 claims client 2, which is bound to node 1002" in line and "refused" in line
+                   for line in logs)
+        assert sum(node == 2000 for kind, node in grid.pushed if kind == "query") == 1  # asked once, then never
+        assert [(r["arrived"], r["lost"]) for r in rows] == [(3, 0), (2, 1), (2, 1), (3, 0)]
+    else:  # what docs/deploy.md says a node can do without authentication
+        assert box["ex"].node_of[2] == 2000 and 2000 in trained
+        assert any("client 2 is now served by node 2000" in line for line in logs)
+
+
 @pytest.mark.parametrize("name", ALGORITHMS.names())
 def test_every_method_on_flowers_clientapp_equals_in_process(name, digits_cfg, tmp_path, task_identity):
     # the real ClientApp on three loopback nodes: every message and reply crosses Flower's

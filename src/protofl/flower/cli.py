@@ -3,9 +3,9 @@
     protofl flower superlink [--host H] [--port P] [--certs DIR | --insecure] [--auth]
     protofl flower supernode --superlink H:P --partition-id K --num-partitions N [--root-certificates CA | --insecure]
                              [--isolation process|subprocess] [--auth-key PRIVATE_KEY] [--state-dir DIR]
-    protofl flower app CONFIG [overrides] --out DIR      # the Flower App project of a run
-    protofl flower run CONFIG [overrides] --connection NAME [--stream] [--resume]   # app + `flwr run`
-    protofl flower local CONFIG [overrides] [--tls] [--resume]   # everything on this machine, for a trial
+    protofl flower app CONFIG [overrides] --out DIR [--bind-clients]   # the Flower App project of a run
+    protofl flower run CONFIG [overrides] --connection NAME [--stream] [--resume] [--bind-clients]   # app + `flwr run`
+    protofl flower local CONFIG [overrides] [--tls | --auth] [--resume]   # everything on this machine, for a trial
     protofl flower certs DIR [--host H ...]              # a throwaway CA and server certificate
     protofl flower keys DIR [--name N ... | --count K]   # SuperNode key pairs (authentication)
     protofl flower register PUBLIC_KEY ... --connection NAME   # allow those SuperNodes in
@@ -49,7 +49,8 @@ def _exec(cmd: list[str]) -> int:
 def _settings(args) -> dict:
     return {k: v for k, v in (("run_dir", args.run_dir), ("round_timeout", args.round_timeout),
                               ("discovery_timeout", args.discovery_timeout),
-                              ("resume", getattr(args, "resume", None) or None)) if v is not None}
+                              ("resume", getattr(args, "resume", None) or None),
+                              ("bind_clients", getattr(args, "bind_clients", None) or None)) if v is not None}
 
 
 # ---------------------------------------------------------------------------------------
@@ -91,7 +92,8 @@ def cmd_supernode(args) -> int:
                                 ("state-dir", args.state_dir)) if v}
     return _exec(node_command(args.superlink, args.partition_id, args.num_partitions, port=args.port,
                               root_certificates=args.root_certificates, insecure=args.insecure,
-                              node_config=extra, isolation=args.isolation, auth_key=args.auth_key))
+                              node_config=extra, isolation=args.isolation, auth_key=args.auth_key,
+                              rejoin_wait=args.rejoin_wait))
 
 
 def cmd_app(args) -> int:
@@ -126,7 +128,8 @@ def cmd_local(args) -> int:
 
     cfg = config_from_args(args)
     work = Path(args.workdir or tempfile.mkdtemp(prefix="protofl-flower-"))
-    tls = throwaway_certificates(work / "certs") if args.tls else None
+    # SuperNode authentication needs TLS: --auth brings its throwaway certificates along
+    tls = throwaway_certificates(work / "certs") if args.tls or args.auth else None
     run_dir = Path(args.run_dir) if args.run_dir else None
     if run_dir is None:
         from ..api import fresh_dir
@@ -135,7 +138,7 @@ def cmd_local(args) -> int:
         run_dir = run_dir_for(cfg) if args.resume else fresh_dir(cfg)
     print(f"SuperLink + {cfg.partition.num_clients} SuperNodes on 127.0.0.1 (logs in {work})", file=sys.stderr)
     # (SIGTERM and SIGHUP unwind this block as Ctrl-C does: protofl's main, errors.terminate_as_interrupt)
-    with LocalDeployment(work, cfg.partition.num_clients, tls=tls, isolation=args.isolation,
+    with LocalDeployment(work, cfg.partition.num_clients, tls=tls, isolation=args.isolation, auth=args.auth,
                          node_config={"state-dir": str(work / "node-state")}) as dep:
         res = dep.submit(cfg, run_dir, timeout=args.timeout, **{k: v for k, v in _settings(args).items()
                                                                 if k != "run_dir"})
@@ -202,6 +205,9 @@ def add_flower_parser(sub) -> None:
         sp.add_argument("--round-timeout", type=float, help="seconds to wait for a round's replies (default 600)")
         sp.add_argument("--discovery-timeout", type=float,
                         help="seconds to wait at the start for one SuperNode per client (default 120)")
+        sp.add_argument("--bind-clients", action="store_true",
+                        help="a client's first SuperNode owns it for the run: any other node claiming its id "
+                             "is refused (for a SuperLink started with --auth, where a node's id is its key's)")
 
     sp = fs.add_parser("superlink", help="start flower-superlink for protofl runs")
     sp.add_argument("--host", default="127.0.0.1", help="address to bind (0.0.0.0 to accept other machines)")
@@ -226,6 +232,10 @@ def add_flower_parser(sub) -> None:
     sp.add_argument("--device", help="torch device on this machine, e.g. cuda:0")
     sp.add_argument("--auth-key", help="this node's private key (`protofl flower keys`), for a SuperLink "
                                        "started with --auth")
+    sp.add_argument("--rejoin-wait", type=float,
+                    help="with --auth-key: seconds from the start in which a SuperNode the SuperLink refuses to "
+                         "activate is started again (default 90: a node restarted after a crash is refused "
+                         "until Flower counts its old session offline, up to 60 s)")
     sp.add_argument("--state-dir", help="where this node keeps its client's state per run and round, so that it "
                                         "survives restarts (default ~/.cache/protofl/node-state; off: memory only)")
     sp.add_argument("--isolation", choices=("process", "subprocess"), default="process",
@@ -249,6 +259,9 @@ def add_flower_parser(sub) -> None:
     sp = fs.add_parser("local", help="SuperLink + one SuperNode per client on this machine, run, stop")
     with_config(sp)
     sp.add_argument("--tls", action="store_true", help="with a throwaway CA and certificates")
+    sp.add_argument("--auth", action="store_true",
+                    help="SuperNode authentication (implies --tls): a key pair per node, registered before it "
+                         "starts; each client is bound to its node's key for the run (--bind-clients)")
     sp.add_argument("--workdir", help="folder for logs and Flower state (default: a temp folder; "
                                       "give the same one with --resume to keep the nodes' state)")
     sp.add_argument("--resume", action="store_true",

@@ -20,6 +20,19 @@ A node that missed a round's deadline, answered with an error, or left
 client's tasks give ``None`` at once in later rounds -- no second wait for a node that is
 probably dead -- while a ``query`` goes to it every round; its first answer makes it a
 participant again.
+
+Which node may serve a client (``bind_clients``):
+
+* off (the default; for SuperLinks without SuperNode authentication, where a restarted
+  SuperNode gets a new node id): a second node claiming a client whose node is online
+  and answering is refused; a claim on a late client (its node stopped answering or
+  left) takes it over -- how a restarted node comes back. A client id is then the
+  node's own word: any node that reaches the SuperLink can claim a late client.
+* on (run setting ``bind-clients``; ``protofl flower local --auth`` sets it): for
+  SuperLinks with SuperNode authentication, where a node's id is its registered key's and
+  a restarted node keeps it. The first node to answer for a client owns it for the rest
+  of the run; any other node's claim is refused and logged, whether the owner is
+  answering, late or gone; the owner's key restarted elsewhere is the owner.
 """
 from __future__ import annotations
 
@@ -46,8 +59,10 @@ class FlowerExecutor(Executor):
     def __init__(self, grid: Grid, num_clients: int, *, round_timeout: float = 600.0,
                  discovery_timeout: float = 120.0, poll_interval: float = 0.5,
                  log: Callable[[str], None] = print, config_text: str = "",
-                 run_info: Optional[dict] = None, stop_on_nonfinite: bool = True) -> None:
+                 run_info: Optional[dict] = None, stop_on_nonfinite: bool = True,
+                 bind_clients: bool = False) -> None:
         self.grid, self.K = grid, num_clients
+        self.bind_clients = bind_clients  # a client's first node owns it for the run (module docstring)
         # training.on_nonfinite: stop (a client's report that its training diverged stops the
         # run, as in process) or drop (the report withdraws that client's reply, nothing more)
         self.stop_on_nonfinite = stop_on_nonfinite
@@ -106,6 +121,12 @@ class FlowerExecutor(Executor):
             self.cid_of[node] = -1
             return
         old = self.node_of.get(cid)
+        if old is not None and old != node and self.bind_clients:
+            # authenticated ids: the owner's key is the client's, whether its node answers or not
+            self.log(f"[flower] node {node} claims client {cid}, which is bound to node {old} for this run: "
+                     "refused (not asked again)")
+            self.cid_of[node] = -1
+            return
         if old is not None and old != node and cid not in self.late and old in set(self.grid.get_node_ids()):
             # the client's node is online and answering: a second node claiming its id is
             # refused (asked again each round). A node restarted after a crash takes over at

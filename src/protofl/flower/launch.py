@@ -122,12 +122,15 @@ def supernode_command(superlink: str, partition_id: int, num_partitions: int, po
 def node_command(superlink: str, partition_id: int, num_partitions: int, port: int = 9094,
                  root_certificates: Optional[Path] = None, insecure: Optional[bool] = None,
                  node_config: Optional[dict[str, Any]] = None, max_wait_time: Optional[float] = None,
-                 isolation: str = "process", auth_key: Optional[Path] = None) -> list[str]:
+                 isolation: str = "process", auth_key: Optional[Path] = None,
+                 rejoin_wait: Optional[float] = None) -> list[str]:
     """What ``protofl flower supernode`` runs: a SuperNode and what runs its ClientApps.
 
     ``process`` (default): :mod:`protofl.flower.node` starting ``flower-supernode
     --isolation process`` and one long-lived ClientApp worker (:mod:`protofl.flower.worker`)
-    on its Runtime API (127.0.0.1:``port``), stopping both together. ``subprocess``: the
+    on its Runtime API (127.0.0.1:``port``), stopping both together; with ``auth_key`` it
+    tries a refused activation again for ``rejoin_wait`` seconds (default
+    ``node.REJOIN_WAIT``: a node restarted after a crash rejoins). ``subprocess``: the
     plain ``flower-supernode`` (a fresh ``flwr-clientapp`` process per message).
     """
     cmd = supernode_command(superlink, partition_id, num_partitions, port=port, root_certificates=root_certificates,
@@ -135,7 +138,9 @@ def node_command(superlink: str, partition_id: int, num_partitions: int, port: i
                             isolation=isolation, auth_key=auth_key)
     if isolation == "subprocess":
         return cmd
-    return [sys.executable, "-m", "protofl.flower.node", "--runtime-api-address", f"127.0.0.1:{port}", "--", *cmd]
+    wait = [] if rejoin_wait is None else ["--rejoin-wait", str(float(rejoin_wait))]
+    return [sys.executable, "-m", "protofl.flower.node", "--runtime-api-address", f"127.0.0.1:{port}", *wait,
+            "--", *cmd]
 
 
 def write_connection(flwr_home: Path, name: str, address: str, root_certificates: Optional[Path] = None) -> Path:
@@ -406,12 +411,14 @@ class LocalDeployment:
             raise RuntimeError(f"registering {public_key} failed: {(res.stdout + res.stderr)[-2000:]}")
 
     def start_node(self, partition_id: int, insecure: Optional[bool] = None, name: Optional[str] = None,
-                   max_wait_time: Optional[float] = None, auth_key: Optional[Path] = None) -> subprocess.Popen:
+                   max_wait_time: Optional[float] = None, auth_key: Optional[Path] = None,
+                   rejoin_wait: Optional[float] = None) -> subprocess.Popen:
         """Start a SuperNode for ``partition_id`` (TLS when the deployment has it, unless ``insecure``).
 
         With ``auth``, a node started without ``auth_key`` gets the key pair
         ``keys/supernode-<k>`` (made and registered on first use); a node given ``auth_key``
-        uses that private key as it is, registered or not.
+        uses that private key as it is, registered or not. ``rejoin_wait``: see
+        :func:`node_command`.
         """
         name_ = name or f"supernode-{partition_id}"
         if self.auth and auth_key is None:
@@ -422,7 +429,8 @@ class LocalDeployment:
         root = None if self.tls is None or insecure else self.tls.ca_cert
         cmd = node_command(self.address, partition_id, self.num_nodes, port=free_port(),
                            root_certificates=root, insecure=insecure, node_config=self.node_config,
-                           max_wait_time=max_wait_time, isolation=self.isolation, auth_key=auth_key)
+                           max_wait_time=max_wait_time, isolation=self.isolation, auth_key=auth_key,
+                           rejoin_wait=rejoin_wait)
         proc = self._spawn(cmd, name_, f"flwr-home-{name_}")
         if name is None:
             self.nodes.append(proc)
@@ -431,9 +439,15 @@ class LocalDeployment:
         return proc
 
     def submit(self, cfg, run_dir: Path, timeout: float = 600.0, **settings: Any) -> subprocess.CompletedProcess:
-        """Write the app for ``cfg``, ``flwr run`` it with its logs streamed, wait for the end."""
+        """Write the app for ``cfg``, ``flwr run`` it with its logs streamed, wait for the end.
+
+        Under ``auth`` the run binds each client to its first node (``bind_clients``,
+        unless the settings say otherwise): node ids are the registered keys'.
+        """
         from .project import write_app
 
+        if self.auth:
+            settings.setdefault("bind_clients", True)
         self._runs += 1
         app = write_app(cfg, self.workdir / f"app-{self._runs}", run_dir=str(Path(run_dir).resolve()), **settings)
         proc = subprocess.Popen(flwr_run_command(app, "local", stream=True), cwd=self.workdir, env=self.env,

@@ -20,6 +20,10 @@ Run config keys (override with ``flwr run <dir> <superlink> --run-config 'key=va
 * ``poll-interval``      seconds between pulls of replies from the SuperLink
 * ``resume``             true: continue the run folder from its last checkpoint (with
                          ``run-dir`` empty: the config's own folder, ``output.dir``/run name)
+* ``bind-clients``       true: a client's first SuperNode owns it for the run, any other
+                         node's claim is refused (for SuperLinks with SuperNode
+                         authentication, where a node's id is its key's; see
+                         :mod:`protofl.flower.executor`)
 
 Node config keys (``flower-supernode --node-config '...'``):
 
@@ -54,6 +58,7 @@ DEFAULTS: dict[str, Any] = {
     "discovery-timeout": 120.0,
     "poll-interval": 0.5,
     "resume": False,
+    "bind-clients": False,
 }
 
 

@@ -93,7 +93,8 @@ def _main(grid: Grid, context: Context, defaults: Optional[dict] = None) -> None
                               discovery_timeout=setting(rc, "discovery-timeout"),
                               poll_interval=setting(rc, "poll-interval"), log=_log,
                               config_text=str(rc[CONFIG_KEY]), run_info=run_info,
-                              stop_on_nonfinite=cfg.training.on_nonfinite == "stop")
+                              stop_on_nonfinite=cfg.training.on_nonfinite == "stop",
+                              bind_clients=setting(rc, "bind-clients"))
 
     _log(f"[protofl] {cfg.algorithm.name} on {cfg.data.name}, {cfg.partition.num_clients} clients, "
          f"{cfg.rounds} rounds -> {run_dir.resolve()}")

@@ -16,6 +16,7 @@ import torch
 from protofl.data.datasets import (
     DataFileError,
     ALL_LETTERS,
+    archive_members,
     DATASETS,
     MissingDataError,
     default_root,
@@ -620,3 +621,71 @@ def test_hf_respects_offline_and_download_false(tmp_path):
     finally:
         httpd.shutdown()
         httpd.server_close()
+
+
+# ------------------------------------------------------------------ decompression bounds
+ZEROS = 20_000_000  # 20 MB of zeros: about 20 kB packed, so about 1,000x (bound: 100x, at least 1 MiB)
+
+
+def _peak_bytes(fn) -> int:
+    import tracemalloc
+
+    tracemalloc.start()
+    try:
+        fn()
+    except DataFileError:
+        pass
+    _, peak = tracemalloc.get_traced_memory()
+    tracemalloc.stop()
+    return peak
+
+
+def test_a_gzip_or_bzip2_bomb_is_refused_before_it_fills_memory(tmp_path):
+    import bz2
+
+    from protofl.data.datasets import inflate, inflate_bound
+
+    packed = gzip.compress(bytes(ZEROS))
+    assert inflate_bound(len(packed)) < ZEROS
+    with pytest.raises(DataFileError, match="decompression bomb"):
+        inflate(packed, "bomb.gz")
+    assert _peak_bytes(lambda: inflate(packed, "bomb.gz")) < 2 * inflate_bound(len(packed)) + (1 << 20)
+    with pytest.raises(DataFileError, match="decompression bomb"):
+        inflate(bz2.compress(bytes(ZEROS)), "bomb.bz2", "bz2")
+    # what real files are: inflated whole; a cut one is damaged, not read in part
+    real = gzip.compress(idx_bytes(np.arange(28 * 28 * 50, dtype=np.uint8).reshape(50, 28, 28)))
+    assert parse_idx(inflate(real, "ok.gz")).shape == (50, 28, 28)
+    with pytest.raises(DataFileError, match="cut short"):
+        inflate(real[: len(real) // 2], "cut.gz")
+    with pytest.raises(DataFileError, match="damaged gzip"):
+        inflate(b"not gzip at all", "junk.gz")
+
+
+def test_a_hand_placed_bomb_with_verify_off_is_one_line_bad_input(tmp_path):
+    """data.verify: false reads a hand-placed file before any checksum: a gzip bomb in
+    MNIST's place is refused by the decompression bound, in one line."""
+    write_mnist(tmp_path / "mnist")
+    (tmp_path / "mnist" / "train-images-idx3-ubyte.gz").write_bytes(gzip.compress(bytes(ZEROS)))
+    with pytest.raises(DataFileError) as err:
+        load_dataset("mnist", tmp_path, download=False, verify=False)
+    assert "decompression bomb" in str(err.value) and "\n" not in str(err.value)
+
+
+def test_archive_members_larger_than_the_bound_are_refused_unread(tmp_path):
+    import zipfile
+
+    zpath = tmp_path / "a.zip"
+    with zipfile.ZipFile(zpath, "w", zipfile.ZIP_DEFLATED) as zf:
+        zf.writestr("small.bin", b"x" * 100)
+        zf.writestr("big.bin", bytes(ZEROS))
+    assert archive_members(zpath, ["small.bin"])["small.bin"] == b"x" * 100
+    with pytest.raises(DataFileError, match="decompression bomb"):
+        archive_members(zpath, ["small.bin", "big.bin"])
+    tpath = tmp_path / "a.tar.gz"
+    with tarfile.open(tpath, "w:gz") as tf:
+        info = tarfile.TarInfo("big.bin")
+        info.size = ZEROS
+        tf.addfile(info, io.BytesIO(bytes(ZEROS)))
+    assert _peak_bytes(lambda: archive_members(tpath, ["big.bin"])) < ZEROS // 4
+    with pytest.raises(DataFileError, match="decompression bomb"):
+        archive_members(tpath, ["big.bin"])

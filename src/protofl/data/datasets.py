@@ -31,7 +31,7 @@ from typing import Optional
 import numpy as np
 import torch
 
-from ..errors import DataFileError, InputError, one_line
+from ..errors import DataFileError, human_bytes, InputError, one_line
 from ..registry import Registry
 from .dataset import channel_stats, Dataset, MissingDataError
 
@@ -317,15 +317,55 @@ def parse_idx(data: bytes, what: str = "IDX data") -> np.ndarray:
     return np.frombuffer(data, dtype, offset=header).reshape(dims).astype(dtype.newbyteorder("="), copy=True)
 
 
+# Decompression bounds. A file placed by hand is read before any checksum when
+# data.verify is false, so what it expands to is bounded by rule: no published data file
+# expands more than about 25x (FEMNIST's LEAF tarball 21x, MNIST's images 4.8x), gzip and
+# bzip2 up to about 1,000x and more. Beyond INFLATE_RATIO x its packed size (at least
+# 1 MiB, at most INFLATE_MAX) a file or archive member is refused before it fills memory.
+INFLATE_RATIO = 100
+INFLATE_MAX = 4 << 30
+
+
+def inflate_bound(packed: int) -> int:
+    """The most bytes ``packed`` compressed bytes may expand to."""
+    return min(INFLATE_MAX, max(1 << 20, INFLATE_RATIO * packed))
+
+
+def _too_large(what: str, packed: int) -> DataFileError:
+    return DataFileError(f"{what}: expands past {human_bytes(inflate_bound(packed))} ({INFLATE_RATIO}x its "
+                         f"{human_bytes(packed)}), which no published data file does (a decompression bomb?); "
+                         "remove it and fetch the dataset again")
+
+
+def inflate(raw: bytes, what: str, fmt: str = "gzip", hint: str = "fetch it again") -> bytes:
+    """``raw`` (one gzip member, or a bzip2 stream) decompressed, within :func:`inflate_bound`."""
+    import bz2
+
+    limit = inflate_bound(len(raw))
+    try:
+        d = zlib.decompressobj(16 + zlib.MAX_WBITS) if fmt == "gzip" else bz2.BZ2Decompressor()
+        out = d.decompress(raw, limit + 1)  # at most limit + 1 bytes, however far it would go
+    except (zlib.error, OSError, EOFError) as e:
+        raise DataFileError(f"{what}: damaged {fmt} file ({len(raw)} bytes; {e}); {hint}") from None
+    if len(out) > limit:
+        raise _too_large(what, len(raw))
+    if not d.eof:
+        raise DataFileError(f"{what}: damaged {fmt} file ({len(raw)} bytes; the stream is cut short); {hint}")
+    return out
+
+
+def _member_fits(what: str, size: int, packed: int) -> None:
+    """An archive member's declared size against the archive's (or its own packed) size."""
+    if size > inflate_bound(packed):
+        raise _too_large(what, packed)
+
+
 def read_idx(path: Path, dataset: Optional[str] = None) -> np.ndarray:
     raw = packed = path.read_bytes()
     if path.suffix == ".gz":
-        # one-shot inflate: a single output buffer (gzip.open().read() joins a list of
-        # chunks, which briefly holds the decompressed data twice)
-        try:
-            raw = zlib.decompress(raw, 16 + zlib.MAX_WBITS)
-        except zlib.error as e:
-            raise DataFileError(f"{path}: damaged gzip file ({len(raw)} bytes; {e}); copy it again") from None
+        # one inflate into one output buffer (gzip.open().read() joins a list of chunks,
+        # which briefly holds the decompressed data twice), bounded
+        raw = inflate(raw, str(path), hint="copy it again")
     try:
         array = parse_idx(raw, str(path))
     except ValueError as e:
@@ -430,10 +470,12 @@ def _read_leaf(root: Path, dataset: str, folders: list[str], archive: str = ""):
         for tar_path in tars:
             docs: dict[str, list] = {s: [] for s in LEAF_SPLITS}
             # one sequential pass: getmembers() + extractfile() would re-decompress on seeks
+            packed = tar_path.stat().st_size
             with tarfile.open(tar_path, "r:gz") as tf:
                 for m in tf:
                     split = _leaf_split_of(m.name) if m.isfile() else None
                     if split:
+                        _member_fits(f"{tar_path}: {m.name}", m.size, packed)
                         docs[split].append((m.name, json.load(tf.extractfile(m))))
             if all(docs.values()):
                 return tar_path, {s: [doc for _, doc in sorted(v, key=lambda t: t[0])] for s, v in docs.items()}
@@ -626,12 +668,16 @@ def archive_members(path: Path, wanted: list[str], optional: tuple[str, ...] = (
     names = set(wanted) | set(optional)
     if zipfile.is_zipfile(path):
         with zipfile.ZipFile(path) as zf:
-            for n in names & set(zf.namelist()):
+            for n in sorted(names & set(zf.namelist())):
+                info = zf.getinfo(n)  # zipfile reads no more than the size it declares
+                _member_fits(f"{path}: {n}", info.file_size, info.compress_size)
                 found[n] = zf.read(n)
     else:
+        packed = path.stat().st_size
         with tarfile.open(path, "r:*") as tf:
             for m in tf:
                 if m.isfile() and m.name in names:
+                    _member_fits(f"{path}: {m.name}", m.size, packed)
                     found[m.name] = tf.extractfile(m).read()
     lacking = [n for n in wanted if n not in found]
     if lacking:
@@ -777,7 +823,7 @@ def load_emnist(root: Path, seed: int, split: str = "byclass") -> Dataset:
     names = [f"gzip/emnist-{split}-{part}-ubyte.gz" for part in
              ("train-images-idx3", "train-labels-idx1", "test-images-idx3", "test-labels-idx1")]
     members = archive_members(d / "gzip.zip", names)
-    xtr, ytr, xte, yte = (parse_idx(zlib.decompress(members[n], 16 + zlib.MAX_WBITS), n) for n in names)
+    xtr, ytr, xte, yte = (parse_idx(inflate(members[n], f"{d / 'gzip.zip'}: {n}"), n) for n in names)
     if split == "letters":
         ytr, yte = ytr.astype(np.int64) - 1, yte.astype(np.int64) - 1
     upright = [np.ascontiguousarray(x.transpose(0, 2, 1))[:, None] for x in (xtr, xte)]
@@ -822,7 +868,11 @@ def load_tinyimagenet(root: Path, seed: int) -> Dataset:
     if zpath.exists():
         zf = zipfile.ZipFile(zpath)
         names = zf.namelist()
-        read = zf.read
+
+        def read(n: str) -> bytes:
+            info = zf.getinfo(n)
+            _member_fits(f"{zpath}: {n}", info.file_size, info.compress_size)
+            return zf.read(n)
         source = zpath
     else:
         d = find_files(root, "tinyimagenet", [f"tinyimagenet/{TINY_ROOT}", TINY_ROOT, "tinyimagenet"],
@@ -892,10 +942,8 @@ def parse_usps(text: str, what: str) -> tuple[np.ndarray, np.ndarray]:
 @DATASETS.register("usps")
 def load_usps(root: Path, seed: int) -> Dataset:
     """USPS handwritten digits: 7,291 train / 2,007 test, 16x16 grey (a Digit-5 domain)."""
-    import bz2
-
     d = _published(root, "usps", "usps", ["usps.bz2", "usps.t.bz2"])
-    (xtr, ytr), (xte, yte) = (parse_usps(bz2.decompress((d / f).read_bytes()).decode("ascii"), f)
+    (xtr, ytr), (xte, yte) = (parse_usps(inflate((d / f).read_bytes(), str(d / f), "bz2").decode("ascii"), f)
                               for f in ("usps.bz2", "usps.t.bz2"))
     return _image_dataset("usps", xtr, ytr, xte, yte, 10, d, [str(i) for i in range(10)])
 
@@ -929,11 +977,7 @@ def load_synthdigits(root: Path, seed: int) -> Dataset:
     d = _published(root, "synthdigits", "synthdigits", ["synth_train.pt.gz", "synth_test.pt.gz"])
     pairs = []
     for f in ("synth_train.pt.gz", "synth_test.pt.gz"):
-        try:
-            raw = zlib.decompress((d / f).read_bytes(), 16 + zlib.MAX_WBITS)
-        except zlib.error as e:
-            raise DataFileError(f"{d / f}: damaged gzip file ({e}); fetch it again") from None
-        pairs.append(_torch_pair(raw, f, 32))
+        pairs.append(_torch_pair(inflate((d / f).read_bytes(), str(d / f)), f, 32))
     return _image_dataset("synthdigits", *pairs[0], *pairs[1], 10, d,
                           [str(i) for i in range(10)])
 

@@ -85,16 +85,20 @@ def test_replace_switches_components_and_drops_old_params():
     assert iid.partition.params == {} and iid.partition.num_clients == 10
 
 
-def _float_fields(obj) -> list[str]:
-    """The fields of a settings dataclass that hold a float (float, or float or null)."""
+def _fields_of(obj, kind: type) -> list[str]:
+    """The fields of a settings dataclass that hold a ``kind`` (``kind``, or ``kind`` or null)."""
     import dataclasses
     import types
     import typing
 
     hints = typing.get_type_hints(type(obj))
-    return [f.name for f in dataclasses.fields(obj) if hints.get(f.name) is float
+    return [f.name for f in dataclasses.fields(obj) if hints.get(f.name) is kind
             or (typing.get_origin(hints.get(f.name)) in (typing.Union, types.UnionType)
-                and float in typing.get_args(hints.get(f.name)))]
+                and kind in typing.get_args(hints.get(f.name)))]
+
+
+def _float_fields(obj) -> list[str]:
+    return _fields_of(obj, float)
 
 
 def test_no_numeric_setting_accepts_inf_or_nan():
@@ -143,3 +147,50 @@ def test_a_section_written_as_a_name_and_a_config_from_a_pipe(tmp_path):
     cfg = load_config(fifo)
     writer.join(5)
     assert cfg.rounds == 3 and cfg.algorithm.name == "fedprox"
+
+
+# every integer hyper-parameter of every method: a size (allocated at its value: bounded)
+# or an amount of work (epochs, steps, iterations, a layer index: costs time, not memory)
+SIZES = {"ccvr": {"num_virtual", "calibration_batch"}, "creff": {"num_features", "retrain_batch", "batch_real"},
+         "fedgen": {"noise_dim", "hidden", "gen_batch"}, "fedgh": {"server_batch"},
+         "fedtgp": {"server_batch", "hidden"}, "fedbr": {"num_pseudo", "mean_of"}, "fedetf": {"proj_dim"},
+         "moon": {"proj_dim"}, "mpfedcl": {"k", "max_clusters"}, "dpfedcl": {"max_clusters"},
+         "fesem": {"centers"}}
+WORK = {"calibration_epochs", "match_steps", "retrain_epochs", "repeats", "personal_epochs", "min_samples",
+        "layer_idx", "num_pre_loss", "max_init_epochs", "finetune_epochs", "spread_steps", "finetune_rounds",
+        "gen_steps", "server_epochs", "head_epochs", "body_epochs", "n_init", "max_iter", "K"}
+
+
+def test_every_size_setting_is_bounded_and_every_integer_setting_is_classified():
+    from protofl.algorithms import ALGORITHMS
+    from protofl.config import load_config
+    from protofl.config.schema import method
+    from protofl.errors import MAX_SIZE
+
+    checked = 0
+    for name in ALGORITHMS.names():
+        hp = method(load_config(DIGITS, [f"algorithm.name={name}"]))[1]
+        for key in _fields_of(hp, int):
+            sizes = SIZES.get(name, set())
+            assert key in sizes or key in WORK, f"{name}.{key}: a size (bound it: require_size) or work? list it"
+            if key not in sizes:
+                continue
+            for bad in (10**12, MAX_SIZE + 1, 0):
+                with pytest.raises(ConfigError) as e:
+                    load_config(DIGITS, [f"algorithm.name={name}", f"algorithm.{key}={bad}"])
+                assert f"must be in [1, {MAX_SIZE:,}]" in str(e.value) and "\n" not in str(e.value), (name, key)
+            load_config(DIGITS, [f"algorithm.name={name}", f"algorithm.{key}={MAX_SIZE}"])  # the bound itself
+            checked += 1
+    assert checked >= 15
+    for key in ("training.batch_size", "eval.batch_size"):
+        with pytest.raises(ConfigError, match="must be in"):
+            load_config(DIGITS, [f"{key}=1000000000000"])
+
+
+def test_a_model_too_large_for_any_machine_is_a_config_error_not_a_data_mismatch(tmp_path, capsys):
+    from protofl.cli import main
+
+    code = main(["run", str(DIGITS), "model.feature_dim=1000000000000", "rounds=1", f"output.dir={tmp_path}"])
+    err = capsys.readouterr().err
+    assert code == 2 and "needs more memory than this machine can allocate" in err, err
+    assert "models that take them" not in err and len(err.strip().splitlines()) == 1, err

@@ -41,6 +41,19 @@ def require(cond: bool, key: str, value: Any, allowed: str) -> None:
         raise ConfigError(key, value, allowed)
 
 
+# a size setting (a batch, a count of generated samples, a layer's width) is allocated at its
+# value: one above every dataset's and model's would ask for memory no machine has (1e12
+# samples: terabytes), so sizes are bounded where they are read
+MAX_SIZE = 1 << 20
+
+
+def require_size(obj: Any, section: str, *keys: str, lower: int = 1, limit: int = MAX_SIZE) -> None:
+    """Each ``obj.<key>`` (None allowed: the setting's own default) is in [lower, limit]."""
+    for key in keys:
+        v = getattr(obj, key)
+        require(v is None or lower <= v <= limit, f"{section}.{key}", v, f"must be in [{lower}, {limit:,}]")
+
+
 class DataFileError(InputError, ValueError):
     """A dataset file exists but is damaged or is not the file it claims to be."""
 

@@ -55,7 +55,7 @@ from typing import Optional
 import torch
 from torch import nn
 
-from ..errors import ConfigError, require
+from ..errors import ConfigError, require, require_size
 from ..messages import Record, expect_shapes
 from ..nn.prototypes import class_means
 from .base import ClientResult, register, WeightsState
@@ -71,8 +71,8 @@ class CCVRHyper(FedAvgHyper):
     calibration_batch: int = 32  # protofl's choice
 
     def validate(self, section: str) -> None:
-        for key in ("num_virtual", "calibration_epochs", "calibration_batch"):
-            require(getattr(self, key) >= 1, f"{section}.{key}", getattr(self, key), "must be >= 1")
+        require_size(self, section, "num_virtual", "calibration_batch")
+        require(self.calibration_epochs >= 1, f"{section}.calibration_epochs", self.calibration_epochs, "must be >= 1")
         require(self.calibration_lr > 0, f"{section}.calibration_lr", self.calibration_lr, "must be > 0")
 
 

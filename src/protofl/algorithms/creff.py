@@ -60,7 +60,7 @@ import torch.nn.functional as F
 from torch import nn
 from torch.func import functional_call
 
-from ..errors import ConfigError, require
+from ..errors import ConfigError, require, require_size
 from ..messages import Record
 from ..nn.modes import eval_mode
 from .base import ClientResult, register, WeightsState
@@ -81,8 +81,8 @@ class CReFFHyper(ServerOptHyper):
     weighting: Literal["samples", "uniform"] = "samples"
 
     def validate(self, section: str) -> None:
-        for key in ("num_features", "retrain_batch", "batch_real", "repeats"):
-            require(getattr(self, key) >= 1, f"{section}.{key}", getattr(self, key), "must be >= 1")
+        require_size(self, section, "num_features", "retrain_batch", "batch_real")
+        require(self.repeats >= 1, f"{section}.repeats", self.repeats, "must be >= 1")
         for key in ("match_steps", "retrain_epochs"):
             require(getattr(self, key) >= 0, f"{section}.{key}", getattr(self, key), "must be >= 0")
         for key in ("feature_lr", "retrain_lr"):

@@ -82,7 +82,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ..errors import ConfigError, require
+from ..errors import ConfigError, require, require_size
 from ..messages import expect_shapes, Record
 from .base import ClientResult, register, WeightsState
 from .fedavg import FedAvg, FedAvgHyper
@@ -102,8 +102,7 @@ class FedBRHyper(FedAvgHyper):
     def validate(self, section: str) -> None:
         for key in ("mu", "lam", "tau1", "tau2"):
             require(getattr(self, key) >= 0, f"{section}.{key}", getattr(self, key), "must be >= 0")
-        require(self.num_pseudo >= 1, f"{section}.num_pseudo", self.num_pseudo, "must be >= 1")
-        require(self.mean_of >= 1, f"{section}.mean_of", self.mean_of, "must be >= 1")
+        require_size(self, section, "num_pseudo", "mean_of")
 
 
 @dataclass

@@ -57,7 +57,7 @@ from typing import Literal, Optional
 import torch
 from torch import nn
 
-from ..errors import ConfigError, require
+from ..errors import ConfigError, require, require_size
 from ..messages import Record
 from ..nn.heads import FixedHead, simplex_etf
 from ..nn.losses import balanced_softmax_loss, relaxed_prior
@@ -78,7 +78,7 @@ class FedETFHyper(FedAvgHyper):
     finetune: Literal["final", "every_eval"] = "final"  # after training only, or in every evaluation
 
     def validate(self, section: str) -> None:
-        require(self.proj_dim is None or self.proj_dim >= 1, f"{section}.proj_dim", self.proj_dim, "must be >= 1 or null")
+        require_size(self, section, "proj_dim")  # (null: the feature dimension)
         require(self.finetune_rounds >= 0, f"{section}.finetune_rounds", self.finetune_rounds, "must be >= 0")
         require(self.finetune_epochs >= 1, f"{section}.finetune_epochs", self.finetune_epochs, "must be >= 1")
         for key in ("scale", "etf_lr", "proj_lr"):

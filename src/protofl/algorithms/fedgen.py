@@ -70,7 +70,7 @@ import torch.nn.functional as F
 from torch import nn
 from torch.func import functional_call
 
-from ..errors import require
+from ..errors import require, require_size
 from ..messages import Record, expect_shapes
 from .base import ClientResult, register, WeightsState
 from .fedavg import FedAvg
@@ -93,8 +93,7 @@ class FedGenHyper(ServerOptHyper):
         require(self.alpha >= 0, f"{section}.alpha", self.alpha, "must be >= 0")
         require(self.diversity >= 0, f"{section}.diversity", self.diversity, "must be >= 0")
         require(self.gen_lr > 0, f"{section}.gen_lr", self.gen_lr, "must be > 0")
-        for key in ("noise_dim", "hidden", "gen_batch"):
-            require(getattr(self, key) >= 1, f"{section}.{key}", getattr(self, key), "must be >= 1")
+        require_size(self, section, "noise_dim", "hidden", "gen_batch")
         require(self.gen_steps >= 0, f"{section}.gen_steps", self.gen_steps, "must be >= 0")
 
 

@@ -54,7 +54,7 @@ from typing import Optional
 import torch
 import torch.nn.functional as F
 
-from ..errors import require
+from ..errors import require, require_size
 from ..messages import Record
 from ..nn.privacy import release_class_means
 from ..nn.prototypes import prototype_rows
@@ -73,7 +73,7 @@ class FedGHHyper:
     def validate(self, section: str) -> None:
         require(self.server_epochs >= 0, f"{section}.server_epochs", self.server_epochs, "must be >= 0")
         require(self.server_lr > 0, f"{section}.server_lr", self.server_lr, "must be > 0")
-        require(self.server_batch >= 1, f"{section}.server_batch", self.server_batch, "must be >= 1")
+        require_size(self, section, "server_batch")
 
 
 @dataclass

@@ -59,7 +59,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ..errors import require
+from ..errors import require, require_size
 from ..nn.prototypes import aggregate_prototypes, prototype_rows
 from .base import register
 from .fedproto import dense, FedProto, ProtoState
@@ -80,8 +80,7 @@ class FedTGPHyper:
         require(self.tau >= 0, f"{section}.tau", self.tau, "must be >= 0")
         require(self.server_epochs >= 0, f"{section}.server_epochs", self.server_epochs, "must be >= 0")
         require(self.server_lr > 0, f"{section}.server_lr", self.server_lr, "must be > 0")
-        require(self.server_batch >= 1, f"{section}.server_batch", self.server_batch, "must be >= 1")
-        require(self.hidden is None or self.hidden >= 1, f"{section}.hidden", self.hidden, "must be >= 1 (or null: d)")
+        require_size(self, section, "server_batch", "hidden")
 
 
 @dataclass

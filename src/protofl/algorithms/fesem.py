@@ -76,7 +76,7 @@ import numpy as np
 import torch
 
 from ..rng import seed_for
-from ..errors import ConfigError, require
+from ..errors import ConfigError, require, require_size
 from ..messages import Record
 from .base import Algorithm, average, ClientResult, Diagnostics, register, weighted_mean, weights_of
 
@@ -91,7 +91,7 @@ class FeSEMHyper:
     personal: Literal["center", "trained"] = "center"
 
     def validate(self, section: str) -> None:
-        require(self.centers >= 1, f"{section}.centers", self.centers, "must be >= 1")
+        require_size(self, section, "centers")
         require(self.layers is None or len(self.layers) > 0, f"{section}.layers", self.layers,
                 "must be null (all parameters) or a non-empty list of parameter-name prefixes")
 

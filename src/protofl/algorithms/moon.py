@@ -54,7 +54,7 @@ import torch.nn.functional as F
 from torch import nn
 from torch.func import functional_call
 
-from ..errors import require
+from ..errors import require, require_size
 from ..messages import Record
 from ..models.base import FLModel
 from ..nn.modes import eval_mode
@@ -73,7 +73,7 @@ class MOONHyper(ServerOptHyper):
     def validate(self, section: str) -> None:
         require(self.mu >= 0, f"{section}.mu", self.mu, "must be >= 0")
         require(self.tau > 0, f"{section}.tau", self.tau, "must be > 0")
-        require(self.proj_dim >= 1, f"{section}.proj_dim", self.proj_dim, "must be >= 1")
+        require_size(self, section, "proj_dim")
 
 
 def model_contrastive_loss(z: torch.Tensor, z_glob: torch.Tensor, z_prev: torch.Tensor,

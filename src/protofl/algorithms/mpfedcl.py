@@ -116,7 +116,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from ..errors import require
+from ..errors import require, require_size
 from ..messages import Record, expect_arrays, expect_indices, expect_shapes
 from ..nn.clustering import dbscan_centroids, kmeans, pad_groups
 from ..nn.contrastive import prototype_supcon_loss
@@ -147,7 +147,7 @@ class MPFedCLHyper(FedCLHyper):
 
     def validate(self, section: str) -> None:
         super().validate(section)
-        require(self.k >= 1, f"{section}.k", self.k, "must be >= 1")
+        require_size(self, section, "k")
         require(self.n_init >= 1, f"{section}.n_init", self.n_init, "must be >= 1")
         require(self.max_iter >= 1, f"{section}.max_iter", self.max_iter, "must be >= 1")
 
@@ -162,7 +162,7 @@ class DPFedCLHyper(FedCLHyper):
         super().validate(section)
         require(self.eps > 0, f"{section}.eps", self.eps, "must be > 0")
         require(self.min_samples >= 1, f"{section}.min_samples", self.min_samples, "must be >= 1")
-        require(self.max_clusters >= 1, f"{section}.max_clusters", self.max_clusters, "must be >= 1")
+        require_size(self, section, "max_clusters")
 
 
 @dataclass

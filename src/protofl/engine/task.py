@@ -16,6 +16,7 @@ from torch import nn
 
 from ..algorithms.base import Algorithm, TaskInfo
 from ..config import Config, ConfigError, method
+from ..errors import one_line
 from ..data.build import build_federated
 from ..data.federated import FederatedData
 from ..models import MODELS, build_model
@@ -154,6 +155,11 @@ def build_probe(cfg: Config, ds, kwargs: dict):
     except (ValueError, RuntimeError) as e:  # a shape check, or torch refusing a layer's size
         if isinstance(e, ConfigError):
             raise
+        if isinstance(e, torch.OutOfMemoryError) or "can't allocate memory" in str(e):
+            # a size setting beyond any machine: not a mismatch with the data
+            sizes = {k: v for k, v in kwargs.items() if isinstance(v, (int, list, tuple)) and not isinstance(v, bool)}
+            raise ConfigError("model", sizes, "the model at these sizes needs more memory than this machine can "
+                                              f"allocate ({one_line(str(e), 160)})") from None
         raise model_mismatch(cfg, ds, str(e), kwargs) from e
 
 

@@ -399,10 +399,10 @@ class Corrupting(SequentialExecutor):
                 where, key, value = self.REPORTS[self.kind]
                 getattr(o, where)[key] = value
             elif t.cid == BAD:
-                o.reply = self.corrupt(o.reply)
+                o.reply = self.corrupt(o.reply, t.msg)
         return outs
 
-    def corrupt(self, r):
+    def corrupt(self, r, sent):
         weights, arrays, n = dict(r.weights), dict(r.arrays), r.num_samples
         first = next(iter(weights))
         if self.kind == "nan":
@@ -417,6 +417,8 @@ class Corrupting(SequentialExecutor):
             arrays["huge"] = torch.zeros(1 << 22)
         elif self.kind == "3e38":  # finite, and the average would overflow
             weights[first] = torch.full_like(weights[first], 3e38)
+        elif self.kind == "scaled update":  # every check of its own passes; absurd beside the others
+            weights = {k: sent.weights[k] + 1e5 * (w - sent.weights[k]) for k, w in weights.items()}
         return Record(weights=weights, arrays=arrays, num_samples=n)
 
 
@@ -442,7 +444,7 @@ def baseline(digits_cfg, tmp_path):
 
 
 @pytest.mark.parametrize("kind", ["nan", "shape", "negative count", "extra key", "huge", "3e38",
-                                  *Corrupting.REPORTS])
+                                  "scaled update", *Corrupting.REPORTS])
 def test_a_bad_client_is_rejected_and_the_run_equals_the_run_without_it(kind, baseline, tmp_path, monkeypatch):
     cfg, base = baseline
     res = Simulation(cfg, run_dir=tmp_path / kind, executor_factory=lambda s: Corrupting(s.runtime, kind)).run()
@@ -452,6 +454,36 @@ def test_a_bad_client_is_rejected_and_the_run_equals_the_run_without_it(kind, ba
     assert comparable(res.rows) == comparable(base.rows)
     for k, v in base.server_state.weights.items():
         assert torch.equal(res.server_state.weights[k], v), k
+
+
+def test_an_update_absurd_against_the_rounds_others_is_rejected_by_the_stated_rule():
+    from protofl.engine.validate import MIN_PEERS, update_norm, update_outliers
+
+    sent = Record(weights={"w": torch.zeros(2), "b": torch.ones(1), "n": torch.tensor([5])})
+
+    def moved(x):  # an update of L2 norm x: (0.6x, 0.8x) on w, b unchanged, an integer buffer ignored
+        return Record(weights={"w": torch.tensor([0.6 * x, 0.8 * x]), "b": torch.ones(1), "n": torch.tensor([9])})
+
+    assert update_norm(moved(5.0), sent) == pytest.approx(5.0)
+    assert update_norm(Record(arrays={"p": torch.ones(3)}), sent) is None  # no weights, no update
+    pairs = [(0, moved(1.0), sent), (1, moved(2.0), sent), (2, moved(3.0), sent), (3, moved(2000.0), sent)]
+    # median of an even count: the lower middle (2.0); 2000 = 1000 x 2 is not more than the limit
+    assert update_outliers(pairs, 1000.0) == {}
+    pairs[3] = (3, moved(2000.5), sent)
+    got = update_outliers(pairs, 1000.0)
+    assert list(got) == [3] and "more than 1000 x the round's median update norm (2)" in got[3]
+    assert update_outliers(pairs, 0.0) == {}  # off
+    assert MIN_PEERS == 3 and update_outliers(pairs[2:], 1000.0) == {}  # two updates: no median to judge by
+    still = [(k, moved(0.0), sent) for k in range(3)] + [pairs[3]]
+    assert update_outliers(still, 1000.0) == {}  # the median update is zero: no scale
+    # a method that replies its update itself (SCAFFOLD's dy): that group's norm
+    delta = [(k, Record(arrays={"dy": {"w": torch.tensor([3.0 * x, 4.0 * x])}, "dc": {"w": torch.ones(2)}}), sent)
+             for k, x in enumerate((1.0, 1.0, 1.0, 1e4))]
+    assert update_norm(delta[3][1], sent, "dy") == pytest.approx(5e4)
+    assert list(update_outliers(delta, 1000.0, "dy")) == [3] and update_outliers(delta, 1000.0) == {}
+    from protofl.algorithms import ALGORITHMS
+
+    assert (ALGORITHMS.get("scaffold").update_group, ALGORITHMS.get("fednova").update_group) == ("dy", "d")
 
 
 def test_nonfinite_loss_stops_or_drops(baseline, digits_cfg, tmp_path, monkeypatch):

@@ -301,6 +301,10 @@ class Algorithm(ABC):
     # names of the arrays (glob patterns; a group counts by its name) a reply may hold besides
     # its model weights (None: not checked); the server rejects any other (engine/validate.py)
     reply_arrays: ClassVar[Optional[tuple[str, ...]]] = None
+    # the group of arrays in which a method replies its model update itself, when it sends one
+    # instead of its weights (SCAFFOLD's Delta y_i, FedNova's d_i): the server's outlier-update
+    # rule measures that group's norm (engine/validate.py update_outliers)
+    update_group: ClassVar[Optional[str]] = None
     # True for a method whose updates depend on the total number of rounds (info.rounds,
     # e.g. a schedule over the run): its finished runs are then never extended to more
     # rounds (the reuse rule in api.py)

@@ -97,6 +97,7 @@ class FedNova(GlobalModel):
     family = "global-model baselines"
     Hyper = FedNovaHyper
     reply_arrays = ("d", "rest")  # d_i by parameter name; the other entries of y_i
+    update_group = "d"
 
     # -- server ------------------------------------------------------------------------------
     def check_reply(self, reply: Record, sent: Record) -> Optional[str]:

@@ -98,6 +98,7 @@ class Scaffold(GlobalModel):
     name = "scaffold"
     family = "global-model baselines"
     reply_arrays = ("dy", "dc")  # Delta y_i, Delta c_i (groups by parameter name)
+    update_group = "dy"
     Hyper = ScaffoldHyper
 
     # -- server ------------------------------------------------------------------------------

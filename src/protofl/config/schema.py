@@ -127,6 +127,9 @@ ADDED_AT_DEFAULT = (
     ("training", "optimizer", "sgd"), ("training", "betas", [0.9, 0.999]), ("training", "eps", 1e-8),
     ("training", "step_size", None), ("training", "warmup_rounds", 0), ("training", "warmup_factor", 0.1),
     ("training", "alpha", 0.99),
+    # the outlier-update rule: at 1000x the median no honest run of any method is touched
+    # (benchmarks/update_norms.md), so its results are those of the releases before it
+    ("training", "update_ratio_limit", 1000.0),
     ("participation", "sampling", "fixed"),
     # the server optimizer of every GlobalModel method (server_opt: none = the method's own
     # step). SCAFFOLD's own server_lr (1.0) is not server_lr's default (null), so it stays in

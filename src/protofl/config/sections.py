@@ -10,7 +10,7 @@ import math
 from dataclasses import dataclass, field
 from typing import Literal, Optional, Union
 
-from ..errors import require
+from ..errors import MAX_SIZE, require
 from .coerce import check_path_component, coerce
 from .machine import resolve_device, TRACKERS
 
@@ -22,7 +22,7 @@ AUGMENT_KEYS = {"crop": "padding of the random crop, in pixels (0: no crop)", "f
 # a batch is allocated (its sample indices, its augmentation draws) at its size: a size
 # above every dataset's would ask for memory no machine has (1e12: 14.6 TiB); any value at
 # least the largest client's sample count already means one batch an epoch
-MAX_BATCH = 1 << 20
+MAX_BATCH = MAX_SIZE
 BATCH_RULE = f"must be in [1, {MAX_BATCH:,}] (any value >= a client's sample count is one batch an epoch)"
 
 
@@ -121,6 +121,9 @@ class TrainingConfig:
     # a client whose loss turns NaN/inf: stop the run (reveals a bad lr in simulation) or
     # drop that client's reply for the round (what a deployment wants: one client cannot stop it)
     on_nonfinite: Literal["stop", "drop"] = "stop"
+    # the server rejects a reply whose model update's L2 norm exceeds this many times the
+    # round's median update norm (engine/validate.py update_outliers; 0 = off)
+    update_ratio_limit: float = 1000.0
 
     def validate(self, section: str) -> None:
         require(self.lr > 0, f"{section}.lr", self.lr, "must be > 0")
@@ -148,6 +151,8 @@ class TrainingConfig:
         require(1 <= self.batch_size <= MAX_BATCH, f"{section}.batch_size", self.batch_size, BATCH_RULE)
         require(self.clip_grad is None or self.clip_grad > 0, f"{section}.clip_grad", self.clip_grad,
                  "must be > 0 or null")
+        require(self.update_ratio_limit == 0 or self.update_ratio_limit > 1, f"{section}.update_ratio_limit",
+                self.update_ratio_limit, "must be > 1, or 0 (off)")
 
 
 @dataclass

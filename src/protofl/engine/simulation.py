@@ -50,7 +50,7 @@ from .store import make_store
 from .task import Task
 from .trackers import make_trackers
 from .train import DIVERGED, NonFiniteLossError, round_lr, STOPPED
-from .validate import check_reply, check_report
+from .validate import check_reply, check_report, update_outliers
 
 log = logging.getLogger("protofl")
 
@@ -428,6 +428,10 @@ class Simulation:
         # never reaches the aggregate and the client's persistent state does not advance
         lost = sum(out is None for out in outputs)
         rejected = {t.cid: why for t, o in zip(tasks, outputs) if o is not None and (why := self.check_reply(t, o))}
+        if self.privacy is None and not algo.heterogeneous_models:  # an update absurd against the round's others
+            rejected.update(update_outliers([(t.cid, o.reply, t.msg) for t, o in zip(tasks, outputs)
+                                             if o is not None and t.cid not in rejected],
+                                            cfg.training.update_ratio_limit, algo.update_group))
         for cid, why in rejected.items():
             if self.privacy is None or self.privacy.mode == "sample":  # (client-level DP: the rejection is not private)
                 log.warning("round %d: rejected the reply of client %d: %s", rnd, cid, why)

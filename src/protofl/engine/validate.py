@@ -25,6 +25,18 @@ Checks, in order (the first failure is the reason):
 6. the method's own :meth:`~protofl.algorithms.base.Algorithm.check_reply` (e.g. class
    indices within range, prototype dimensions).
 
+Across the round (:func:`update_outliers`, after the checks above): with at least
+``MIN_PEERS`` replies carrying a model update, a reply whose update's L2 norm (over all its
+floating weights, reply - sent; or the group in which a method replies its update itself,
+``Algorithm.update_group``: SCAFFOLD's Delta y_i, FedNova's d_i) is more than ``training.update_ratio_limit`` (default 1000)
+times the median of the round's update norms (the lower middle one for an even count) is
+rejected the same way. One hostile client
+among three or more honest ones cannot move the median far, so it cannot hide a scaled-up
+update behind its own number; honest clients' norms differ by their data and steps, by far
+less than 1000x (benchmarks/update_norms.md measures every method). Not applied under
+privacy (the clip bounds every update there, and a rejection would itself be a release)
+nor to methods with per-client architectures (their norms are not comparable).
+
 What a client says of itself beside its reply (:func:`check_report`) is checked too, and a
 report that fails rejects the reply the same way (it never reaches a metrics row):
 
@@ -86,6 +98,42 @@ def check_report(evaluation: Optional[dict], training: Optional[dict], group: Op
         elif name != "loss":
             return f"training number {name!r} is not one the server knows"
     return None
+
+
+MIN_PEERS = 3
+
+
+def update_norm(reply: Record, sent: Record, group: Optional[str] = None) -> Optional[float]:
+    """The L2 norm of a reply's model update, in float64: reply - sent over all floating
+    weights, or, for a method that replies its update itself, the floating arrays of its
+    ``group`` (``Algorithm.update_group``); None when the reply carries neither."""
+    if group is not None and isinstance(reply.arrays.get(group), dict):
+        parts = [t.detach().double() for t in reply.arrays[group].values()
+                 if torch.is_tensor(t) and t.is_floating_point() and t.numel()]
+    else:
+        parts = [t.detach().double() - sent.weights[name].detach().to(t.device).double()
+                 for name, t in reply.weights.items()
+                 if name in sent.weights and t.is_floating_point() and t.numel()]
+    if not parts:
+        return None
+    return math.sqrt(sum(float(torch.dot(d.flatten(), d.flatten())) for d in parts))
+
+
+def update_outliers(pairs: Sequence[tuple[int, Record, Record]], limit: float,
+                    group: Optional[str] = None) -> dict[int, str]:
+    """``{cid: reason}`` for the replies whose update norm exceeds ``limit`` x the round's median.
+
+    ``pairs``: (client id, reply, message sent) of the round's replies that passed
+    :func:`check_reply`; ``limit`` <= 0 turns the rule off; ``group``: see :func:`update_norm`.
+    """
+    norms = {cid: n for cid, reply, sent in pairs if (n := update_norm(reply, sent, group)) is not None}
+    if limit <= 0 or len(norms) < MIN_PEERS:
+        return {}
+    median = float(torch.tensor(sorted(norms.values()), dtype=torch.float64).median())
+    if median <= 0:  # most clients did not move the weights: no scale to judge by
+        return {}
+    return {cid: f"update norm {n:.4g} is more than {limit:g} x the round's median update norm ({median:.4g})"
+            for cid, n in norms.items() if n > limit * median}
 
 
 def reply_size_bound(model_bytes: int, sent: Record) -> int:

@@ -740,3 +740,34 @@ def test_a_trickling_server_meets_a_deadline_and_the_part_is_kept(server, tmp_pa
     F.fetch(src, tmp_path, say=quiet, retries=0, progress=False)
     assert (tmp_path / "cifar10" / "cifar-10-python.tar.gz").read_bytes() == data
 
+
+
+def test_a_fetch_killed_mid_transfer_leaves_no_stray_file_after_the_next(server, tmp_path):
+    """kill -9 during a transfer leaves pooch's (empty) temporary file beside the partial
+    download; the next fetch resumes the partial file and removes the stray one."""
+    import os
+    import signal
+
+    data = cifar10_tarball(pad=300_000)
+    src = source_for("cifar10", server, {"cifar-10-python.tar.gz": data})
+    path = "/pub/cifar10/cifar-10-python.tar.gz"
+    server.mode[path] = ("slow", 10.0)  # ten pieces, a second apart: the first 64 KiB after two
+    folder = tmp_path / "cifar10"
+    part = folder / "cifar-10-python.tar.gz.part"
+    child = multiprocessing.get_context("fork").Process(
+        target=F.fetch, args=(src, tmp_path), kwargs={"say": quiet, "retries": 0, "progress": False})
+    child.start()
+    deadline = time.monotonic() + 60
+    while not (part.exists() and part.stat().st_size > 0):
+        assert time.monotonic() < deadline and child.is_alive()
+        time.sleep(0.05)
+    os.kill(child.pid, signal.SIGKILL)
+    child.join(10)
+    strays = [p.name for p in folder.iterdir() if F.POOCH_TEMP.fullmatch(p.name)]
+    assert strays, sorted(p.name for p in folder.iterdir())  # what the kill left
+    (folder / f"{F.RECORD_NAME}.{child.pid}.tmp").write_text("{")  # a record rewrite cut short, too
+    server.mode[path] = "ok"
+    F.fetch(src, tmp_path, say=quiet, retries=0, progress=False)
+    assert (folder / "cifar-10-python.tar.gz").read_bytes() == data
+    assert server.requests[-1][1].startswith("bytes=")  # the partial file was resumed
+    assert sorted(p.name for p in folder.iterdir()) == sorted(["cifar-10-python.tar.gz", F.LOCK_NAME, F.RECORD_NAME])

@@ -25,6 +25,7 @@ import hashlib
 import json
 import logging
 import os
+import re
 import shutil
 import stat
 import sys
@@ -113,6 +114,39 @@ def _write_record(folder: Path, record: dict) -> None:
         os.replace(tmp, _record_path(folder))
     except OSError:  # a read-only data root: the record is a convenience, not needed
         tmp.unlink(missing_ok=True)
+
+
+# what a fetch killed mid-way leaves beside the files: pooch's temporary file (created
+# empty by tempfile.NamedTemporaryFile(dir=folder) before the transfer; the downloader fills
+# it only at the end, from ``<file>.part``) and a record being rewritten by a process gone
+POOCH_TEMP = re.compile(r"tmp[a-z0-9_]{8}")
+RECORD_TEMP = re.compile(re.escape(RECORD_NAME) + r"\.(\d+)\.tmp")
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except OSError:  # another user's process: alive
+        return True
+    return True
+
+
+def sweep_strays(folder: Path) -> list[str]:
+    """Remove what killed fetches left in ``folder``; called with the fetch lock held, when
+    no other fetch can be writing there. ``<file>.part`` files stay: they resume."""
+    gone = []
+    for p in folder.iterdir() if folder.is_dir() else ():
+        stale = (POOCH_TEMP.fullmatch(p.name) and p.is_file() and p.stat().st_size == 0) or \
+            ((m := RECORD_TEMP.fullmatch(p.name)) and not _pid_alive(int(m.group(1))))
+        if stale:
+            try:
+                p.unlink()
+                gone.append(p.name)
+            except OSError:
+                pass
+    return gone
 
 
 def _stat_key(path: Path) -> list:
@@ -462,6 +496,7 @@ def fetch(source: Source, root: Path, *, mirrors: Sequence[str] = (), download: 
         say(f"protofl: another process is fetching {source.name} into {folder}; waiting for it")
         lock.acquire()
     try:
+        sweep_strays(folder)  # a fetch killed before this one left its temporary files
         record = _read_record(folder)  # the other process may have finished meanwhile
         todo = []
         for f in source.files:

@@ -112,7 +112,7 @@ def test_version_in_one_place(capsys):
 
         meta = tomllib.loads((REPO / "pyproject.toml").read_text())
         assert "version" not in meta["project"] and "version" in meta["project"]["dynamic"]
-        assert meta["tool"]["setuptools"]["dynamic"]["version"] == {"attr": "protofl.__version__"}
+        assert meta["tool"]["setuptools"]["dynamic"]["version"] == {"attr": "protofl.version.__version__"}
 
 
 @pytest.mark.skipif(sys.version_info < (3, 11), reason="tomllib")

@@ -125,7 +125,7 @@ def test_wheel_installs_and_runs_outside_the_checkout(tmp_path):
 
     where = sh(py, "-c", "import protofl; print(protofl.__file__)", cwd=work, env=env)
     assert Path(where.strip()).is_relative_to(site), where
-    version = re.search(r'__version__ = "(.+?)"', (REPO / "src/protofl/__init__.py").read_text())[1]
+    version = re.search(r'__version__ = "(.+?)"', (REPO / "src/protofl/version.py").read_text())[1]
     assert protofl("--version").strip() == f"protofl {version}"
     assert "fedavg" in protofl("list")
     listed = [ln.split()[0] for ln in protofl("configs").splitlines()]

@@ -349,7 +349,7 @@ DEBUG_HELP = f"on an error, also print the full traceback (for bug reports; or s
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from . import __version__
+    from .version import __version__
 
     p = Parser(prog="protofl", description=__doc__.splitlines()[0])
     p.add_argument("--version", action="version", version=f"protofl {__version__}")

@@ -352,7 +352,7 @@ class ResumableDownloader:
     def _http(self, url: str) -> None:
         import requests
 
-        from .. import __version__
+        from ..version import __version__
 
         have = self.part.stat().st_size if self.part.exists() else 0
         headers = {"User-Agent": f"protofl/{__version__}", "Accept-Encoding": "identity"}
@@ -514,7 +514,7 @@ def fetch(source: Source, root: Path, *, mirrors: Sequence[str] = (), download: 
         sizes = [f.size for f in todo]
         size = human_bytes(sum(sizes)) if all(s is not None for s in sizes) else source.size_text
         say(f"protofl: fetching {source.name} ({source.title}, {size}) into {folder}")
-        from ..engine.callbacks import ensure_log_handler
+        from ..logs import ensure_log_handler
 
         ensure_log_handler()  # the plain progress lines without a terminal
         for f in todo:

@@ -10,6 +10,7 @@ import time
 from pathlib import Path
 from typing import Any, Optional
 
+from ..logs import ensure_log_handler, LOGGER  # noqa: F401 (re-exported)
 from .store import usage_line
 
 
@@ -88,23 +89,6 @@ def _clock(seconds: float) -> str:
     seconds = int(round(max(0.0, seconds)))
     h, rem = divmod(seconds, 3600)
     return f"{h}:{rem // 60:02d}:{rem % 60:02d}" if h else f"{rem // 60}:{rem % 60:02d}"
-
-
-LOGGER = logging.getLogger("protofl")
-
-
-def ensure_log_handler() -> None:
-    """Make protofl's INFO lines visible when the application configured no logging. The
-    handler protofl adds then owns its lines: they do not also reach the root logger, which a
-    library may configure later (a module-level ``logging.warning`` call does: every line
-    would then print twice)."""
-    if not LOGGER.hasHandlers():
-        h = logging.StreamHandler(sys.stderr)
-        h.setFormatter(logging.Formatter("%(asctime)s %(message)s", "%Y-%m-%d %H:%M:%S"))
-        LOGGER.addHandler(h)
-        LOGGER.propagate = False
-    if LOGGER.level == logging.NOTSET:  # a level set on "protofl" by the application wins
-        LOGGER.setLevel(logging.INFO)
 
 
 class ProgressBar(Callback):

@@ -38,7 +38,7 @@ from protofl.cli import main
 from protofl.engine import checkpoint
 from protofl.engine.checkpoint import previous_generation
 
-from conftest import DIGITS, REPO, TIMING_KEYS
+from conftest import DIGITS, TIMING_KEYS
 
 # a small run: 4 clients, a checkpoint every round
 BASE = ["partition.num_clients=4", "training.epochs=1", "output.checkpoint_every=1"]

@@ -45,7 +45,7 @@ def test_rounds_skip_then_start_phase_then_one_epoch(digits_cfg, tmp_path):
     cfg = digits_cfg("algorithm.name=fedala", "rounds=2", "participation.fraction=1.0", "training.epochs=1",
                      "algorithm.max_init_epochs=15")
     sim, _, seen = record_run(cfg, tmp_path / "r")
-    algo, hp = sim.algorithm, sim.algorithm.hp
+    hp = sim.algorithm.hp
     top = ["head.weight", "head.bias"]  # layer_idx = 2: the head
     first = {cid: s for rnd, cid, _, _, s in seen if rnd == 1}
     second = {cid: s for rnd, cid, _, _, s in seen if rnd == 2}
@@ -58,7 +58,7 @@ def test_rounds_skip_then_start_phase_then_one_epoch(digits_cfg, tmp_path):
     # round 2 of client 0 again, by hand: the start phase, then local training from Theta^
     msg2 = next(m for rnd, cid, m, _, _ in seen if rnd == 2 and cid == 0)
     out, fits = recorded_update(sim, 0, 2, msg2, first[0])
-    ala, (train, trained) = fits[:-1], fits[-1]
+    ala, (train, _) = fits[:-1], fits[-1]
     assert hp.num_pre_loss < len(ala) <= 15
     n = sim.runtime.client_train_data(0)[1].numel()
     assert all(req.settings["steps"] == math.ceil(int(0.8 * n) / 32) and req.settings["lr"] == hp.eta

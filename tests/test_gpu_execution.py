@@ -9,7 +9,6 @@ import pytest
 import torch
 from torch import nn
 
-from protofl.algorithms.base import weights_of
 from protofl.algorithms.fedavg import FedAvg
 from protofl.api import run
 from protofl.config import ConfigError, load_config
@@ -17,7 +16,7 @@ from protofl.models import MODELS
 from protofl.messages import Record
 from protofl.models.base import FLModel
 
-from conftest import DIGITS, StopAfter, strip_timing
+from conftest import DIGITS, StopAfter
 
 ALL_CLIENTS = ["participation.fraction=1.0"]
 
@@ -228,7 +227,6 @@ def test_device_data_path_on_cpu_is_the_loader_path(tmp_path):
 
 
 def test_record_to_moves_arrays_and_keeps_the_rest():
-    from protofl.messages import Record
 
     r = Record({"a": torch.ones(2)}, {"n": 3}, {"s": "x"})
     assert r.to("cpu") is r  # already there: no copy

@@ -28,7 +28,7 @@ from protofl.nn.privacy import (clip_rows, NoiseStream, private_class_means, pri
                                 private_kmeans)
 from protofl.nn.prototypes import class_means  # noqa: E402
 
-from conftest import DIGITS, kill_and_resume, strip_timing  # noqa: E402
+from conftest import DIGITS, strip_timing  # noqa: E402
 
 PRIVACY_KEYS = {"epsilon", "privacy_clip", "privacy_unclipped"}
 

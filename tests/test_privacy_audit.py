@@ -30,7 +30,6 @@ import numpy as np
 import pytest
 import torch
 from torch import nn
-from torch.nn import functional as F
 
 pytest.importorskip("dp_accounting")
 

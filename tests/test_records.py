@@ -98,7 +98,7 @@ def test_a_record_that_disagrees_is_refused_never_overwritten(tmp_path):
 
 
 def test_a_table_run_again_from_its_records_runs_nothing(tmp_path, monkeypatch):
-    spec = load_spec_toy(tmp_path, monkeypatch)
+    load_spec_toy(tmp_path, monkeypatch)
     logs = []
     res, files, failed = reproduce("toy", "smoke", out=tmp_path / "out", jobs=1, log=logs.append,
                                    overrides=["execution.workers=0"], records=tmp_path / "rec")

@@ -10,7 +10,6 @@ import sys
 import tarfile
 from pathlib import Path
 
-import numpy as np
 import pytest
 import torch
 import yaml

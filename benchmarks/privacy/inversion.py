@@ -182,7 +182,7 @@ def main() -> int:
 
     shown = shown_command("benchmarks/privacy/inversion.py", sys.argv[1:],
                           {"--data-dir": "DATA", "--results": "RESULTS"})
-    text = (f"## What a prototype leaks: inversion with and without DP (Fashion-MNIST, cnn_fmnist)\n\n"
+    text = ("## What a prototype leaks: inversion with and without DP (Fashion-MNIST, cnn_fmnist)\n\n"
             + header(f"Written by `{shown}` in {(time.perf_counter() - t0) / 60:.1f} min. The feature map: "
                      f"cnn_fmnist after {args.epochs} central epoch(s), test accuracy {100 * test_acc:.2f} %. "
                      f"Inversion: {args.steps} Adam steps, lr {args.lr:g}, TV weight {args.tv:g}, from the mean "

@@ -19,19 +19,15 @@ continues from its own checkpoint).
 """
 from __future__ import annotations
 
-import math
 import os
 import resource
-import sys
 import time
 from collections import deque
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any, Callable, Optional
 
 import torch
 
-from ..config import Config
 from .batched import BatchedExecutor
 from .executor import Executor
 from .train import DIVERGED, NonFiniteLossError

@@ -589,7 +589,7 @@ class ServerPrivacy:
             for c in range(len(self.counts)):
                 led = ledgers.get(c, self.ledgers.get(c, {}))
                 ledgers[c] = add(led, self.planned(c, True, True, led))
-        return max([self.epsilon()] + [self._ledger_epsilon(l) for l in ledgers.values()])
+        return max([self.epsilon()] + [self._ledger_epsilon(led) for led in ledgers.values()])
 
     def stop_reason(self, rnd: int, everyone: bool = False) -> Optional[str]:
         """Why round ``rnd`` (``everyone``: the final evaluation of every client) must not run
@@ -685,8 +685,8 @@ class ServerPrivacy:
     # -- checkpoints -----------------------------------------------------------------------
     def state(self) -> dict:
         return {"clip": self.clip, "rounds": self.rounds, "keys": self.keys, "secret": self.secret, "sigma": self.z,
-                "ledgers": {c: list(l.items()) for c, l in self.ledgers.items()},
-                "last": {c: list(l.items()) for c, l in self.last.items()}}
+                "ledgers": {c: list(led.items()) for c, led in self.ledgers.items()},
+                "last": {c: list(led.items()) for c, led in self.last.items()}}
 
     def restore(self, state: dict) -> None:
         self.clip, self.rounds, self.keys = state["clip"], state["rounds"], state["keys"]
@@ -698,9 +698,9 @@ class ServerPrivacy:
             self.secret = bytes(state["secret"])
             self._noisy.clear()
             self.keep_participation_secret()
-        self.ledgers = {int(c): dict(l) for c, l in state["ledgers"].items()}
-        self.last = {int(c): dict(l) for c, l in state["last"].items()}
-        self.eps = {c: self._ledger_epsilon(l) for c, l in self.ledgers.items()}
+        self.ledgers = {int(c): dict(led) for c, led in state["ledgers"].items()}
+        self.last = {int(c): dict(led) for c, led in state["last"].items()}
+        self.eps = {c: self._ledger_epsilon(led) for c, led in self.ledgers.items()}
 
 
 def noise_for_epsilon(cfg: Config, epsilon: float, algorithm: Any, client_counts: Sequence[Sequence[int]],

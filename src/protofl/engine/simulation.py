@@ -372,7 +372,7 @@ class Simulation:
         done = rows[-1]["round"] if rows else 0
         kept = (f"its checkpoint of round {self.checkpointed} is kept in {self.dir}: fix the cause and continue "
                 f"with --resume" if self.checkpointed else
-                f"no checkpoint was written yet: fix the cause and run it again")
+                "no checkpoint was written yet: fix the cause and run it again")
         return WriteError(f"I/O error on {what}: {os_error_text(e)}; the run stopped after round {done}; {kept}")
 
     def _is_checkpoint(self, rnd: int) -> bool:

@@ -1,6 +1,7 @@
 """SuperNode authentication and TLS over real Flower processes: registered SuperNodes train;
 an unregistered one, and a registered one without TLS, are refused (``protofl flower
-keys|register``, ``superlink --auth``)."""
+keys|register``, ``superlink --auth``); a killed node rejoins and its client cannot be
+claimed by another registered node."""
 import math
 import subprocess
 
@@ -29,46 +30,11 @@ def test_supernode_keys_are_openssh_ecdsa_p384_pairs(tmp_path):
 
 
 @pytest.mark.flower
-def test_registered_tls_supernodes_train_and_unregistered_or_insecure_ones_are_refused(tmp_path):
-    """One TLS deployment with SuperNode authentication and two intruders claiming client 0:
-    a node with a key nobody registered (refused by authentication) and a registered node
-    that talks plain HTTP (refused by TLS)."""
-    from test_flower_deploy import digits, run_rows
-
-    cfg = digits(tmp_path, "algorithm.name=fedavg", "rounds=1", "training.epochs=1")
-    stranger, _ = supernode_keys(tmp_path / "stranger", ["stranger"])["stranger"]
-    # Flower allows SuperNode auth only with TLS
-    certs = throwaway_certificates(tmp_path / "certs", hosts=("127.0.0.1", "localhost"))
-    with LocalDeployment(tmp_path / "deployment", num_nodes=3, tls=certs, auth=True) as dep:
-        # (rejoin_wait=0: a refused node gives up at once instead of trying again as a restarted one would)
-        rogues = {"stranger": dep.start_node(0, name="stranger", auth_key=stranger, max_wait_time=15,
-                                             rejoin_wait=0),
-                  # gets a registered key pair, but no TLS
-                  "insecure-supernode": dep.start_node(0, insecure=True, name="insecure-supernode",
-                                                       max_wait_time=15, rejoin_wait=0)}
-        res = dep.submit(cfg, tmp_path / "flower", timeout=300, round_timeout=150)
-        rcs = {}
-        for name, rogue in rogues.items():
-            try:
-                rcs[name] = rogue.wait(timeout=60)
-            except subprocess.TimeoutExpired:
-                rcs[name] = None
-    assert res.returncode == 0, res.stdout[-3000:]
-    summary, rows = run_rows(tmp_path / "flower")
-    assert summary["status"] == "complete" and (rows[0]["arrived"], rows[0]["lost"]) == (3, 0)
-    assert "is now served by node" not in res.stdout  # client 0 was never taken over
-    logs = {name: (tmp_path / "deployment" / f"{name}.log").read_text(errors="replace") for name in rogues}
-    for name in rogues:  # neither intruder got in: each gave up with an error
-        assert rcs[name] not in (None, 0), (name, logs[name][-2000:])
-        assert "SuperNode ID" not in logs[name], (name, logs[name][-2000:])
-    assert "Failed to activate SuperNode" in logs["stranger"], logs["stranger"][-2000:]
-    for k in range(3):  # the registered ones did join
-        assert "SuperNode ID" in (tmp_path / "deployment" / f"supernode-{k}.log").read_text(errors="replace")
-
-
-@pytest.mark.flower
-def test_authenticated_node_killed_and_restarted_rejoins_and_its_client_cannot_be_claimed(tmp_path):
-    """Under SuperNode authentication a node's id is its key's. SuperNode 1 is killed
+def test_authenticated_nodes_train_intruders_are_refused_and_a_killed_node_rejoins_unclaimed(tmp_path):
+    """One TLS deployment with SuperNode authentication. Two intruders claim client 0: a
+    node with a key nobody registered (refused by authentication) and a registered node
+    that talks plain HTTP (refused by TLS); neither gets in. Under authentication a node's
+    id is its key's. SuperNode 1 is killed
     (SIGKILL: no goodbye) during the run: its client is lost in that round (the round waits
     no longer than round-timeout) and skipped at once in the next ones, and the run goes
     on. Restarted at once, the node is refused by the SuperLink while it still counts the
@@ -86,7 +52,7 @@ def test_authenticated_node_killed_and_restarted_rejoins_and_its_client_cannot_b
     # enough rounds to outlast the SuperLink's heartbeat patience: the node is let in 36-65 s
     # after the kill (2 x 30 s after its last heartbeat, which came up to 24 s before the
     # kill, + a 5 s retry), about round 12-20 at Flower's 3-4 s a round (its nodes poll every 3 s)
-    cfg = digits(tmp_path, "algorithm.name=fedavg", "rounds=26", "training.epochs=1", "eval.personal=false")
+    cfg = digits(tmp_path, "algorithm.name=fedavg", "rounds=25", "training.epochs=1", "eval.personal=false")
     certs = throwaway_certificates(tmp_path / "certs", hosts=("127.0.0.1", "localhost"))
     metrics = tmp_path / "flower" / "metrics.jsonl"
 
@@ -99,7 +65,14 @@ def test_authenticated_node_killed_and_restarted_rejoins_and_its_client_cannot_b
             assert time.monotonic() < deadline, "timed out"
             time.sleep(0.2)
 
+    stranger, _ = supernode_keys(tmp_path / "stranger", ["stranger"])["stranger"]
     with LocalDeployment(tmp_path / "deployment", num_nodes=3, tls=certs, auth=True) as dep:
+        # (rejoin_wait=0: a refused node gives up at once instead of trying again as a restarted one would)
+        rogues = {"stranger": dep.start_node(0, name="stranger", auth_key=stranger, max_wait_time=15,
+                                             rejoin_wait=0),
+                  # gets a registered key pair, but no TLS
+                  "insecure-supernode": dep.start_node(0, insecure=True, name="insecure-supernode",
+                                                       max_wait_time=15, rejoin_wait=0)}
         box = {}
         submit = threading.Thread(target=lambda: box.setdefault("res", dep.submit(
             cfg, tmp_path / "flower", timeout=600, round_timeout=10)))
@@ -113,6 +86,12 @@ def test_authenticated_node_killed_and_restarted_rejoins_and_its_client_cannot_b
         wait_for(lambda: "SuperNode ID" in log1.read_text(errors="replace"), 180)
         up = rows()  # the round in progress when the restarted node was let in
         submit.join(timeout=600)
+        rcs = {}
+        for name, rogue in rogues.items():
+            try:
+                rcs[name] = rogue.wait(timeout=60)
+            except subprocess.TimeoutExpired:
+                rcs[name] = None
     res = box["res"]
     assert res.returncode == 0, res.stdout[-3000:]
     summary, got = run_rows(tmp_path / "flower")
@@ -126,3 +105,10 @@ def test_authenticated_node_killed_and_restarted_rejoins_and_its_client_cannot_b
     assert all(r["wall_s"] < 10 for r in got[first + 1:up]), [r["wall_s"] for r in got]  # ... then skipped at once
     assert "which is bound to node" in res.stdout and "refused" in res.stdout, res.stdout[-3000:]
     assert "is now served by node" not in res.stdout  # no takeover, by the hijacker or anyone
+    logs = {name: (tmp_path / "deployment" / f"{name}.log").read_text(errors="replace") for name in rogues}
+    for name in rogues:  # neither intruder got in: each gave up with an error
+        assert rcs[name] not in (None, 0), (name, logs[name][-2000:])
+        assert "SuperNode ID" not in logs[name], (name, logs[name][-2000:])
+    assert "Failed to activate SuperNode" in logs["stranger"], logs["stranger"][-2000:]
+    for k in (0, 2):  # the registered ones did join
+        assert "SuperNode ID" in (tmp_path / "deployment" / f"supernode-{k}.log").read_text(errors="replace")

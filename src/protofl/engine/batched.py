@@ -490,9 +490,7 @@ class BatchedExecutor(Executor):
             job.output = rt.finish(job.ctx, done.value, t.evaluate, t.full_test, time.perf_counter())
         except NonFiniteLossError as e:
             job.request = None
-            if rt.cfg.training.on_nonfinite == "stop":
-                raise
-            job.output = rt.withdrawn(job.ctx, str(e))
+            job.output = rt.diverged(job.ctx, e)  # stop: raises; drop: the reply withdrawn
         finally:
             job.rng = torch.get_rng_state()
 

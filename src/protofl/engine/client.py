@@ -390,15 +390,16 @@ class ClientRuntime:
         try:
             result: ClientResult = drive(update, ctx.execute)
         except NonFiniteLossError as e:
-            if self.cfg.training.on_nonfinite == "stop":
-                raise
-            return self.withdrawn(ctx, str(e))
+            return self.diverged(ctx, e)
         return self.finish(ctx, result, task.evaluate, task.full_test, t0)
 
-    def withdrawn(self, ctx: ClientContext, why: str) -> ClientOutput:
-        """The output of a client that withdrew its reply (``on_nonfinite: drop``): no reply,
-        its state as it was, and under privacy what it spent (it counts all the same)."""
-        return ClientOutput(reply=Record(), state=None, rejected=why,
+    def diverged(self, ctx: ClientContext, error: NonFiniteLossError) -> ClientOutput:
+        """The NaN-loss policy (``training.on_nonfinite``), for both executors: ``stop``
+        raises ``error`` (the run stops); ``drop`` withdraws the client's reply: no reply, its
+        state as it was, and under privacy what it spent (it counts all the same)."""
+        if self.cfg.training.on_nonfinite == "stop":
+            raise error
+        return ClientOutput(reply=Record(), state=None, rejected=str(error),
                             train={} if ctx.privacy is None else ctx.privacy.report())
 
     def noise_key(self, task: ClientTask) -> Optional[bytes]:

@@ -33,11 +33,11 @@ from .engine.callbacks import Callback, OverallProgress
 from .engine.checkpoint import save_json, save_text
 from .engine.privacy import check_privacy
 from .engine.server import ServerContext
-from .engine.simulation import CHECKPOINT, METRICS, read_rows, run_dir_for, RunResult, Simulation, SUMMARY
+from .engine.simulation import run_dir_for, RunResult, Simulation
 from .engine.task import model_mismatch, Task
 from .engine.train import DIVERGED, NonFiniteLossError
 from .errors import ConfigError, one_line
-from .records import finished
+from .run_folder import CHECKPOINT, finished, METRICS, read_rows, read_summary, SUMMARY
 from .report import tables
 from .report.html import write_report
 
@@ -90,16 +90,6 @@ def _stderr(message: str) -> None:
     print(message, file=sys.stderr)
 
 
-def read_summary(run_dir: Path) -> Optional[dict]:
-    """A run folder's summary.json, or None when it is missing or unreadable (a run cut
-    while writing it is not complete)."""
-    try:
-        s = json.loads((Path(run_dir) / SUMMARY).read_text())
-    except (OSError, ValueError):
-        return None
-    return s if isinstance(s, dict) else None
-
-
 def run(cfg: Config, resume: bool = False, callbacks: Iterable[Callback] = (),
         run_dir: Optional[Path] = None, log: Optional[Callable[[str], None]] = None) -> RunResult:
     """Run one simulation.
@@ -143,7 +133,7 @@ def ended(run_dir: Path, rounds: int, fingerprint: Optional[str] = None) -> Opti
     """The one rule for "this run is done" (``run --resume``, ``compare``, ``sweep``,
     ``reproduce``): the summary of the run when it is a run of ``rounds`` rounds (and of
     the config ``fingerprint``, where given) that is complete, diverged before its last
-    round (a NaN/inf loss) or stopped at its privacy target (:func:`protofl.records.finished`):
+    round (a NaN/inf loss) or stopped at its privacy target (:func:`protofl.run_folder.finished`):
     running it again gives the same run. Else None. Whether its results enter a table is
     the table's rule: a diverged run is named there, never averaged in."""
     s = finished(Path(run_dir))

@@ -28,32 +28,11 @@ from typing import Callable, Iterable, Iterator, Optional
 
 import yaml
 
-from .engine.train import DIVERGED, STOPPED
 from .errors import InputError
+from .run_folder import CLIENTS, CONFIG, finished, METRICS, SUMMARY
 
-SUMMARY, METRICS, CLIENTS, CONFIG = "summary.json", "metrics.jsonl", "clients.json", "config.yaml"
 RECORD = (METRICS, CLIENTS, CONFIG, SUMMARY)  # the order they are written in: the summary last
 DATA_ROOT = "DATA"  # what a record's config says for the data root
-
-
-def finished(run_dir: Path) -> Optional[dict]:
-    """The summary of a finished run, else None: status complete with every round done;
-    status diverged (a NaN/inf loss stopped it before its last round: a result of its
-    config, which diverges again in the same round, and so part of a grid's record); or
-    status stopped (its privacy budget, ``privacy.target_epsilon``, ran out before its last
-    round: again a result of its config). Running a finished run again gives the same
-    run; this is the one rule of ``run --resume``, ``compare``, ``sweep`` and
-    ``reproduce`` (through :func:`protofl.api.ended`)."""
-    try:
-        s = json.loads((run_dir / SUMMARY).read_text())
-    except (OSError, ValueError):
-        return None
-    if not isinstance(s, dict) or not isinstance(s.get("rounds"), int):
-        return None
-    done = s.get("rounds_completed")
-    if s.get("status") in (DIVERGED, STOPPED):
-        return s if isinstance(done, int) and done < s["rounds"] else None
-    return s if s.get("status") == "complete" and done == s["rounds"] else None
 
 
 def finished_runs(root: Path) -> list[Path]:

@@ -41,7 +41,7 @@ from .config import ceil_fraction, Config, ConfigError, from_dict, parse_overrid
 from .engine.callbacks import Callback, OverallProgress, short_metrics
 from .engine.checkpoint import save_text
 from .engine.executor import resolve_workers
-from .engine.simulation import CHECKPOINT
+from .run_folder import CHECKPOINT
 from .engine.trackers import prepare_trackers
 from .engine.train import DIVERGED, NonFiniteLossError
 

@@ -36,6 +36,7 @@ from ..config.coerce import check_path_component
 from ..data.federated import FederatedData
 from ..errors import CheckpointError, ConfigError, InputError, os_error_text, OutputDirError, WriteError
 from ..models import num_params
+from ..run_folder import CHECKPOINT, CLIENTS, CONFIG, METRICS, read_rows, SUMMARY  # noqa: F401 (read_rows re-exported)
 from .backends import EXECUTORS
 from .callbacks import Callback, JsonlWriter, progress_callback
 from .checkpoint import load_checkpoint, save_checkpoint, save_json, save_text, save_torch
@@ -54,12 +55,9 @@ from .validate import check_reply, check_report, update_outliers
 
 log = logging.getLogger("protofl")
 
-CHECKPOINT = "checkpoint.pt"
 # what a checkpoint holds: 2 = Records with typed model weights and groups (earlier: "w."
 # prefixes), which a resume of an earlier checkpoint could not read back
 CHECKPOINT_FORMAT = 2
-METRICS = "metrics.jsonl"
-SUMMARY = "summary.json"
 
 
 def default_run_name(cfg: Config) -> str:
@@ -115,17 +113,6 @@ def where(execution: dict) -> str:
     if device.startswith("cuda") and torch.cuda.is_available():
         name = torch.cuda.get_device_name(torch.device(device)) + ", "
     return f"{device} ({name}{execution.get('executor', 'sequential')} executor)"
-
-
-def read_rows(path: Path) -> list[dict]:
-    rows = []
-    if path.exists():
-        for line in path.read_text(errors="replace").splitlines():  # damaged bytes: an unreadable line
-            try:
-                rows.append(json.loads(line))
-            except json.JSONDecodeError:  # a line cut short by a kill (or damaged): the rows before it count
-                break
-    return rows
 
 
 def _warn(message: str) -> None:
@@ -233,8 +220,8 @@ class Simulation:
 
     def _write_static(self) -> None:
         counts = self.fed.class_counts()
-        save_text(self.dir / "config.yaml", self.cfg.to_yaml())
-        save_json(self.dir / "clients.json", {
+        save_text(self.dir / CONFIG, self.cfg.to_yaml())
+        save_json(self.dir / CLIENTS, {
             "num_clients": self.fed.num_clients, "num_classes": self.info.num_classes,
             "train_counts": counts.tolist(), "local_test_sizes": [len(t) for t in self.fed.test_idx],
             "class_names": self.fed.dataset.class_names,

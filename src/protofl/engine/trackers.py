@@ -28,6 +28,7 @@ import time
 from pathlib import Path
 from typing import Any, Iterator, Optional
 
+from ..run_folder import CONFIG, SUMMARY
 from ..config.machine import check_trackers, TRACKERS  # noqa: F401  (re-exported)
 from ..errors import ConfigError, one_line
 from .callbacks import Callback
@@ -154,8 +155,8 @@ class MLflowTracker(Callback):
     def on_end(self, summary: dict[str, Any]) -> None:
         if self.client is None:
             return
-        self.client.log_dict(self.run_id, summary, "summary.json")
-        for p in [self.dir / "config.yaml", *_reports(self.dir)]:
+        self.client.log_dict(self.run_id, summary, SUMMARY)
+        for p in [self.dir / CONFIG, *_reports(self.dir)]:
             if p.exists():
                 self.client.log_artifact(self.run_id, str(p))
         status = {"complete": "FINISHED", "stopped": "FINISHED",  # stopped: privacy.target_epsilon reached
@@ -215,7 +216,7 @@ class WandbTracker(Callback):
             return
         # the latest value of every metric is W&B's summary already; the rest of protofl's
         self.run.summary.update({k: v for k, v in summary.items() if k != "final"})
-        for p in [self.dir / "config.yaml", *_reports(self.dir)]:
+        for p in [self.dir / CONFIG, *_reports(self.dir)]:
             if p.exists():  # the run's files folder is uploaded (synced) with the run
                 shutil.copy2(p, Path(self.run.dir) / p.name)
         self.run.finish(exit_code=0 if summary.get("status") in ("complete", "stopped") else 1)

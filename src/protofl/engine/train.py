@@ -44,12 +44,10 @@ OPTIMIZERS = ("sgd", "adam", "adamw", "rmsprop", "adagrad")
 SCHEDULES = ("exponential", "cosine", "step")
 
 
-# the summary status of a run stopped by a NaN/inf training loss: a result of its config (the
-# same config diverges again in the same round), where "failed" is an error of the machine
-DIVERGED = "diverged"
-# the summary status of a run stopped before a round that would take it past its privacy
-# budget (privacy.target_epsilon): a result of its config too
-STOPPED = "stopped"
+# the summary statuses of a run stopped by a NaN/inf training loss and of one stopped at its
+# privacy target: results of its config (protofl/run_folder.py), where "failed" is an error
+# of the machine
+from ..run_folder import DIVERGED, STOPPED  # noqa: E402,F401 (re-exported)
 
 
 class NonFiniteLossError(FloatingPointError):

@@ -18,6 +18,7 @@ from typing import Optional
 
 import numpy as np
 
+from ..run_folder import CLIENTS
 from . import plots, tables
 from .plots import ReportError
 
@@ -144,7 +145,7 @@ def build_report(folder: Path, select: str = "final") -> str:
     first = next(iter(groups.values()))[0]
     cfg = plots.run_config(first)
     all_dirs = [d for ds in groups.values() for d in ds]
-    clients = plots.read_file(first / "clients.json") if (first / "clients.json").exists() else {}
+    clients = plots.read_file(first / CLIENTS) if (first / CLIENTS).exists() else {}
     C = clients.get("num_classes") or len((clients.get("train_counts") or [[0]])[0])
     names = plots.class_names(first, C)
     available = {k for d in all_dirs for r in plots.read_metrics(d) for k in r}
@@ -324,10 +325,9 @@ def participation_text(cfg: dict) -> str:
 
 
 def _status(d: Path) -> list:
-    p = d / "summary.json"
-    if not p.exists():
+    s = plots.load_summary(d)
+    if s is None:
         return ["unfinished", "–"]
-    s = plots.read_file(p)
     return [s.get("status"), s.get("rounds_completed")]
 
 

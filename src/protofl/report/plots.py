@@ -19,7 +19,7 @@ import numpy as np
 import yaml
 
 from ..config.coerce import load_yaml
-from ..engine.simulation import METRICS, read_rows
+from ..run_folder import CLIENTS, CONFIG, METRICS, read_rows, SUMMARY
 from ..errors import InputError, one_line
 
 
@@ -126,7 +126,7 @@ def read_metrics(run_dir: Path) -> list[dict]:
 
 
 def is_run_dir(d: Path) -> bool:
-    return (Path(d) / "metrics.jsonl").is_file()
+    return (Path(d) / METRICS).is_file()
 
 
 def _names(paths: Sequence[Path], limit: int = 12) -> str:
@@ -172,8 +172,15 @@ def read_file(path: Path, kind: str = "json"):
     return data
 
 
+def load_summary(run_dir: Path) -> Optional[dict]:
+    """A run folder's summary for the report: None when it has none yet (a run in progress);
+    a damaged one is a :class:`ReportError` naming it (protofl.run_folder names the file)."""
+    p = Path(run_dir) / SUMMARY
+    return read_file(p) if p.exists() else None
+
+
 def run_config(run_dir: Path) -> dict:
-    p = Path(run_dir) / "config.yaml"
+    p = Path(run_dir) / CONFIG
     return read_file(p, "yaml") if p.exists() else {}
 
 
@@ -232,9 +239,9 @@ def total_rounds(dirs: Sequence[Path]) -> int:
     """The longest run's number of rounds (from summary.json, else its last row)."""
     best = 1
     for d in dirs:
-        s = Path(d) / "summary.json"
-        if s.exists():
-            best = max(best, int(read_file(s).get("rounds") or 1))
+        s = load_summary(d)
+        if s is not None:
+            best = max(best, int(s.get("rounds") or 1))
         rows = read_metrics(d)
         if rows:
             best = max(best, int(rows[-1]["round"]))
@@ -242,7 +249,7 @@ def total_rounds(dirs: Sequence[Path]) -> int:
 
 
 def class_names(run_dir: Path, num_classes: int) -> list[str]:
-    p = Path(run_dir) / "clients.json"
+    p = Path(run_dir) / CLIENTS
     names = read_file(p).get("class_names") if p.exists() else None
     return list(names) if names and len(names) == num_classes else [str(c) for c in range(num_classes)]
 
@@ -514,7 +521,7 @@ def partition_heatmap(counts: np.ndarray, out: Path, title: str = "", class_name
 
 
 def load_counts(run_dir: Path) -> np.ndarray:
-    return np.asarray(read_file(Path(run_dir) / "clients.json")["train_counts"])
+    return np.asarray(read_file(Path(run_dir) / CLIENTS)["train_counts"])
 
 
 # ---------------------------------------------------------------------------------------

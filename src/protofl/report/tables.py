@@ -18,7 +18,7 @@ import numpy as np
 
 from ..engine.privacy import NOT_PRIVATE, SEEDED_KEY
 from ..errors import ConfigError
-from .plots import read_file, read_metrics
+from .plots import load_summary, read_metrics
 
 # cluster_purity: clustering methods on scenarios with known client groups (a fraction, shown in %);
 # epsilon: runs with differential privacy (privacy.*), the privacy spent at privacy.delta
@@ -33,10 +33,6 @@ LOWER_IS_BETTER = ("_std",)  # suffixes of metrics where the smallest value is t
 # metrics that are not fractions: shown as they are, never in bold (a privacy cost is a setting, not a score)
 PLAIN = ("epsilon",)
 # a row of a run under privacy.noise: seeded carries SEEDED_KEY: its epsilon is not a guarantee
-
-
-def load_summary(run_dir: Path) -> dict:
-    return read_file(Path(run_dir) / "summary.json")
 
 
 def mean_std(values: Iterable[Optional[float]]) -> tuple[float, float]:
@@ -139,7 +135,7 @@ def compare_rows(groups: dict[str, list[Path]], metrics: Iterable[str] = METRICS
     out = []
     for label, dirs in groups.items():
         rows_per_run = [read_metrics(d) for d in dirs]
-        sums = [load_summary(d) for d in dirs if (Path(d) / "summary.json").exists()]
+        sums = [s for s in map(load_summary, dirs) if s is not None]
         secs = [s for s in (seconds_per_round(r) for r in rows_per_run) if s is not None]
         cpu = [seconds_per_round(r, "cpu_s") for r in rows_per_run]
         row = {"method": label, "runs": len(dirs), "select": select,

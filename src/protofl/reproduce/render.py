@@ -28,6 +28,7 @@ from ..report import plots
 from ..report.html import _img, _table, CSS
 from ..report.tables import markdown, parse_select
 from . import stats
+from ..run_folder import SUMMARY as RUN_SUMMARY
 from .pages import page_data, read_summary, SUMMARY
 from .run import Cell, claim_out, command_line, Results
 from .spec import Claim, TableSpec
@@ -528,7 +529,7 @@ def build_html(res: Results, date: Optional[str] = None, mach: Optional[str] = N
         used = set(res.seeds.get(sp.setting.id, []))
         groups = {}
         for r in sp.runs:
-            if r.seed in used and (r.dir / "summary.json").exists():
+            if r.seed in used and (r.dir / RUN_SUMMARY).exists():
                 groups.setdefault(r.label, []).append(r.dir)
         if not groups:
             continue

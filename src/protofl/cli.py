@@ -25,8 +25,11 @@ DEBUG_ENV = "PROTOFL_DEBUG"
 
 
 def _summary_line(summary: dict) -> str:
+    from .metrics import METRIC_INFO, summary_metrics
+
     f = summary.get("final", {})
-    parts = [f"{k}={100 * f[k]:.2f}%" for k in ("gm", "pm_v", "pm_l", "pa", "ga") if k in f]
+    parts = [f"{k}={100 * f[k]:.2f}%" if METRIC_INFO[k].unit == "accuracy" else f"{k}={f[k]:.4g}"
+             for k in summary_metrics() if isinstance(f.get(k), (int, float))]
     if "epsilon" in f:  # privacy.*: the privacy spent, at privacy.delta
         parts.append(f"epsilon={f['epsilon']:.2f}" + (" (not private: seeded noise)" if f.get("privacy_seeded")
                                                       else ""))

@@ -100,3 +100,93 @@ def cluster_purity(assignment: Sequence[int], truth: Sequence[int]) -> float:
     if a.shape != t.shape or a.size == 0:
         raise ValueError(f"cluster_purity: need two equal-length non-empty labelings, got {a.shape} and {t.shape}")
     return float(sum(np.unique(t[a == k], return_counts=True)[1].max() for k in np.unique(a))) / a.size
+
+
+# ---------------------------------------------------------------------------------------
+# the registry: what each logged metric is, defined once
+# ---------------------------------------------------------------------------------------
+class MetricInfo:
+    """One logged metric, for everything that shows it.
+
+    ``label``: its column in tables (``"GM"``); ``words``: what it is, for axis labels and the
+    report (``"global model accuracy, GM"``); ``unit``: ``accuracy`` (a fraction, shown in
+    percent), ``clients``, ``samples``, ``s``, ``MB``, ``degrees`` or ``""`` (as it is);
+    ``higher_is_better``: its direction (None: neither, e.g. a cost or a setting);
+    ``headline``: a column of the comparison tables and the report's, in registry order;
+    ``short``: its name in the progress bar and log lines (None: not shown there);
+    ``summary``: in the one-line summary after a run.
+    """
+
+    __slots__ = ("name", "label", "words", "unit", "higher_is_better", "headline", "short", "summary")
+
+    def __init__(self, name: str, label: str, words: str, unit: str = "", higher_is_better: bool | None = None,
+                 headline: bool = False, short: str | None = None, summary: bool = False) -> None:
+        self.name, self.label, self.words, self.unit = name, label, words, unit
+        self.higher_is_better, self.headline, self.short, self.summary = higher_is_better, headline, short, summary
+
+    @property
+    def scale(self) -> float:
+        """What a value is multiplied by for display (accuracies in percent, bytes in MB)."""
+        return {"accuracy": 100.0, "MB": 1e-6}.get(self.unit, 1.0)
+
+
+METRIC_INFO: dict[str, MetricInfo] = {}
+
+
+def register_metric(info: MetricInfo) -> MetricInfo:
+    """Add (or replace) a metric: the CLI, the progress bar, tables, plots and the report read it."""
+    METRIC_INFO[info.name] = info
+    return info
+
+
+for _info in (
+    MetricInfo("train_loss", "loss", "training loss", "", False, short="loss"),  # first in the progress bar
+    # the headline accuracies (docs/metrics.md), in the order tables show them
+    MetricInfo("gm", "GM", "global model accuracy, GM", "accuracy", True, headline=True, short="gm", summary=True),
+    MetricInfo("pm_v", "PM(V)", "personal accuracy, PM(V)", "accuracy", True, headline=True, summary=True),
+    MetricInfo("pm_l", "PM(L)", "personal accuracy, PM(L)", "accuracy", True, headline=True, summary=True),
+    MetricInfo("pa", "PA", "personal accuracy, PA", "accuracy", True, headline=True, short="pa", summary=True),
+    MetricInfo("ga", "GA", "generic accuracy, GA", "accuracy", True, headline=True, summary=True),
+    # cluster_purity: clustering methods on scenarios with known client groups (a fraction)
+    MetricInfo("cluster_purity", "purity", "cluster purity", "", True, headline=True),
+    # epsilon: runs with differential privacy, the privacy spent at privacy.delta (a cost, not a score)
+    MetricInfo("epsilon", "ε", "privacy spent, epsilon", "", None, headline=True, short="eps"),
+    MetricInfo("acc", "acc", "personal model accuracy", "accuracy", True),
+    MetricInfo("gm_per_class", "GM per class", "global model accuracy per class", "accuracy", True),
+    MetricInfo("lr", "lr", "learning rate"),
+    MetricInfo("bytes_up", "up", "sent up per round", "MB"),
+    MetricInfo("bytes_down", "down", "sent down per round", "MB"),
+    MetricInfo("selected", "selected", "clients sampled", "clients"),
+    MetricInfo("arrived", "arrived", "updates arrived", "clients"),
+    MetricInfo("lost", "lost", "updates lost", "clients"),
+    MetricInfo("rejected", "rejected", "updates rejected"),
+    MetricInfo("evaluated_clients", "evaluated", "clients evaluated", "clients"),
+    MetricInfo("train_samples", "samples", "training samples", "samples"),
+    MetricInfo("weight_diversity", "diversity", "weight diversity"),
+    MetricInfo("proto_min_angle", "min angle", "smallest angle between classes", "degrees"),
+    MetricInfo("train_s", "train s", "training time per round", "s"),
+    MetricInfo("eval_s", "eval s", "evaluation time per round", "s"),
+    MetricInfo("wall_s", "wall s", "time per round", "s"),
+    MetricInfo("cpu_s", "cpu s", "CPU time per round", "s"),
+    MetricInfo("all_clients", "all clients", "clients evaluated at the end"),
+    MetricInfo("privacy_clip", "clip", "clip bound C of the updates"),
+    MetricInfo("privacy_unclipped", "unclipped", "updates within the clip (private estimate)"),
+    MetricInfo("privacy_sigma", "sigma", "noise multiplier sigma"),
+    MetricInfo("privacy_seeded", "seeded", "seeded noise (not private)"),
+):
+    register_metric(_info)
+
+
+def headline_metrics() -> tuple[str, ...]:
+    """The columns of the comparison tables and the report, in registry order."""
+    return tuple(n for n, m in METRIC_INFO.items() if m.headline)
+
+
+def shown_metrics() -> tuple[tuple[str, str], ...]:
+    """(metric, short name) of the progress bar and the log lines, in registry order."""
+    return tuple((n, m.short) for n, m in METRIC_INFO.items() if m.short)
+
+
+def summary_metrics() -> tuple[str, ...]:
+    """The metrics of the one-line summary after a run, in registry order."""
+    return tuple(n for n, m in METRIC_INFO.items() if m.summary)

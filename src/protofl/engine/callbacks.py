@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any, Optional
 
 from ..logs import ensure_log_handler, LOGGER  # noqa: F401 (re-exported)
+from ..metrics import METRIC_INFO, shown_metrics
 from .store import usage_line
 
 
@@ -45,10 +46,11 @@ class JsonlWriter(Callback):
             f.write(json.dumps(row, default=float) + "\n")
 
 
-# One short, fixed set of metrics for the bar and the log lines, accuracies in percent
+# One short set of metrics for the bar and the log lines (those registered with a ``short``
+# name in protofl/metrics.py: loss, gm, pa, and eps under privacy.*), accuracies in percent
 # (the unit of every table and of the CLI's final line): the bar never outgrows a
 # terminal, whatever a method logs.
-SHOW = (("train_loss", "loss"), ("gm", "gm"), ("pa", "pa"), ("epsilon", "eps"))  # eps: privacy.* runs only
+SHOW = shown_metrics()  # (as of import; short_metrics reads the registry at each row)
 
 
 def short_metrics(row: dict[str, Any], latest: Optional[dict[str, str]] = None) -> dict[str, str]:
@@ -59,19 +61,19 @@ def short_metrics(row: dict[str, Any], latest: Optional[dict[str, str]] = None) 
     this row keep their value in ``latest`` (evaluation every k rounds).
     """
     out = dict(latest or {})
-    for key, label in SHOW:
+    for key, label in shown_metrics():
         v = row.get(key)
         if key == "gm" and v is None:
             v = row.get("ga")
         if isinstance(v, (int, float)) and not isinstance(v, bool):
             if math.isnan(v):
                 out[label] = "nan"
-            elif key == "train_loss":
-                out[label] = f"{v:.3f}" if abs(v) < 1e4 else f"{v:.2e}"
+            elif METRIC_INFO[key].unit == "accuracy":
+                out[label] = f"{100 * v:.2f}%"
             elif key == "epsilon":  # the privacy spent so far, at privacy.delta (a seeded run's is no guarantee)
                 out[label] = f"{v:.2f}" + (" (not private)" if row.get("privacy_seeded") else "")
             else:
-                out[label] = f"{100 * v:.2f}%"
+                out[label] = f"{v:.3f}" if abs(v) < 1e4 else f"{v:.2e}"
     return out
 
 

@@ -18,6 +18,7 @@ from typing import Optional
 
 import numpy as np
 
+from ..metrics import headline_metrics
 from ..run_folder import CLIENTS
 from . import plots, tables
 from .plots import ReportError
@@ -164,8 +165,9 @@ def build_report(folder: Path, select: str = "final") -> str:
 
     # results
     rows = tables.compare_rows(groups, select=select)
-    header = tables._header(rows, tables.METRICS)
-    cells = tables._cells(rows, tables.METRICS, lambda t: f"<b>{t}</b>")
+    metrics = headline_metrics()
+    header = tables._header(rows, metrics)
+    cells = tables._cells(rows, metrics, lambda t: f"<b>{t}</b>")
     parts += ["<h2>Results</h2>", _table(header, [[html.escape(c) if not c.startswith("<b>") else c for c in r]
                                                   for r in cells], raw=True),
               f"<p class='note'>{html.escape(tables.caption(rows))} Definitions: docs/metrics.md.</p>"]

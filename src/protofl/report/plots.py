@@ -19,6 +19,7 @@ import numpy as np
 import yaml
 
 from ..config.coerce import load_yaml
+from ..metrics import METRIC_INFO
 from ..run_folder import CLIENTS, CONFIG, METRICS, read_rows, SUMMARY
 from ..errors import InputError, one_line
 
@@ -47,52 +48,39 @@ def _save(fig, out: Path, dpi: int = 120) -> Path:
 # ---------------------------------------------------------------------------------------
 # metrics: units
 # ---------------------------------------------------------------------------------------
-ACCURACIES = ("gm", "gm_per_class", "pm_v", "pm_l", "pa", "ga", "acc")
-COUNTS = {"selected": "clients", "arrived": "clients", "lost": "clients", "evaluated_clients": "clients",
-          "train_samples": "samples"}
+def _info(name: str):
+    return METRIC_INFO.get(name)
+
+
+def _accuracy(name: str) -> bool:
+    info = _info(name)
+    return info is not None and info.unit == "accuracy"
 
 
 def metric_unit(metric: str) -> tuple[float, str]:
-    """(scale, unit) for drawing ``metric``: only accuracies are scaled to percent.
-
-    Accuracies (``gm``, ``pa``, ``gm@logits``, ...) -> (100, "%"); their client spread
-    ``<m>_std`` -> (100, "% points"); ``bytes_*`` -> (1e-6, "MB"); seconds ``*_s`` ->
-    (1, "s"); angles ``*_angle`` -> (1, "degrees"); client/sample counts; anything else
-    (losses, learning rate, distances, diversity) is drawn as is, without a unit.
+    """(scale, unit) for drawing ``metric``, from the metric registry (protofl/metrics.py):
+    accuracies (``gm``, ``pa``, ``gm@logits``, ...) -> (100, "%"); their client spread
+    ``<m>_std`` -> (100, "% points"); a registered unit (clients, samples, s, MB, degrees)
+    as registered. Unregistered keys by their form: ``bytes_*`` -> (1e-6, "MB"), seconds
+    ``*_s`` -> (1, "s"), angles ``*_angle`` -> (1, "degrees"); anything else (losses,
+    learning rate, distances, diversity) is drawn as is, without a unit.
     """
     base = metric.split("@")[0]
     base = base[4:] if base.startswith("all_") else base  # the same metric over every client at the end
-    if base in ACCURACIES:
+    if _accuracy(base):
         return 100.0, "%"
-    if base.endswith("_std") and base[:-4] in ACCURACIES:
+    if base.endswith("_std") and _accuracy(base[:-4]):
         return 100.0, "% points"
+    info = _info(base)
+    if info is not None:
+        return info.scale, info.unit
     if base.startswith("bytes_"):
         return 1e-6, "MB"
     if base.endswith("_s"):
         return 1.0, "s"
     if base.endswith("_angle"):
         return 1.0, "degrees"
-    if base in COUNTS:
-        return 1.0, COUNTS[base]
     return 1.0, ""
-
-
-# what each logged key is, in words, for axis labels (docs/metrics.md defines them)
-WORDS = {
-    "gm": "global model accuracy, GM", "ga": "generic accuracy, GA", "acc": "personal model accuracy",
-    "pa": "personal accuracy, PA", "pm_v": "personal accuracy, PM(V)", "pm_l": "personal accuracy, PM(L)",
-    "gm_per_class": "global model accuracy per class", "train_loss": "training loss", "lr": "learning rate",
-    "bytes_up": "sent up per round", "bytes_down": "sent down per round",
-    "selected": "clients sampled", "arrived": "updates arrived", "lost": "updates lost",
-    "rejected": "updates rejected", "evaluated_clients": "clients evaluated", "train_samples": "training samples",
-    "weight_diversity": "weight diversity", "proto_min_angle": "smallest angle between classes",
-    "train_s": "training time per round", "eval_s": "evaluation time per round", "wall_s": "time per round",
-    "cpu_s": "CPU time per round",
-    "all_clients": "clients evaluated at the end",
-    "epsilon": "privacy spent, epsilon", "privacy_clip": "clip bound C of the updates",
-    "privacy_unclipped": "updates within the clip (private estimate)",
-    "privacy_sigma": "noise multiplier sigma", "privacy_seeded": "seeded noise (not private)",
-}
 
 
 def metric_words(metric: str) -> str:
@@ -101,13 +89,13 @@ def metric_words(metric: str) -> str:
     ``gm@logits`` -> "... (logits)"; an unknown key with spaces for its underscores."""
     base, _, variant = metric.partition("@")
     suffix = f" ({variant})" if variant else ""
-    if base in WORDS:
-        return WORDS[base] + suffix
+    if base in METRIC_INFO:
+        return METRIC_INFO[base].words + suffix
     end = base.startswith("all_")
     core = base[4:] if end else base
     spread = core.endswith("_std")
     core = core[:-4] if spread else core
-    words = WORDS.get(core, core.replace("_", " "))
+    words = METRIC_INFO[core].words if core in METRIC_INFO else core.replace("_", " ")
     return words + (": spread over clients" if spread else "") + (" (all clients, at the end)" if end else "") + suffix
 
 

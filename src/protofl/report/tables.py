@@ -18,20 +18,42 @@ import numpy as np
 
 from ..engine.privacy import NOT_PRIVATE, SEEDED_KEY
 from ..errors import ConfigError
+from ..metrics import headline_metrics, METRIC_INFO
 from .plots import load_summary, read_metrics
 
-# cluster_purity: clustering methods on scenarios with known client groups (a fraction, shown in %);
-# epsilon: runs with differential privacy (privacy.*), the privacy spent at privacy.delta
-METRICS = ("gm", "pm_v", "pm_l", "pa", "ga", "cluster_purity", "epsilon")
-LABELS = {"gm": "GM", "pm_v": "PM(V)", "pm_l": "PM(L)", "pa": "PA", "ga": "GA",
-          "pm_v_std": "PM(V) std", "pa_std": "PA std", "cluster_purity": "purity", "epsilon": "ε",
-          # eval.final_all_clients: every client's personalized model after the last round
-          "all_pm_v": "PM(V) all", "all_pm_l": "PM(L) all", "all_pa": "PA all", "all_acc": "acc all"}
-# the same metrics over every client at the end of the run (eval.final_all_clients)
-ALL_CLIENT_METRICS = ("gm", "all_pm_v", "all_pm_l", "all_pa", "ga")
+# the table columns, their labels and directions: the metric registry (protofl/metrics.py
+# METRIC_INFO), read at each call, so that a metric registered there shows up here
+METRICS = headline_metrics()  # (the columns as of import; the functions below read the registry)
 LOWER_IS_BETTER = ("_std",)  # suffixes of metrics where the smallest value is the best
-# metrics that are not fractions: shown as they are, never in bold (a privacy cost is a setting, not a score)
-PLAIN = ("epsilon",)
+
+
+def label(metric: str) -> str:
+    """A metric's column label: its registered ``label`` (``pm_v`` -> "PM(V)"); ``<m>_std``
+    -> "<label> std" (its spread over clients), ``all_<m>`` -> "<label> all" (every client's
+    personalized model after the last round); an unregistered metric as it is named."""
+    if metric in METRIC_INFO and METRIC_INFO[metric].headline:
+        return METRIC_INFO[metric].label
+    if metric.endswith("_std") and metric[:-4] in METRIC_INFO:
+        return label(metric[:-4]) + " std"
+    if metric.startswith("all_") and metric[4:] in METRIC_INFO:
+        return label(metric[4:]) + " all"
+    return metric
+
+
+def plain(metric: str) -> bool:
+    """A metric shown as it is, never in bold, not in percent: a cost or a setting, not a
+    score (registered with no direction: ``epsilon``)."""
+    info = METRIC_INFO.get(metric)
+    return info is not None and info.higher_is_better is None
+
+
+def lower_is_better(metric: str) -> bool:
+    """Its best value is its smallest: a spread over clients (``_std``), or a metric
+    registered so (``train_loss``)."""
+    info = METRIC_INFO.get(metric)
+    return metric.endswith(LOWER_IS_BETTER) or (info is not None and info.higher_is_better is False)
+
+
 # a row of a run under privacy.noise: seeded carries SEEDED_KEY: its epsilon is not a guarantee
 
 
@@ -93,7 +115,7 @@ def select_value(rows: Sequence[dict], metric: str, select: str = "final") -> Op
     if how == "final":
         return v[-1]
     if how == "best":
-        return min(v) if metric.endswith(LOWER_IS_BETTER) else max(v)
+        return min(v) if lower_is_better(metric) else max(v)
     return float(np.mean(v[-k:]))
 
 
@@ -125,20 +147,21 @@ def seconds_per_round(rows: Sequence[dict], key: str = "wall_s") -> Optional[flo
     return float(np.mean(w)) if w else None
 
 
-def compare_rows(groups: dict[str, list[Path]], metrics: Iterable[str] = METRICS,
+def compare_rows(groups: dict[str, list[Path]], metrics: Optional[Iterable[str]] = None,
                  select: str = "final") -> list[dict]:
     """One row per label: each metric's selected value (:func:`select_value`), mean and
     sample std over its runs (seeds). ``row[m] = (mean, std)``; std is NaN with one value.
     ``row["count"][m]`` = how many runs had the metric. ``row["global_model"]`` = False
     when no run of the label has a global model (GA is then not a copy of GM)."""
     parse_select(select)
+    metrics = headline_metrics() if metrics is None else tuple(metrics)
     out = []
-    for label, dirs in groups.items():
+    for name, dirs in groups.items():
         rows_per_run = [read_metrics(d) for d in dirs]
         sums = [s for s in map(load_summary, dirs) if s is not None]
         secs = [s for s in (seconds_per_round(r) for r in rows_per_run) if s is not None]
         cpu = [seconds_per_round(r, "cpu_s") for r in rows_per_run]
-        row = {"method": label, "runs": len(dirs), "select": select,
+        row = {"method": name, "runs": len(dirs), "select": select,
                "rounds": max((s.get("rounds_completed", 0) for s in sums), default=0),
                "s_per_round": float(np.mean(secs)) if secs else float("nan"),
                # CPU seconds only where every run has them: a mean over some runs would mix
@@ -169,13 +192,13 @@ def _present(rows: list[dict], metrics: Sequence[str]) -> list[str]:
 
 def best_rows(rows: list[dict], metric: str) -> set[int]:
     """Indices of the rows with the best mean of ``metric`` (ties share it); none for one row."""
-    if len(rows) < 2 or metric in PLAIN:
+    if len(rows) < 2 or plain(metric):
         return set()
     vals = [r[metric][0] if metric != "ga" or not r.get("global_model", True) else float("nan") for r in rows]
     ok = [v for v in vals if not math.isnan(v)]
     if len(ok) < 2:
         return set()
-    best = min(ok) if metric.endswith(LOWER_IS_BETTER) else max(ok)
+    best = min(ok) if lower_is_better(metric) else max(ok)
     return {i for i, v in enumerate(vals) if not math.isnan(v) and round(v, 6) == round(best, 6)}
 
 
@@ -189,7 +212,7 @@ def _cells(rows: list[dict], metrics: Sequence[str], bold) -> list[list[str]]:
             if m == "ga" and r.get("global_model", True):
                 cells.append("= GM")
                 continue
-            text = number(*r[m]) if m in PLAIN else pct(*r[m])
+            text = number(*r[m]) if plain(m) else pct(*r[m])
             if m == "epsilon" and r.get("seeded") and text != "–":
                 text += f" ({NOT_PRIVATE})"
             cells.append(bold(text) if i in best[m] else text)
@@ -200,7 +223,7 @@ def _cells(rows: list[dict], metrics: Sequence[str], bold) -> list[list[str]]:
 
 
 def _header(rows: list[dict], metrics: Sequence[str], pct_sign: str = "%") -> list[str]:
-    return ["method", *(LABELS.get(m, m) + ("" if m in PLAIN else f" ({pct_sign})") for m in _present(rows, metrics)),
+    return ["method", *(label(m) + ("" if plain(m) else f" ({pct_sign})") for m in _present(rows, metrics)),
             "seeds", "rounds", "s/round"]
 
 
@@ -221,7 +244,8 @@ def caption(rows: list[dict]) -> str:
             "s/round: mean seconds per round (training + evaluation) without the first round's start-up." + eps)
 
 
-def to_markdown(rows: list[dict], metrics: Sequence[str] = METRICS, with_caption: bool = False) -> str:
+def to_markdown(rows: list[dict], metrics: Optional[Sequence[str]] = None, with_caption: bool = False) -> str:
+    metrics = headline_metrics() if metrics is None else metrics
     table = markdown(_header(rows, metrics), _cells(rows, metrics, lambda t: f"**{t}**"))
     return table + ("\n" + caption(rows) + "\n" if with_caption else "")
 
@@ -233,8 +257,9 @@ def _tex(s: str) -> str:
     return s
 
 
-def to_latex(rows: list[dict], metrics: Sequence[str] = METRICS) -> str:
+def to_latex(rows: list[dict], metrics: Optional[Sequence[str]] = None) -> str:
     """A booktabs ``tabular`` (``\\usepackage{booktabs}``) with the caption as a comment."""
+    metrics = headline_metrics() if metrics is None else metrics
     head = [_tex(h) for h in _header(rows, metrics)]
     body = _cells(rows, metrics, lambda t: "\\textbf{" + t + "}")
     lines = [f"% {caption(rows)}", "\\begin{tabular}{l" + "r" * (len(head) - 1) + "}", "\\toprule",
@@ -246,8 +271,9 @@ def to_latex(rows: list[dict], metrics: Sequence[str] = METRICS) -> str:
     return "\n".join(lines) + "\n"
 
 
-def to_csv(rows: list[dict], metrics: Sequence[str] = METRICS) -> str:
+def to_csv(rows: list[dict], metrics: Optional[Sequence[str]] = None) -> str:
     """Every metric's mean and std (fractions, not percent; std empty for one seed)."""
+    metrics = headline_metrics() if metrics is None else metrics
     buf = io.StringIO()
     w = csv.writer(buf)
     w.writerow(["method", *(x for m in metrics for x in (m + "_mean", m + "_std")), "seeds", "rounds",
@@ -288,9 +314,9 @@ def stability_rows(groups: dict[str, list[Path]], window: int = STABILITY_WINDOW
     group's order) and ``mean`` (their mean per key); labels whose runs lack the window
     are left out."""
     out = []
-    for label, dirs in groups.items():
+    for name, dirs in groups.items():
         st = [stability(d, window) for d in dirs]
         if st and all(s is not None for s in st):
-            out.append({"label": label, "per_seed": st,
+            out.append({"label": name, "per_seed": st,
                         "mean": {k: float(np.mean([s[k] for s in st])) for k in st[0]}})
     return out

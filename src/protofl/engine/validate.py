@@ -106,17 +106,20 @@ MIN_PEERS = 3
 def update_norm(reply: Record, sent: Record, group: Optional[str] = None) -> Optional[float]:
     """The L2 norm of a reply's model update, in float64: reply - sent over all floating
     weights, or, for a method that replies its update itself, the floating arrays of its
-    ``group`` (``Algorithm.update_group``); None when the reply carries neither."""
+    ``group`` (``Algorithm.update_group``); None when the reply carries neither. One tensor
+    at a time, summed where the reply lives (one wait for a GPU)."""
     if group is not None and isinstance(reply.arrays.get(group), dict):
-        parts = [t.detach().double() for t in reply.arrays[group].values()
-                 if torch.is_tensor(t) and t.is_floating_point() and t.numel()]
+        parts = (t.detach().double() for t in reply.arrays[group].values()
+                 if torch.is_tensor(t) and t.is_floating_point() and t.numel())
     else:
-        parts = [t.detach().double() - sent.weights[name].detach().to(t.device).double()
+        parts = (t.detach().double() - sent.weights[name].detach().to(t.device).double()
                  for name, t in reply.weights.items()
-                 if name in sent.weights and t.is_floating_point() and t.numel()]
-    if not parts:
-        return None
-    return math.sqrt(sum(float(torch.dot(d.flatten(), d.flatten())) for d in parts))
+                 if name in sent.weights and t.is_floating_point() and t.numel())
+    total = None
+    for d in parts:
+        sq = torch.dot(d.flatten(), d.flatten())
+        total = sq if total is None else total + sq
+    return None if total is None else math.sqrt(float(total))
 
 
 def update_outliers(pairs: Sequence[tuple[int, Record, Record]], limit: float,

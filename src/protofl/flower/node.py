@@ -41,7 +41,7 @@ from typing import Optional, Sequence
 RESTART_DELAY = 1.0  # seconds between a worker's death and its restart (doubled while it keeps dying fast)
 # Flower 1.41: a SuperLink counts a node online until HEARTBEAT_PATIENCE (2) x its heartbeat
 # interval (30 s) after the last heartbeat, and refuses to activate it again before then
-REJOIN_WAIT = 2 * 30.0 + 30.0  # seconds in which a refused activation (exit 305) is tried again
+REJOIN_WAIT = 2 * 30.0 + 30.0  # seconds in which a refused activation is tried again
 REJOIN_EVERY = 5.0
 # what flower-supernode logs when the SuperLink refuses to activate it (its process exits 1)
 NOT_ACTIVATED = b"Failed to activate SuperNode"
@@ -178,8 +178,9 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     ap.add_argument("--stop-timeout", type=float, default=8.0, help="seconds before SIGKILL when stopping")
     ap.add_argument("--poll-interval", type=float, help="the worker's task poll interval while idle")
     ap.add_argument("--rejoin-wait", type=float,
-                    help=f"seconds from the start in which a refused activation (exit {NOT_ACTIVATED}) is tried "
-                         f"again (default {REJOIN_WAIT:.0f} with {AUTH_FLAG}, else 0)")
+                    help=f"seconds from the start in which a SuperNode the SuperLink refuses to activate "
+                         f"(\"{NOT_ACTIVATED.decode()}\") is started again (default {REJOIN_WAIT:.0f} with "
+                         f"{AUTH_FLAG}, else 0)")
     args = ap.parse_args(argv[:cut])
     node_cmd = argv[cut + 1:]
     if not node_cmd:

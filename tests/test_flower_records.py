@@ -590,3 +590,38 @@ def test_flower_log_lines_are_plain_outside_a_terminal(monkeypatch):
     record = logging.LogRecord("flwr", logging.INFO, __file__, 1, "round 1", None, None)
     assert "\x1b[" not in handlers[0].format(record)
 
+
+
+def test_node_supervisor_starts_a_refused_supernode_again_until_let_in_or_out_of_time(tmp_path):
+    """``python -m protofl.flower.node`` around a stand-in SuperNode that Flower's SuperLink
+    refuses twice ("Failed to activate SuperNode", exit 1: a restarted node whose old session
+    still counts as online), then lets in: started again until it runs, its output relayed;
+    with no time left (``--rejoin-wait``) a refusal is final."""
+    import subprocess
+    import sys
+
+    from protofl.flower.launch import free_port
+
+    lives = tmp_path / "lives"
+    refused_until = tmp_path / "refused-until"
+    script = (f"import pathlib, sys, time\np = pathlib.Path({str(lives)!r})\n"
+              "n = int(p.read_text()) if p.exists() else 0\np.write_text(str(n + 1))\n"
+              f"if n < int(pathlib.Path({str(refused_until)!r}).read_text()):\n"
+              "    print('ERROR :     Exit Code: 305\\n[code: 2004] Failed to activate SuperNode.', flush=True)\n"
+              "    sys.exit(1)\n"
+              "print('INFO :      SuperNode ID: 42', flush=True)\ntime.sleep(0.5)\nsys.exit(3)\n")
+
+    def supervise(wait: str) -> subprocess.CompletedProcess:
+        lives.unlink(missing_ok=True)
+        return subprocess.run([sys.executable, "-m", "protofl.flower.node", "--runtime-api-address",
+                               f"127.0.0.1:{free_port()}", "--rejoin-wait", wait, "--", sys.executable, "-c",
+                               script], capture_output=True, text=True, timeout=120)
+
+    refused_until.write_text("2")
+    res = supervise("60")
+    assert res.returncode == 3 and lives.read_text() == "3", res.stdout + res.stderr
+    assert res.stderr.count("refused to activate this SuperNode") == 2, res.stderr
+    assert res.stdout.count("Failed to activate SuperNode") == 2 and "SuperNode ID: 42" in res.stdout
+    refused_until.write_text("99")
+    res = supervise("1")  # the next try would start after the window: the refusal stands
+    assert res.returncode == 1 and lives.read_text() == "1", res.stdout + res.stderr

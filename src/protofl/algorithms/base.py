@@ -240,6 +240,16 @@ class ClientContext(Protocol):
     def architecture(self) -> nn.Module:
         """The client's model object, whatever weights it holds (for names and shapes)."""
 
+    @property
+    def channels_last(self) -> bool:
+        """Whether the run feeds 4-d inputs to the model in channels-last memory format: a
+        method that runs the model on batches of its own converts them alike (CReFF)."""
+
+    def training_settings(self, overrides: Mapping[str, Any] = ...) -> Any:
+        """The run's local-training settings for this round (an ``engine.train.TrainSettings``:
+        ``lr`` after its schedule, ``batch_size``, ``epochs``, ``steps``, the optimizer's),
+        with ``overrides`` for one call; for a method that sizes its own work by them."""
+
     def rng(self, *keys: object) -> Any:
         """A numpy ``Generator`` for this (round, client) and purpose."""
 

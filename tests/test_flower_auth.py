@@ -39,7 +39,9 @@ def test_authenticated_nodes_train_intruders_are_refused_and_a_killed_node_rejoi
     no longer than round-timeout) and skipped at once in the next ones, and the run goes
     on. Restarted at once, the node is refused by the SuperLink while it still counts the
     old session online (about 60 s); its supervisor tries again until it is let in, and
-    the client is back within two rounds of that. Meanwhile a registered node claims
+    the client is back within four rounds of that (the query that readmits it and its
+    answer each wait for Flower's 3-s polls; rounds here take about 4 s). Meanwhile a
+    registered node claims
     client 1: refused and logged (the run binds each client to its first node), never
     given client 1's work."""
     import threading
@@ -52,7 +54,7 @@ def test_authenticated_nodes_train_intruders_are_refused_and_a_killed_node_rejoi
     # enough rounds to outlast the SuperLink's heartbeat patience: the node is let in 36-65 s
     # after the kill (2 x 30 s after its last heartbeat, which came up to 24 s before the
     # kill, + a 5 s retry), about round 12-20 at Flower's 3-4 s a round (its nodes poll every 3 s)
-    cfg = digits(tmp_path, "algorithm.name=fedavg", "rounds=25", "training.epochs=1", "eval.personal=false")
+    cfg = digits(tmp_path, "algorithm.name=fedavg", "rounds=26", "training.epochs=1", "eval.personal=false")
     certs = throwaway_certificates(tmp_path / "certs", hosts=("127.0.0.1", "localhost"))
     metrics = tmp_path / "flower" / "metrics.jsonl"
 
@@ -97,8 +99,11 @@ def test_authenticated_nodes_train_intruders_are_refused_and_a_killed_node_rejoi
     summary, got = run_rows(tmp_path / "flower")
     assert summary["status"] == "complete", summary
     assert "refused to activate this SuperNode" in log1.read_text(errors="replace")  # tried again, then let in
-    assert up + 3 <= len(got), (up, len(got))  # rounds were left to see it back
-    assert all(r["lost"] == 0 and r["arrived"] == 3 for r in got[up + 2:]), [(r["round"], r["lost"]) for r in got]
+    # back within four rounds of the round in progress when it was let in (measured: in round
+    # up + 2 in one run; three or more rounds after in another): every round from up + 5 on
+    assert up + 5 <= len(got), (up, len(got))  # rounds were left to see it back
+    back = [(r["round"], r["lost"]) for r in got]
+    assert all(r["lost"] == 0 and r["arrived"] == 3 for r in got[up + 4:]), (up, back)
     assert all(r["lost"] <= 1 and math.isfinite(r["train_loss"]) for r in got)
     first = next(i for i, r in enumerate(got) if r["lost"])
     assert got[first]["wall_s"] < 10 + 8, got[first]["wall_s"]  # round-timeout (10 s) bounds the wait ...

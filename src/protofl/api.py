@@ -37,7 +37,7 @@ from .engine.simulation import run_dir_for, RunResult, Simulation
 from .engine.task import model_mismatch, Task
 from .engine.train import DIVERGED, NonFiniteLossError
 from .errors import ConfigError, one_line
-from .run_folder import CHECKPOINT, finished, METRICS, read_rows, read_summary, SUMMARY
+from .run_folder import CHECKPOINT, COMPLETE, finished, METRICS, read_rows, read_summary, SUMMARY
 from .report import tables
 from .report.html import write_report
 
@@ -126,7 +126,7 @@ def is_complete(run_dir: Path, rounds: int) -> bool:
     """Whether the run has all its ``rounds`` rounds: what a table reads as a result (a
     run that diverged or stopped has ended, :func:`ended`, but is not a full result)."""
     s = read_summary(run_dir)
-    return s is not None and s.get("status") == "complete" and s.get("rounds_completed") == rounds
+    return s is not None and s.get("status") == COMPLETE and s.get("rounds_completed") == rounds
 
 
 def ended(run_dir: Path, rounds: int, fingerprint: Optional[str] = None) -> Optional[dict]:

@@ -20,6 +20,9 @@ CONFIG, METRICS, CLIENTS, SUMMARY, CHECKPOINT = (
 # it diverges again in the same round); stopped before a round that would take it past its
 # privacy budget (privacy.target_epsilon: again a result of its config)
 COMPLETE, DIVERGED, STOPPED = "complete", "diverged", "stopped"
+# the statuses of a run that ended as its config says, with no error: its model is saved,
+# a tracker marks it finished, a sweep does not count it as failed
+SUCCEEDED = (COMPLETE, STOPPED)
 
 
 def read_rows(path: Path) -> list[dict]:

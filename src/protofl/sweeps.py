@@ -41,7 +41,7 @@ from .config import ceil_fraction, Config, ConfigError, from_dict, parse_overrid
 from .engine.callbacks import Callback, OverallProgress, short_metrics
 from .engine.checkpoint import save_text
 from .engine.executor import resolve_workers
-from .run_folder import CHECKPOINT
+from .run_folder import CHECKPOINT, COMPLETE, SUCCEEDED
 from .engine.trackers import prepare_trackers
 from .engine.train import DIVERGED, NonFiniteLossError
 
@@ -192,7 +192,8 @@ def sweep(cfg: Config, grid: dict[str, list[Any]], seeds: list[int], out: Path,
     for r in runs:
         if id(r) in ended:
             summary = ended[id(r)]
-            how = "complete" if summary.get("status") == "complete" else f"diverged ({summary.get('error')})"
+            # (diverged, or stopped at its privacy target: its status and why)
+            how = COMPLETE if summary.get("status") == COMPLETE else f"{summary.get('status')} ({summary.get('error')})"
             log(f"[skip {number[id(r)]}/{N}] {r.label} seed {r.seed}: {how} in {r.dir}")
             progress.finished(ran=False)
             if summary.get("status") == DIVERGED:
@@ -210,7 +211,7 @@ def sweep(cfg: Config, grid: dict[str, list[Any]], seeds: list[int], out: Path,
 
     def finished(r: SweepRun, summary: dict, seconds: float) -> None:
         progress.finished(ran=True, seconds=seconds)
-        if summary.get("status") not in ("complete", "stopped"):  # stopped: privacy.target_epsilon reached
+        if summary.get("status") not in SUCCEEDED:
             log(f"[{summary.get('status', 'failed')}] run {number[id(r)]}/{N} {r.label} seed {r.seed}: "
                 f"{summary.get('error')}")
             failed.append(r)

@@ -360,6 +360,14 @@ def _member_fits(what: str, size: int, packed: int) -> None:
         raise _too_large(what, packed)
 
 
+def _zip_read(zf: zipfile.ZipFile, name: str, path: Path) -> bytes:
+    """Member ``name`` of the zip at ``path``, within the bound (zipfile reads no more than
+    the size a member declares, so the declared size is the one to check)."""
+    info = zf.getinfo(name)
+    _member_fits(f"{path}: {name}", info.file_size, info.compress_size)
+    return zf.read(name)
+
+
 def read_idx(path: Path, dataset: Optional[str] = None) -> np.ndarray:
     raw = packed = path.read_bytes()
     if path.suffix == ".gz":
@@ -669,9 +677,7 @@ def archive_members(path: Path, wanted: list[str], optional: tuple[str, ...] = (
     if zipfile.is_zipfile(path):
         with zipfile.ZipFile(path) as zf:
             for n in sorted(names & set(zf.namelist())):
-                info = zf.getinfo(n)  # zipfile reads no more than the size it declares
-                _member_fits(f"{path}: {n}", info.file_size, info.compress_size)
-                found[n] = zf.read(n)
+                found[n] = _zip_read(zf, n, path)
     else:
         packed = path.stat().st_size
         with tarfile.open(path, "r:*") as tf:
@@ -868,11 +874,7 @@ def load_tinyimagenet(root: Path, seed: int) -> Dataset:
     if zpath.exists():
         zf = zipfile.ZipFile(zpath)
         names = zf.namelist()
-
-        def read(n: str) -> bytes:
-            info = zf.getinfo(n)
-            _member_fits(f"{zpath}: {n}", info.file_size, info.compress_size)
-            return zf.read(n)
+        read = lambda n: _zip_read(zf, n, zpath)  # noqa: E731
         source = zpath
     else:
         d = find_files(root, "tinyimagenet", [f"tinyimagenet/{TINY_ROOT}", TINY_ROOT, "tinyimagenet"],

@@ -47,10 +47,9 @@ class JsonlWriter(Callback):
 
 
 # One short set of metrics for the bar and the log lines (those registered with a ``short``
-# name in protofl/metrics.py: loss, gm, pa, and eps under privacy.*), accuracies in percent
-# (the unit of every table and of the CLI's final line): the bar never outgrows a
-# terminal, whatever a method logs.
-SHOW = shown_metrics()  # (as of import; short_metrics reads the registry at each row)
+# name in protofl/metrics.py, shown_metrics(): loss, gm, pa, and eps under privacy.*),
+# accuracies in percent (the unit of every table and of the CLI's final line): the bar
+# never outgrows a terminal, whatever a method logs.
 
 
 def short_metrics(row: dict[str, Any], latest: Optional[dict[str, str]] = None) -> dict[str, str]:
@@ -94,7 +93,7 @@ def _clock(seconds: float) -> str:
 
 
 class ProgressBar(Callback):
-    """A tqdm bar (``tqdm.auto``: a widget in notebooks) with round, ETA and :data:`SHOW`."""
+    """A tqdm bar (``tqdm.auto``: a widget in notebooks) with round, ETA and :func:`short_metrics`."""
 
     immediate = False  # records rows only
 

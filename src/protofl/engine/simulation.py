@@ -36,7 +36,7 @@ from ..config.coerce import check_path_component
 from ..data.federated import FederatedData
 from ..errors import CheckpointError, ConfigError, InputError, os_error_text, OutputDirError, WriteError
 from ..models import num_params
-from ..run_folder import CHECKPOINT, CLIENTS, CONFIG, METRICS, read_rows, SUMMARY  # noqa: F401 (read_rows re-exported)
+from ..run_folder import CHECKPOINT, CLIENTS, COMPLETE, CONFIG, METRICS, read_rows, SUCCEEDED, SUMMARY  # noqa: F401 (read_rows re-exported)
 from .backends import EXECUTORS
 from .callbacks import Callback, JsonlWriter, progress_callback
 from .checkpoint import load_checkpoint, save_checkpoint, save_json, save_text, save_torch
@@ -291,7 +291,7 @@ class Simulation:
             cb.on_start({"name": self.dir.name, "rounds": cfg.rounds, "start_round": start, "dir": str(self.dir),
                          "where": where(executor.describe())})
         t_run = time.perf_counter()
-        status, error = "complete", None
+        status, error = COMPLETE, None
         pending: Optional[RoundMetrics] = None  # the previous round's row, its evaluation in the pool
 
         def emit(metrics: RoundMetrics) -> None:
@@ -340,11 +340,11 @@ class Simulation:
             try:
                 save_json(self.dir / SUMMARY, summary)
                 weights = self.diagnostics().model_weights(state) \
-                    if status in ("complete", STOPPED) and cfg.output.save_model else None
+                    if status in SUCCEEDED and cfg.output.save_model else None
                 if weights is not None:
                     save_torch(self.dir / "model.pt", weights)
             except OSError as e:
-                if status in ("complete", STOPPED):  # nothing else is being raised: this is the error
+                if status in SUCCEEDED:  # nothing else is being raised: this is the error
                     raise self.write_error(e, rows) from e
                 log.warning("%s was not written: %s", e.filename, e.strerror or e)  # the run's own error matters more
             for cb in callbacks:

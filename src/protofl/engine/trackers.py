@@ -28,7 +28,7 @@ import time
 from pathlib import Path
 from typing import Any, Iterator, Optional
 
-from ..run_folder import CONFIG, SUMMARY
+from ..run_folder import CONFIG, SUCCEEDED, SUMMARY
 from ..config.machine import check_trackers, TRACKERS  # noqa: F401  (re-exported)
 from ..errors import ConfigError, one_line
 from .callbacks import Callback
@@ -159,8 +159,8 @@ class MLflowTracker(Callback):
         for p in [self.dir / CONFIG, *_reports(self.dir)]:
             if p.exists():
                 self.client.log_artifact(self.run_id, str(p))
-        status = {"complete": "FINISHED", "stopped": "FINISHED",  # stopped: privacy.target_epsilon reached
-                  "interrupted": "KILLED"}.get(summary.get("status"), "FAILED")
+        status = summary.get("status")  # stopped (privacy.target_epsilon reached) finished too
+        status = "FINISHED" if status in SUCCEEDED else "KILLED" if status == "interrupted" else "FAILED"
         self.client.set_terminated(self.run_id, status=status)
         self.client = None
 
@@ -219,7 +219,7 @@ class WandbTracker(Callback):
         for p in [self.dir / CONFIG, *_reports(self.dir)]:
             if p.exists():  # the run's files folder is uploaded (synced) with the run
                 shutil.copy2(p, Path(self.run.dir) / p.name)
-        self.run.finish(exit_code=0 if summary.get("status") in ("complete", "stopped") else 1)
+        self.run.finish(exit_code=0 if summary.get("status") in SUCCEEDED else 1)
         self.run = None
 
 

@@ -48,12 +48,8 @@ def _save(fig, out: Path, dpi: int = 120) -> Path:
 # ---------------------------------------------------------------------------------------
 # metrics: units
 # ---------------------------------------------------------------------------------------
-def _info(name: str):
-    return METRIC_INFO.get(name)
-
-
 def _accuracy(name: str) -> bool:
-    info = _info(name)
+    info = METRIC_INFO.get(name)
     return info is not None and info.unit == "accuracy"
 
 
@@ -71,7 +67,7 @@ def metric_unit(metric: str) -> tuple[float, str]:
         return 100.0, "%"
     if base.endswith("_std") and _accuracy(base[:-4]):
         return 100.0, "% points"
-    info = _info(base)
+    info = METRIC_INFO.get(base)
     if info is not None:
         return info.scale, info.unit
     if base.startswith("bytes_"):

@@ -22,8 +22,8 @@ from ..metrics import headline_metrics, METRIC_INFO
 from .plots import load_summary, read_metrics
 
 # the table columns, their labels and directions: the metric registry (protofl/metrics.py
-# METRIC_INFO), read at each call, so that a metric registered there shows up here
-METRICS = headline_metrics()  # (the columns as of import; the functions below read the registry)
+# METRIC_INFO, headline_metrics()), read at each call, so that a metric registered there
+# shows up here
 LOWER_IS_BETTER = ("_std",)  # suffixes of metrics where the smallest value is the best
 
 

@@ -6,6 +6,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import yaml
 
 FAMILY = Path(__file__).resolve().parents[1] / "benchmarks" / "comparison" / "family.py"
 
@@ -20,11 +21,16 @@ def family():
     del sys.modules[spec.name]
 
 
-def fake_run(root: Path, name: str, seed: int, gm: list[float]) -> Path:
+def fake_run(root: Path, name: str, seed: int, gm: list[float], classes: int = 10) -> Path:
     d = root / f"{name}-s{seed}"
     d.mkdir(parents=True)
-    (d / "summary.json").write_text(json.dumps({"status": "complete", "seed": seed, "rounds_completed": len(gm)}))
+    (d / "summary.json").write_text(json.dumps({"status": "complete", "seed": seed, "rounds_completed": len(gm),
+                                                "rounds": len(gm)}))
     (d / "metrics.jsonl").write_text("".join(json.dumps({"round": r + 1, "gm": g}) + "\n" for r, g in enumerate(gm)))
+    (d / "config.yaml").write_text(yaml.safe_dump({"seed": seed, "rounds": len(gm), "algorithm": {"name": name},
+                                                   "training": {"lr": 0.01, "momentum": 0.9, "epochs": 5,
+                                                                "batch_size": 64}}))
+    (d / "clients.json").write_text(json.dumps({"num_clients": 2, "num_classes": classes}))
     return d
 
 
@@ -101,12 +107,13 @@ def test_s_per_round_is_cpu_time_where_every_seed_has_it_else_wall_clock_marked(
     assert family.per_round(row) == "5.00 (wall)"  # (5 + 7) / 2 and (3 + 5) / 2, averaged
 
 
-def diverged_run(root: Path, name: str, seed: int, rnd: int) -> Path:
+def diverged_run(root: Path, name: str, seed: int, rnd: int) -> tuple[Path, str]:
     d = fake_run(root, name, seed, [0.5] * (rnd - 1))
     (d / "summary.json").write_text(json.dumps({"status": "diverged", "seed": seed, "rounds": 20,
                                                 "rounds_completed": rnd - 1,
                                                 "error": f"non-finite training loss (nan) in round {rnd} on client 4"}))
-    return d
+    from protofl.run_folder import health
+    return d, health(d)
 
 
 def test_a_diverged_run_is_counted_and_named_apart_from_the_cells(family, tmp_path, monkeypatch):
@@ -117,7 +124,7 @@ def test_a_diverged_run_is_counted_and_named_apart_from_the_cells(family, tmp_pa
     bad = {"dir0.3": {"fedprox": [diverged_run(tmp_path / "d", "fedprox", 2, 2)],
                       "fedproto": [diverged_run(tmp_path / "d", "fedproto", 0, 1)]},
            "p50c2": {"fedavg": [diverged_run(tmp_path / "p", "fedavg", s, 3) for s in (0, 1, 2)]}}
-    text = family.page(["fedavg", "fedprox", "fedproto"], "cpu", {"dir0.3": dir03, "p50c2": {}}, 0.0, diverged=bad)
+    text = family.page(["fedavg", "fedprox", "fedproto"], "cpu", {"dir0.3": dir03, "p50c2": {}}, 0.0, bad=bad)
     assert "5 of 9 runs finished; 2 diverged (below)." in text
     assert "0 of 9 runs finished; 3 diverged (below)." in text
     row = next(line for line in text.splitlines() if line.startswith("|") and " fedproto | " in line)
@@ -133,23 +140,63 @@ def test_a_diverged_run_is_counted_and_named_apart_from_the_cells(family, tmp_pa
 
 
 def test_the_published_page_is_rebuilt_from_its_records(family, tmp_path, monkeypatch, capsys):
-    """fmnist.md's own command with --no-run on a copy of its committed records: the same page
-    but its date, its command line and its wall time; nothing is written into the records."""
+    """fmnist.md's own command with --no-run on a copy of its committed records (one file):
+    the same page but its date, its command line and its wall time; nothing is written into
+    the records; the recipe it states is the one every recorded config has."""
     import re
     import shutil
+
+    from protofl.records import read_packed
     root = FAMILY.parents[2]
     text = (FAMILY.parent / "fmnist.md").read_text(encoding="utf-8")
     command = re.search(r"^```\n(python benchmarks/comparison/family\.py .*)\n```$", text, re.M).group(1).split()
     assert "--no-run" in command and "--records" in command, "the page is made from its records alone"
-    folder = root / command[command.index("--records") + 1]
-    recs = tmp_path / "records"
-    shutil.copytree(folder, recs)
+    packed = root / command[command.index("--records") + 1]
+    recs = tmp_path / packed.name
+    shutil.copyfile(packed, recs)
     args = command[2:]
     args[args.index("--records") + 1] = str(recs)
     monkeypatch.setattr(sys, "argv", ["family.py", *args, "--runs", str(tmp_path / "runs"),
                                       "--out", str(tmp_path / "page.md")])
     assert family.main() == 0
     capsys.readouterr()
-    drop = re.compile(r"^Measured \d{4}-\d\d-\d\d; |^python benchmarks/comparison/family\.py .*$|^Wall time .*$", re.M)
+    drop = re.compile(r"^Written \d{4}-\d\d-\d\d from |^python benchmarks/comparison/family\.py .*$|^Wall time .*$",
+                      re.M)
     assert drop.sub("", (tmp_path / "page.md").read_text(encoding="utf-8")) == drop.sub("", text)
-    assert sorted(p.relative_to(recs) for p in recs.rglob("*")) == sorted(p.relative_to(folder) for p in folder.rglob("*"))
+    assert recs.read_bytes() == packed.read_bytes()
+    # the recipe line of each setting against the configs themselves (not only against the
+    # page's own generator): no weight decay, a constant lr, no shared clip, FedGELA's own
+    runs = read_packed(packed)
+    planned = [r for r in runs if r["run"].split("/")[1].rsplit("-", 2)[0] in family.ALGORITHMS.names()]
+    assert len(planned) == 342
+    assert {(r["config"]["training"]["weight_decay"], r["config"]["training"]["lr_decay"],
+             r["config"]["training"]["clip_grad"]) for r in planned} == {(0.0, 1.0, None)}
+    assert text.count("SGD lr 0.01, momentum 0.9, weight decay 0; constant lr; no gradient clip; 5 local epochs, "
+                      "batch 64") == 2
+    own = {r["config"]["algorithm"]["name"] for r in planned if r["config"]["algorithm"].get("clip_grad")}
+    assert own == {"fedge", "fedgela"} and text.count("fedge, fedgela: gradient clip 20 (the method's own)") == 2
+    assert "weight decay 1e-5" not in text and "lr decay 0.99" not in text and "clip 10" not in text
+
+
+def test_a_collapsed_run_is_named_and_never_averaged(family, tmp_path, monkeypatch):
+    """A run that ended at chance (10 classes: GM 10.5 %) is no result: out of the cells, named
+    with its reason, and a claim on its method is not comparable."""
+    claim = family.Claim("x", "X (2023)", "X beats FedAvg", "abstract", "scope", "gm", "x", "fedavg")
+    monkeypatch.setattr(family, "CLAIMS", [claim])
+    monkeypatch.setattr(family, "EXPLORATORY", [])
+    from protofl.run_folder import health
+    runs = {"x": [fake_run(tmp_path, "x", s, [0.5, g]) for s, g in ((0, 0.80), (1, 0.105), (2, 0.82))],
+            "fedavg": [fake_run(tmp_path, "fedavg", s, [0.5, 0.7]) for s in (0, 1, 2)]}
+    why = health(runs["x"][1])
+    assert why.startswith("collapsed: its last GM (10.50 % in round 2) is within 2 points of chance (10.00 %")
+    assert health(runs["x"][0]) is None
+    bad = {"dir0.3": {"x": [(runs["x"][1], why)]}}
+    done = {"dir0.3": {"x": [runs["x"][0], runs["x"][2]], "fedavg": runs["fedavg"]}, "p50c2": {}}
+    monkeypatch.setattr(family, "by_family", lambda names: {"f": names})
+    text = family.page(["x", "fedavg"], "cpu", done, 0.0, bad=bad)
+    row = next(line for line in text.splitlines() if line.startswith("| f | x |"))
+    assert "| 81.00 ± 1.41 (2 of 3 seeds; 1 collapsed) |" in row  # seeds 0 and 2 only, never the 10.5
+    assert "5 of 6 runs finished; 1 collapsed (below)." in text
+    assert f"* x seed 1: {why}" in text
+    claim_row = next(line for line in text.splitlines() if line.startswith("| X (2023)"))
+    assert "**not comparable**: no result from x seed 1 (below)" in claim_row

@@ -130,7 +130,7 @@ def load_spec_toy(tmp_path, monkeypatch):
 
 # pages published before run records existed: their runs are not kept anywhere (a page made
 # since must come with its records, and leaves this list when it is made again with them)
-BEFORE_RECORDS = {"fedgela-table4", "fedgela-table5", "fednh-spiral", "fednh-table1", "fedproto-table1",
+BEFORE_RECORDS = {"fedgela-table4", "fedgela-table5", "fednh-table1", "fedproto-table1",
                   "mpfedcl-table5-domains", "mpfedcl-table6"}
 
 
@@ -142,14 +142,30 @@ def test_every_page_made_since_has_its_records():
 
 
 def published_with_records():
-    """(page, records folder) of every published page whose run records are committed."""
+    """(page, records file) of every published page whose run records are committed: one
+    file a page, ``records/<table>-<scale>.jsonl.gz`` (protofl.records.pack)."""
     out = []
     for page in sorted(PAGES.glob("*.md")):
         s = read_summary(page) or {}
-        folder = PAGES / "records" / page.name[:-len(".md")] / s.get("scale", "")
-        if s and folder.is_dir():
-            out.append((page, folder))
+        packed = PAGES / "records" / f"{page.stem}-{s.get('scale', '')}.jsonl.gz"
+        if s and packed.is_file():
+            out.append((page, packed))
     return out
+
+
+def test_records_are_published_packed():
+    """One file a page: no run folders under benchmarks/ (a page's records folder was
+    hundreds of files); every records file of the reproductions and the comparison reads
+    with one line of pandas (the privacy pages keep rows of their own: benchmarks/privacy)."""
+    import pandas as pd
+
+    assert not [p for p in (ROOT / "benchmarks").rglob(SUMMARY)], "unpacked run records: pack them"
+    files = sorted(f for where in ("reproductions", "comparison") for f in (ROOT / "benchmarks" / where).rglob("*.jsonl.gz"))
+    assert files
+    for f in files:
+        df = pd.read_json(f, lines=True, precise_float=True)
+        assert list(df.columns) == ["run", "config", "summary", "clients", "metrics"] and len(df) > 0, f
+        assert df.run.is_unique and all(isinstance(m, list) for m in df.metrics), f
 
 
 def test_every_published_page_with_records_is_rebuilt_from_them(tmp_path):
@@ -160,8 +176,9 @@ def test_every_published_page_with_records_is_rebuilt_from_them(tmp_path):
         text = page.read_text(encoding="utf-8")
         command = re.search(r"^```\n(protofl reproduce .*)\n```$", text, re.M).group(1).split()
         assert "--records" in command and (ROOT / command[command.index("--records") + 1]) == folder
-        recs = tmp_path / page.stem / "records"
-        shutil.copytree(folder, recs)
+        recs = tmp_path / page.stem / folder.name
+        recs.parent.mkdir(parents=True)
+        shutil.copyfile(folder, recs)
         args = command[1:]  # protofl reproduce TABLE ...: main() takes what follows "protofl"
         args[args.index("--records") + 1] = str(recs)
         if "--data-dir" in args:  # read only where a claim's difference is the same on every seed
@@ -171,8 +188,7 @@ def test_every_published_page_with_records_is_rebuilt_from_them(tmp_path):
         drop = re.compile(r"^Made by `protofl reproduce` on .*$|^protofl reproduce .*$", re.M)
         assert drop.sub("", made) == drop.sub("", text), page.name
         # nothing was written into the records: the check only reads them
-        assert sorted(p.relative_to(recs) for p in recs.rglob("*")) == \
-            sorted(p.relative_to(folder) for p in folder.rglob("*"))
+        assert recs.read_bytes() == folder.read_bytes()
     if not pages:
         pytest.skip("no published page has committed run records yet")
 

@@ -153,7 +153,7 @@ def test_best_keeps_the_intersection_union_rule():
 
 def test_a_lower_is_better_claim_wins_with_the_smaller_values():
     claim = Claim(id="spread", text="", source="", kind="best", metric="pa_std", a="P",
-                  among=["x", "y"], better="lower")
+                  among=["x", "y"], better="lower", min_effect=0.0)
     # P's spread is below both others by (1, 2, 3) and (2, 2.5, 4) points: shown
     cells = {"P": {"pa_std": Cell(by_seed(1.0, 1.0, 1.0), None)},
              "x": {"pa_std": Cell(by_seed(2.0, 3.0, 4.0), None)},

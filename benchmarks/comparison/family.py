@@ -7,9 +7,11 @@
     python benchmarks/comparison/family.py --data-dir DATA --claim-methods   # the runs the claims need
     python benchmarks/comparison/family.py --data-dir DATA --exploratory     # the runs outside the plan
 
-Two settings, both on configs/fednh_fmnist.yaml (Fashion-MNIST, cnn_fmnist, FedNH's
-recipe for every method: SGD lr 0.01, momentum 0.9, weight decay 1e-5, lr decay 0.99 a
-round, gradient clip 10, 5 local epochs, batch 64):
+Two settings, both on configs/fednh_fmnist.yaml (Fashion-MNIST, cnn_fmnist, and that
+config's federated recipe for every method: SGD lr 0.01, momentum 0.9, 5 local epochs, batch
+64; no weight decay, no lr decay and no gradient clip, so not all of FedNH's recipe, which
+adds weight decay 1e-5, lr decay 0.99 and clip 10). The page states the recipe as read
+from its runs' configs (protofl.report.recipe), never by hand:
 
 * ``dir0.3``: 100 clients, Dirichlet(0.3), 10 per round (FedNH's Table 1 split);
 * ``p50c2``: 50 clients of exactly 2 classes (each class held by 10 clients), 10 per round
@@ -28,19 +30,22 @@ so the table can be built over several sittings. ``--records
 benchmarks/comparison/records/cpu`` keeps the record of every finished run there (its
 summary, metrics, config and partition: ``protofl.records``), committed beside the page,
 so the page is rebuilt from them with ``--no-run`` on any machine and the runs still to
-do go on from them. The page lists every registered method
-by family; a cell that lacks some of its seeds shows how many it has, and a method with
-no finished run shows "–". A run that diverged (a NaN/inf training loss stopped it: the
-same config diverges again in the same round) is a result, kept in the records like a
-finished one: its cells say how many seeds diverged, and the setting lists each
-divergence with its round. Fashion-MNIST is none of the papers' datasets, so no paper
+do go on from them (the page's records are one file, records/cpu.jsonl.gz:
+protofl.records.pack). The page lists every registered method by family; a cell that
+lacks some of its seeds shows how many it has, and a method with no finished run shows
+"–". A run that ended but is no result (protofl.run_folder.health: it diverged, a NaN/inf
+training loss stopped it; or it collapsed, its final accuracy at chance) is kept in the
+records like a finished one, but never averaged into a cell: its cells say how many seeds
+count and why the others do not, the setting lists each such run with its reason, and a
+claim on its method is *not comparable*. Fashion-MNIST is none of the papers' datasets, so no paper
 number sits beside ours here; the papers' own tables are rebuilt by ``protofl reproduce``.
 
 Claims (``CLAIMS``): where a paper of the family says in its own words that its method is
 above another (FedETF, SphereFed, CCVR and FedDecorr above FedAvg in GM; FedTGP above
 FedProto in PA), the page tests it on both settings over the planned seeds with the paired
-t-tests of ``protofl.reproduce.stats`` (shown / not shown / contradicted), the paper's words
-and scope beside the verdict.
+t-tests of ``protofl.reproduce.stats`` (shown / not shown / contradicted; shown needs a
+difference beyond the claim's minimum effect, and the page's shown verdicts are corrected
+for the number of claims tested, Holm), the paper's words and scope beside the verdict.
 
 Exploratory runs (``EXPLORATORY``): a method at other settings, asked after a verdict was
 read (e.g. FedDecorr at its authors' code's strength). They run on the planned seeds, sit
@@ -65,18 +70,23 @@ from protofl import api  # noqa: E402
 from protofl.algorithms import ALGORITHMS  # noqa: E402
 from protofl.algorithms.base import by_family  # noqa: E402
 from protofl.config import load_config  # noqa: E402
+import yaml  # noqa: E402
+
+from protofl.metrics import METRIC_INFO  # noqa: E402
 from protofl.records import carried, finished  # noqa: E402
 from protofl.report import tables  # noqa: E402
+from protofl.report.recipe import recipe_lines  # noqa: E402
+from protofl.run_folder import chance_margin_text, CONFIG, DIVERGED, health  # noqa: E402
 from protofl.reproduce import stats  # noqa: E402
 from protofl.reproduce.run import run_value  # noqa: E402
 from protofl.reproduce.spec import Metric  # noqa: E402
 from protofl.sweeps import plan, sweep  # noqa: E402
 
+# a setting's heading; what it is (clients, split, sampling) is read from its runs' configs
 SETTINGS = {
-    "dir0.3": ("Dir(0.3): 100 clients, Dirichlet(0.3), 10 per round", {}),
-    "p50c2": ("P50C2: 50 clients of 2 classes, 10 per round",
-              {"partition.name": "pathological", "partition.classes_per_client": 2, "partition.num_clients": 50,
-               "participation.clients_per_round": 10}),
+    "dir0.3": ("Dir(0.3)", {}),
+    "p50c2": ("P50C2", {"partition.name": "pathological", "partition.classes_per_client": 2,
+                        "partition.num_clients": 50, "participation.clients_per_round": 10}),
 }
 SCALES = {
     "cpu": ([0, 1, 2], {"rounds": 20, "data.train_size": 20_000, "eval.every": 10, "eval.personal_every": 20,
@@ -88,28 +98,27 @@ SCALES = {
 SMALLER = {"smoke": {"dir0.3": {"partition.num_clients": 20, "participation.fraction": 0.25},
                      "p50c2": {"partition.num_clients": 10, "participation.clients_per_round": 5}}}
 DESCRIPTION = {
-    "cpu": ("Fashion-MNIST, cnn_fmnist and FedNH's recipe for every method (SGD lr 0.01, momentum 0.9, weight "
-            "decay 1e-5, lr decay 0.99 a round, gradient clip 10, 5 local epochs, batch 64), each method with its "
-            "defaults (its paper's; docs/methods). 20 rounds; a seeded 20,000 of the 60,000 training images; "
-            "evaluation after rounds 10 and 20. Fashion-MNIST is none of the papers' datasets, so no paper "
+    "cpu": ("One recipe for every method (below, read from the runs' configs), each method with its "
+            "defaults (its paper's; docs/methods). Fashion-MNIST is none of the papers' datasets, so no paper "
             "number sits beside ours; the papers' own tables are rebuilt by `protofl reproduce` "
-            "(benchmarks/RESULTS.md). 20 rounds rank the methods early in training: an ordering here is not "
-            "a paper's ordering after 100-200 rounds. Some cells repeat another method's by construction: "
+            "(benchmarks/RESULTS.md). {rounds} rounds rank the methods early in training: an ordering here is "
+            "not a paper's ordering after 100-200 rounds. Some cells repeat another method's by construction: "
             "APFL's, Ditto's and FedAvg-FT's global models are FedAvg's; CCVR and CREFF change only the "
             "server's classifier, so their clients' models (PM(V), PA) are FedAvg's; FedBN is FedAvg on a "
             "model without BatchNorm (cnn_fmnist has none); FedRoD's global model is trained as "
             "BSM-FedAvg's."),
-    "smoke": "SMOKE scale: 2 rounds on 2,000 images (20 Dirichlet clients, 5 a round; 10 two-class clients, 5 a "
-             "round), one local epoch, one seed; it checks the script and says nothing about the methods.",
+    "smoke": "SMOKE scale: {rounds} rounds on a few images, one seed; it checks the script and says nothing "
+             "about the methods.",
 }
 METRICS = ("gm", "pm_v", "pa", "ga")
 
 
 @dataclass(frozen=True)
 class Claim:
-    """A paper's claim that one method's metric is above another's, tested over the planned
-    seeds of every setting (``protofl.reproduce.stats.greater``: the paired one-sided t-tests,
-    shown / not shown / contradicted at 0.05)."""
+    """A paper's claim that one method's metric is above another's by more than
+    ``min_effect`` points, tested over the planned seeds of every setting
+    (``protofl.reproduce.stats.greater``: the paired one-sided t-tests, shown / not shown /
+    contradicted at 0.05, the shown ones Holm-corrected over the page's claims)."""
 
     id: str
     paper: str
@@ -119,6 +128,7 @@ class Claim:
     metric: str  # gm | pm_v | pa | ga
     a: str
     b: str
+    min_effect: float = stats.MIN_EFFECT  # points; none of these claims states a margin we test
 
 
 # Each paper's claim in its own words where one could be read (the abstract, or the text of
@@ -149,12 +159,9 @@ CLAIMS: list[Claim] = [
           "the classification performance can be significantly improved by post-calibrating the classifier "
           "after federated training", "abstract",
           "The paper: CIFAR-10, CIFAR-100 and CINIC-10 with non-IID clients. Here: FedAvg with CCVR's "
-          "calibrated classifier (protofl's ccvr) above FedAvg in GM. Its Dir(0.3) verdict moved from not "
-          "shown (+5.45 points, p = 0.051) to shown (+5.60, p = 0.043) when CCVR's virtual features came to "
-          "be drawn through the symmetric square root of each covariance (2026-11-26; a change made so that "
-          "rounding no longer changes the draws, not for this claim): this close to 0.05, the verdict "
-          "depends on which draws from the same Gaussians calibrate the classifier. All the page's runs were "
-          "made again on 2026-11-27 (the earlier ones were lost), on another machine: +5.64, p = 0.044.",
+          "calibrated classifier (protofl's ccvr) above FedAvg in GM. Its verdict depends on which draws from the "
+          "same Gaussians calibrate the classifier (docs/methods: CCVR's virtual features), so it can move with "
+          "a change of how they are drawn.",
           "gm", "ccvr", "fedavg"),
     Claim("feddecorr-improves-fedavg", "FedDecorr (Shi et al., ICLR 2023)",
           "FedDecorr, which is implementation-friendly and computationally-efficient, yields consistent "
@@ -163,9 +170,7 @@ CLAIMS: list[Claim] = [
           "without the regularizer (the authors' scripts: 10 clients, MobileNetV2). Here: FedAvg with "
           "FedDecorr above FedAvg in GM, with a small CNN and 50-100 clients, and beta = 0.1 on the paper's "
           "term (the authors' code scales its term so that their 0.1 is about 6.2 here: "
-          "docs/methods/global_baselines.md). Its Dir(0.3) verdict was contradicted (-0.11 points) in the "
-          "page's first runs, which were lost; made again on 2026-11-27 on another machine it is +0.00, not "
-          "shown: here the two are within rounding of each other.", "gm", "feddecorr", "fedavg"),
+          "docs/methods/global_baselines.md).", "gm", "feddecorr", "fedavg"),
     Claim("fedtgp-above-fedproto", "FedTGP (Zhang et al., AAAI 2024)",
           "Experimental results reveal that FedTGP outperforms FedProto … and surpasses other baseline "
           "methods …", "Introduction (the PDF breaks the name as Fed-Proto)",
@@ -237,25 +242,47 @@ def per_seed(dirs: list[Path], metric: str, seeds: list[int]) -> dict[int, float
     return out
 
 
-def claim_lines(done: dict[str, dict[str, list[Path]]], seeds: list[int], rounds: int) -> list[str]:
+def claim_lines(done: dict[str, dict[str, list[Path]]], seeds: list[int], rounds: int,
+                bad: Optional[dict[str, dict[str, list[tuple[Path, str]]]]] = None) -> list[str]:
+    """One row per claim, a verdict per setting; ``bad``: setting -> method -> its runs that
+    are no result (a claim on such a method is not comparable)."""
     if not CLAIMS:
         return []
+    verdicts: dict[tuple[str, str], stats.Verdict] = {}
+    for c in CLAIMS:
+        for setting in SETTINGS:
+            groups = done.get(setting, {})
+            lost = [f"{m} seed {finished(d)['seed']}" for m in (c.a, c.b)
+                    for d, _ in (bad or {}).get(setting, {}).get(m, []) if finished(d)["seed"] in seeds]
+            if lost:
+                verdicts[(c.id, setting)] = stats.Verdict(
+                    stats.NOT_COMPARABLE, f"no result from {', '.join(lost)} (below)")
+                continue
+            a = per_seed(groups.get(c.a, []), c.metric, seeds)
+            b = per_seed(groups.get(c.b, []), c.metric, seeds)
+            verdicts[(c.id, setting)] = stats.greater(a, b, STEP.get(c.metric), min_effect=c.min_effect)
+    for c in CLAIMS:  # one paper's claim, tested in every setting: Holm over them
+        stats.holm([verdicts[(c.id, setting)] for setting in SETTINGS], "settings")
+    effects = sorted({c.min_effect for c in CLAIMS})
     lines = ["## The papers' claims", "",
              "Each claim in its paper's words, and where the paper makes it; tested here on every setting "
              "over seeds " + ", ".join(map(str, seeds)) + " (the paired one-sided t-tests of "
-             "protofl.reproduce.stats: *shown* at p < 0.05, *contradicted* when the opposite is, *not shown* "
-             f"otherwise; fewer than 3 seeds: *not comparable*). A verdict here is about {rounds} rounds on "
-             "Fashion-MNIST, not about the paper's setting.", "",
+             "protofl.reproduce.stats: *shown* at p < 0.05 for a difference larger than the claim's minimum effect, "
+             + " or ".join(f"{e:g}" for e in effects) + " points here (the paired 90 % interval above it), "
+             f"then corrected for the {len(SETTINGS)} settings each claim is tested in (Holm's step-down); "
+             "*contradicted* when the opposite (a below b) is shown at p < 0.05, uncorrected; *not shown* "
+             "otherwise; fewer than 3 seeds, or a run that is no result: *not comparable*). The rows are different "
+             "papers' claims, each its own question: they are not corrected for one another, and no statement "
+             "here rests on several rows together. A verdict here is about "
+             f"{rounds} rounds on Fashion-MNIST, not about the paper's setting.", "",
              "| claim | paper's words | " + " | ".join(SETTINGS) + " |",
              "|---|---|" + "---|" * len(SETTINGS)]
     for c in CLAIMS:
         cells = []
         for setting in SETTINGS:
-            groups = done.get(setting, {})
-            a = per_seed(groups.get(c.a, []), c.metric, seeds)
-            b = per_seed(groups.get(c.b, []), c.metric, seeds)
-            v = stats.greater(a, b, STEP.get(c.metric))
-            cells.append(f"**{v.verdict}**: " + (v.tests[0].line() if v.tests else v.detail))
+            v = verdicts[(c.id, setting)]
+            cells.append(f"**{v.verdict}**: " + (v.tests[0].line() if v.tests else v.detail)
+                         + (f" ({v.note})" if v.note else ""))
         words = c.text.replace("|", "\\|")
         lines.append(f"| {c.paper}: {c.a} above {c.b} in {c.metric.upper()} | \"{words}\" ({c.source}) | "
                      + " | ".join(cells) + " |")
@@ -295,18 +322,29 @@ def setting_config(setting: str, scale: str, data_dir: str | None):
     return load_config("fednh_fmnist", [f"{k}={v}" for k, v in overrides.items()])
 
 
-def cell(row: Optional[dict], m: str, seeds: int, diverged: int = 0) -> str:
-    """A method's mean ± std over its finished runs; how many seeds it has when it lacks
-    some, and how many of them diverged."""
+def why_not(runs: list[tuple[Path, str]]) -> str:
+    """"2 diverged", "1 collapsed", "1 diverged, 1 collapsed": a method's runs that are no result."""
+    kinds = [why.split(":")[0] for _, why in runs]
+    return ", ".join(f"{kinds.count(k)} {k}" for k in dict.fromkeys(kinds))
+
+
+def cell(row: Optional[dict], m: str, seeds: int, lost: Optional[list[tuple[Path, str]]] = None) -> str:
+    """A method's mean ± std over its runs that are results; how many seeds it has when it
+    lacks some, and why the others are no result (diverged, collapsed)."""
+    lost = lost or []
     if row is None:
-        return f"diverged ({diverged} of {seeds} seeds)" if diverged else "–"
+        if not lost:
+            return "–"
+        kinds = {why.split(":")[0] for _, why in lost}
+        word = kinds.pop() if len(kinds) == 1 else "no result"
+        return f"{word} ({len(lost)} of {seeds} seeds" + (f": {why_not(lost)})" if word == "no result" else ")")
     n = row["count"][m]
     if n == 0:  # a metric the method does not have
         return "–"
     text = tables.pct(*row[m])
     if n == seeds:
         return text
-    return f"{text} ({n} of {seeds} seeds" + (f"; {diverged} diverged)" if diverged else ")")
+    return f"{text} ({n} of {seeds} seeds" + (f"; {why_not(lost)})" if lost else ")")
 
 
 def per_round(row: dict) -> str:
@@ -318,33 +356,47 @@ def per_round(row: dict) -> str:
     return f"{wall} (wall)" if wall != "–" else wall
 
 
+def configs(dirs: list[Path]) -> list[dict]:
+    return [yaml.safe_load((d / CONFIG).read_text()) for d in dirs]
+
+
+DEFINED = ("gm", "pm_v", "pa", "ga")  # the columns, defined below the tables from docs/metrics.md's words
+
+
 def page(names: list[str], scale: str, done: dict[str, dict[str, list[Path]]], wall: float,
-         hide: Optional[dict[str, str]] = None, diverged: Optional[dict[str, dict[str, list[Path]]]] = None) -> str:
+         hide: Optional[dict[str, str]] = None,
+         bad: Optional[dict[str, dict[str, list[tuple[Path, str]]]]] = None) -> str:
     """The page; ``hide``: more flags whose value the shown command replaces (harness.shown_command);
-    ``diverged``: setting -> method label -> its runs that diverged."""
+    ``bad``: setting -> method label -> (run folder, why) of its runs that are no result
+    (run_folder.health: diverged or collapsed)."""
+    bad = bad or {}
     seeds = len(SCALES[scale][0])
+    rounds = sorted({c.get("rounds") for setting in done.values() for label, dirs in setting.items()
+                     if label in names for c in configs(dirs)} - {None})
     lines = [f"# Every method side by side: Fashion-MNIST, scale {scale}", "",
-             f"Measured {date.today().isoformat()}; {len(names)} methods x {len(SETTINGS)} settings x seeds "
-             f"{', '.join(map(str, SCALES[scale][0]))}. Written by:", "", "```",
+             f"Written {date.today().isoformat()} from the records of its runs; {len(names)} methods x "
+             f"{len(SETTINGS)} settings x seeds {', '.join(map(str, SCALES[scale][0]))}, by:", "", "```",
              shown_command("benchmarks/comparison/family.py", sys.argv[1:], {"--data-dir": "DATA", "--runs": "RUNS",
                                                                               **(hide or {})}),
              "```", "",
-             DESCRIPTION[scale], ""]
+             DESCRIPTION[scale].replace("{rounds}", " or ".join(map(str, rounds)) or "Few"), ""]
     for setting, (label, _) in SETTINGS.items():
         groups = done.get(setting, {})
         rows = {r["method"]: r for r in tables.compare_rows(groups, metrics=METRICS)} if groups else {}
-        bad = {m: v for m, v in (diverged or {}).get(setting, {}).items() if m in names}
+        lost = {m: v for m, v in bad.get(setting, {}).items() if m in names}
         have = sum(len(v) for label, v in groups.items() if label in names)  # the exploratory runs apart
         count = f"{have} of {len(names) * seeds} runs finished"
-        if bad:
-            count += f"; {sum(map(len, bad.values()))} diverged (below)"
-        lines += [f"## {label}", "", count + ".", "",
+        if lost:
+            every = [r for v in lost.values() for r in v]
+            count += f"; {why_not(every)} (below)"
+        recipe = recipe_lines({m: configs(groups.get(m, []) + [d for d, _ in lost.get(m, [])]) for m in names})
+        lines += [f"## {label}", "", *[line + "\n" for line in recipe], count + ".", "",
                   "| family | method | GM | PM(V) | PA | GA | s/round |", "|---|---|---|---|---|---|---|"]
         for family, members in by_family(names).items():
             for name in members:
-                r, nb = rows.get(name), len(bad.get(name, []))
+                r, nb = rows.get(name), lost.get(name, [])
                 if r is None:
-                    c = gm = ga = cell(None, "gm", seeds, nb)  # none finished: "–", or how many diverged
+                    c = gm = ga = cell(None, "gm", seeds, nb)  # none finished: "–", or why none counts
                     if nb:  # GM or GA, as the method has a global model or not
                         gm, ga = (c, "= GM") if ALGORITHMS.get(name).has_global_model else ("–", c)
                     lines.append(f"| {family} | {name} | {gm} | {c} | {c} | {ga} | – |")
@@ -353,19 +405,19 @@ def page(names: list[str], scale: str, done: dict[str, dict[str, list[Path]]], w
                 lines.append(f"| {family} | {name} | {cell(r, 'gm', seeds, nb)} | {cell(r, 'pm_v', seeds, nb)} | "
                              f"{cell(r, 'pa', seeds, nb)} | {ga} | {per_round(r)} |")
         lines.append("")
-        if bad:
-            lines += ["Diverged: a NaN/inf training loss stopped these runs (each config diverges again in the "
-                      "same round); they are left out of the cells above.", ""]
-            lines += [f"* {name} seed {s['seed']}: {s['error']}"
-                      for name in names for s in map(finished, bad.get(name, []))]
+        if lost:
+            lines += ["No result: these runs are left out of the cells above and of every claim on their method. "
+                      "A run diverged when a NaN/inf training loss stopped it (its config diverges again in the "
+                      f"same round); it {chance_margin_text()}.", ""]
+            lines += [f"* {name} seed {finished(d)['seed']}: "
+                      + (finished(d)["error"] if finished(d)["status"] == DIVERGED else why)
+                      for name in names for d, why in lost.get(name, [])]
             lines.append("")
-    lines += claim_lines(done, SCALES[scale][0], SCALES[scale][1]["rounds"])
+    lines += claim_lines(done, SCALES[scale][0], rounds[-1] if rounds else 0, bad)
     lines += exploratory_lines(done, SCALES[scale][0])
-    lines += ["GM: the global model on the balanced test set (– for a method without one). PM(V): each "
-              "client's model on its share of the test set, the same class mix as its training data; PA: "
-              "on its own held-out data; both over the clients of the last round (docs/metrics.md). GA: "
-              "for a method without a global model, the mean of the last round's personalized models on "
-              "the balanced test set; = GM otherwise. Mean ± std over the seeds. s/round: mean CPU seconds "
+    words = "; ".join(f"{METRIC_INFO[m].label}: {METRIC_WORDS[m]}" for m in DEFINED)
+    lines += [f"{words}. PM(V) and PA are over the clients of the last round (docs/metrics.md). Mean ± std over "
+              "the seeds. s/round: mean CPU seconds "
               "a round (training and evaluation, in the run's one process on one thread; as many runs at "
               "once as cores), without the first round; the metrics' `cpu_s`. Unlike wall clock it does "
               "not grow with whatever else the machine ran, though runs sharing the cores still slow each "
@@ -375,6 +427,18 @@ def page(names: list[str], scale: str, done: dict[str, dict[str, list[Path]]], w
               "benchmarks/timing.md has controlled timings.", "",
               f"Wall time of this invocation: {wall / 60:.1f} min (finished runs are reused)."]
     return "\n".join(lines) + "\n"
+
+
+# what each column is, as docs/metrics.md defines it
+METRIC_WORDS = {
+    "gm": "the global model on the full, balanced global test set (– for a method without one)",
+    "pm_v": "each client's personalized model on the full test set, counting only the classes in its "
+            "training data (FedNH's PM(V))",
+    "pa": "each client's personalized model on its local test set, drawn from the test split with its "
+          "training label proportions (FedGELA's PA)",
+    "ga": "for a method without a global model, the mean of the personalized models' accuracy on the global "
+          "test set; = GM otherwise",
+}
 
 
 def main() -> int:
@@ -392,8 +456,9 @@ def main() -> int:
     p.add_argument("--no-run", action="store_true", help="only the table, from the runs finished so far")
     p.add_argument("--out", default=None, help="the page (default benchmarks/comparison/fmnist.md at scale cpu)")
     p.add_argument("--records", default=None,
-                   help="a folder of run records (protofl.records; the page's: benchmarks/comparison/records/cpu): "
-                        "its finished runs are not run again, and every run finished is added to it")
+                   help="run records, a file (protofl.records.pack; the page's: benchmarks/comparison/records/"
+                        "cpu.jsonl.gz) or a folder: its finished runs are not run again, and every run finished is "
+                        "added to it")
     args = p.parse_args()
 
     if args.claim_methods:
@@ -412,24 +477,27 @@ def main() -> int:
     methods = api.parse_methods(",".join(names))
     extra = api.parse_methods(",".join(e.spec for e in EXPLORATORY))
     t0 = time.perf_counter()
-    done: dict[str, dict[str, list[Path]]] = {}
-    bad: dict[str, dict[str, list[Path]]] = {}
-    for setting in settings:
-        cfg = setting_config(setting, args.scale, args.data_dir)
-        out = runs_root / setting
-        planned = plan(cfg, {}, seeds, out, {**methods, **extra})
-        folders = [r.dir.relative_to(out) for r in planned]
-        with carried(Path(args.records) / setting if args.records else None, out, folders):
-            if not args.no_run:
+    planned = {s: plan(setting_config(s, args.scale, args.data_dir), {}, seeds, runs_root / s, {**methods, **extra})
+               for s in settings}
+    folders = [r.dir.relative_to(runs_root) for runs in planned.values() for r in runs]
+    with carried(Path(args.records) if args.records else None, runs_root, folders):
+        if not args.no_run:
+            for setting in settings:
+                out = runs_root / setting
                 print(f"[comparison] {setting}: {len(names)} methods x {len(seeds)} seeds -> {out}", flush=True)
                 todo = extra if args.exploratory else methods
-                sweep(cfg, {}, seeds, out, todo, jobs=args.jobs, log=lambda m: print(m, flush=True))
+                sweep(setting_config(setting, args.scale, args.data_dir), {}, seeds, out, todo, jobs=args.jobs,
+                      log=lambda m: print(m, flush=True))
+    done: dict[str, dict[str, list[Path]]] = {}
+    bad: dict[str, dict[str, list[tuple[Path, str]]]] = {}
+    for setting, runs in planned.items():
         groups: dict[str, list[Path]] = {}
-        for r in planned:
-            if api.is_complete(r.dir, r.cfg.rounds):
+        for r in runs:
+            why = health(r.dir)
+            if why is not None:  # it ended, but is no result: diverged or collapsed
+                bad.setdefault(setting, {}).setdefault(r.label, []).append((r.dir, why))
+            elif api.is_complete(r.dir, r.cfg.rounds):
                 groups.setdefault(r.label, []).append(r.dir)
-            elif api.ended(r.dir, r.cfg.rounds) is not None:  # it diverged
-                bad.setdefault(setting, {}).setdefault(r.label, []).append(r.dir)
         done[setting] = groups
     # an absolute --records folder names the machine: shown as RECORDS (a relative one as given)
     hide = {"--records": "RECORDS"} if args.records and Path(args.records).is_absolute() else {}

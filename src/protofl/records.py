@@ -17,11 +17,22 @@ reproduce``). The copied
 ``config.yaml`` names no machine: its data root reads ``DATA`` and its output folder is
 the run's folder relative to the records' root (neither enters the fingerprint). A record
 is written summary last, so a copy cut short is not taken for a finished run.
+
+A page's records are published as one file, ``<name>.jsonl.gz`` (:func:`pack`): gzip'd
+JSON lines, one run a line, ``{"run": its folder relative to the root, "config": ...,
+"summary": ..., "clients": ..., "metrics": [one row a round]}``, sorted by folder and
+written byte for byte the same for the same runs. ``pandas.read_json(path, lines=True, precise_float=True)``
+reads it as a table; :func:`unpack` gives back the run folders. Wherever a records folder
+is taken (``--records``), such a file is taken too: its runs are unpacked into a
+temporary folder, and the file is written again from it when runs were added.
 """
 from __future__ import annotations
 
+import gzip
 import json
+import os
 import shutil
+import tempfile
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Callable, Iterable, Iterator, Optional
@@ -33,6 +44,7 @@ from .run_folder import CLIENTS, CONFIG, finished, METRICS, SUMMARY
 
 RECORD = (METRICS, CLIENTS, CONFIG, SUMMARY)  # the order they are written in: the summary last
 DATA_ROOT = "DATA"  # what a record's config says for the data root
+PACKED = ".jsonl.gz"  # the suffix of a packed records file
 
 
 def finished_runs(root: Path) -> list[Path]:
@@ -94,17 +106,101 @@ def copy_records(src: Path, dest: Path, only: Optional[Iterable[Path]] = None) -
     return written
 
 
+def is_packed(records: Path) -> bool:
+    """A records file (:func:`pack`) rather than a folder."""
+    return Path(records).name.endswith(PACKED)
+
+
+def pack(root: Path, dest: Path) -> int:
+    """Write the record of every finished run under ``root`` into the one file ``dest``
+    (``*.jsonl.gz``); returns how many runs it holds. The same runs give the same bytes
+    (sorted, no time stamp in the gzip header); the file is replaced whole, never cut."""
+    dest = Path(dest)
+    if not is_packed(dest):
+        raise InputError(f"{dest}: a records file is named *{PACKED}")
+    lines = []
+    for run in finished_runs(root):
+        missing = [name for name in RECORD if not (run / name).is_file()]
+        if missing:
+            raise InputError(f"{run}: a finished run without {', '.join(missing)}; it cannot be recorded")
+        entry = {"run": run.relative_to(root).as_posix(),
+                 "config": yaml.safe_load(without_machine((run / CONFIG).read_text(), run, root)),
+                 "summary": json.loads((run / SUMMARY).read_text()),
+                 "clients": json.loads((run / CLIENTS).read_text()),
+                 "metrics": [json.loads(line) for line in (run / METRICS).read_text().splitlines() if line.strip()]}
+        lines.append(json.dumps(entry, ensure_ascii=False, separators=(",", ":")) + "\n")
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=dest.parent, prefix=f".{dest.name}.")
+    try:
+        with os.fdopen(fd, "wb") as raw, gzip.GzipFile(filename="", mode="wb", fileobj=raw, mtime=0) as gz:
+            gz.write("".join(lines).encode("utf-8"))
+        os.replace(tmp, dest)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+    return len(lines)
+
+
+def read_packed(path: Path) -> list[dict]:
+    """The runs of a records file, one mapping each (see :func:`pack`)."""
+    try:
+        with gzip.open(path, "rt", encoding="utf-8") as f:
+            runs = [json.loads(line) for line in f if line.strip()]
+    except (OSError, EOFError, ValueError) as e:
+        raise InputError(f"{path}: not a records file ({e})") from None
+    for r in runs:
+        if not isinstance(r, dict) or not {"run", "config", "summary", "clients", "metrics"} <= set(r):
+            raise InputError(f"{path}: a line that is not a run's record")
+    return runs
+
+
+def unpack(path: Path, dest: Path) -> list[Path]:
+    """The run folders of a records file, written under ``dest`` (summary last); returns them."""
+    out = []
+    for r in read_packed(path):
+        rel = Path(r["run"])
+        if rel.is_absolute() or ".." in rel.parts:
+            raise InputError(f"{path}: a run outside the records ({r['run']})")
+        run = Path(dest) / rel
+        run.mkdir(parents=True, exist_ok=True)
+        (run / METRICS).write_text("".join(json.dumps(row) + "\n" for row in r["metrics"]))
+        (run / CLIENTS).write_text(json.dumps(r["clients"], indent=2))
+        (run / CONFIG).write_text(yaml.safe_dump(r["config"], sort_keys=False))
+        (run / SUMMARY).write_text(json.dumps(r["summary"], indent=2))
+        out.append(run)
+    return out
+
+
 @contextmanager
 def carried(records: Optional[Path], out: Path, folders: Iterable[Path],
             log: Optional[Callable[[str], None]] = None) -> Iterator[None]:
     """Around the runs of a grid (``folders``, relative to ``out``): the runs finished in
     ``records`` are brought into ``out`` first, where they count as finished; when the block
     ends, an interruption too, every run finished in ``out`` is written to ``records``.
-    ``records`` None: nothing. ``log``: a line for each copy that moved any run."""
+    ``records`` None: nothing; a records file (``*.jsonl.gz``): the same through a
+    temporary folder, the file written again when a run was added. ``log``: a line for
+    each copy that moved any run."""
     if records is None:
         yield
         return
     folders = list(folders)
+    if is_packed(records):
+        with tempfile.TemporaryDirectory(prefix="protofl-records-") as tmp:
+            had = unpack(records, Path(tmp)) if Path(records).exists() else []
+            written: list[Path] = []
+            try:
+                with carried(Path(tmp), out, folders, log=None) as _:
+                    brought = [f for f in folders if finished(Path(tmp) / f) is not None]
+                    if brought and log is not None:
+                        log(f"{len(brought)} finished run(s) from the records in {records}")
+                    yield
+            finally:
+                written = [r for r in finished_runs(Path(tmp)) if r not in had]
+                if written:
+                    pack(Path(tmp), Path(records))
+                    if log is not None:
+                        log(f"{len(written)} run record(s) written to {records}")
+        return
     brought = copy_records(records, out, folders)
     if brought and log is not None:
         log(f"{len(brought)} finished run(s) from the records in {records}")

@@ -60,3 +60,66 @@ def finished(run_dir: Path) -> Optional[dict]:
     if s.get("status") in (DIVERGED, STOPPED):
         return s if isinstance(done, int) and done < s["rounds"] else None
     return s if s.get("status") == COMPLETE and done == s["rounds"] else None
+
+
+# ---------------------------------------------------------------------------------------
+# run health: a run that ended but whose model is no result
+# ---------------------------------------------------------------------------------------
+COLLAPSED = "collapsed"
+COLLAPSE_MARGIN = 2.0  # points above chance
+
+
+def chance_margin_text() -> str:
+    """The collapse rule in words, for the pages that apply it."""
+    return (f"collapsed when its last accuracy on the global test set (GM; GA for a method without a global "
+            f"model) lies within {COLLAPSE_MARGIN:g} points of chance (100/C % for C classes): its model "
+            f"predicts (nearly) one class")
+
+
+def collapsed(run_dir: Path, rows: Optional[list[dict]] = None) -> Optional[str]:
+    """Why a finished run collapsed, or None: its last accuracy on the (balanced) global
+    test set, the global model's (``gm``; ``ga``, the personalized models' mean, for a
+    method without one), is within ``COLLAPSE_MARGIN`` points of chance (100/C % for the C
+    classes of ``clients.json``). Such a run ended without error but its model predicts
+    (nearly) one class, so it is no result to average: the pages flag it beside the
+    diverged runs. The reason names the value, and the round its training loss jumped where
+    it did (to 100x round 1's or more). A method without a global model whose clients each
+    hold one class has a GA at chance by construction: this rule would flag it (no page
+    has such a setting)."""
+    run_dir = Path(run_dir)
+    rows = read_rows(run_dir / METRICS) if rows is None else rows
+    try:
+        clients = json.loads((run_dir / CLIENTS).read_text())
+        classes = int(clients.get("num_classes") or len(clients["train_counts"][0]))
+    except (OSError, ValueError, KeyError, IndexError, TypeError, AttributeError):
+        return None
+    if classes < 2:
+        return None
+    key = "gm" if any(isinstance(r.get("gm"), (int, float)) for r in rows) else "ga"
+    evals = [r for r in rows if isinstance(r.get(key), (int, float))]
+    if not evals:
+        return None
+    last = 100.0 * float(evals[-1][key])
+    chance = 100.0 / classes
+    if not abs(last - chance) <= COLLAPSE_MARGIN:  # NaN: not this rule's to judge
+        return None
+    what = "GM" if key == "gm" else "GA"
+    why = (f"collapsed: its last {what} ({last:.2f} % in round {evals[-1].get('round')}) is within "
+           f"{COLLAPSE_MARGIN:g} points of chance ({chance:.2f} % for {classes} classes)")
+    losses = [(r.get("round"), r["train_loss"]) for r in rows if isinstance(r.get("train_loss"), (int, float))]
+    if len(losses) > 1 and losses[0][1] > 0:
+        rnd, peak = max(losses[1:], key=lambda x: x[1])
+        if peak >= 100 * losses[0][1]:
+            why += f"; its training loss jumped to {peak:.3g} in round {rnd} ({losses[0][1]:.3g} in round 1)"
+    return why
+
+
+def health(run_dir: Path) -> Optional[str]:
+    """None for a run that is a result; else why it is not: it diverged (its summary's
+    error), or it :func:`collapsed`. Only for finished runs (:func:`finished`)."""
+    s = finished(run_dir)
+    if s is None:
+        return None
+    if s.get("status") == DIVERGED:
+        return f"diverged: {s.get('error') or 'a non-finite training loss'}"
+    return collapsed(run_dir) if s.get("status") == COMPLETE else None

@@ -64,8 +64,13 @@ def seeds_text(seeds: list[int]) -> str:
 
 
 def cell_text(c: Cell) -> str:
+    """"ours mean ± std (paper)"; over fewer seeds than the setting's when some of its runs
+    are no result (diverged, collapsed), with how many count: "(2 of 3 seeds)"."""
     v = c.present
     ours = "–" if not v else (fmt(c.mean) if len(v) == 1 else f"{fmt(c.mean)} ± {fmt(c.std)}")
+    if c.excluded and (v or len(c.excluded) == len(c.values)):  # none at all on its results: no such metric
+        ours = "no result" if not v else ours
+        ours += f" [{len(v)} of {len(c.values)} seeds]"
     return f"{ours} ({fmt(c.paper)})"
 
 
@@ -191,16 +196,33 @@ def claim_texts(res: Results, role: str) -> list[str]:
     return out
 
 
+def verdict_rules(res: Results) -> str:
+    """The rules of the page's verdicts, with the minimum effects its claims use and the
+    number of claims Holm's correction counted."""
+    effects = sorted({cr.claim.effect for cr in res.claims if cr.claim.effect})
+    effect = (f"larger than the claim's minimum effect ({' or '.join(f'{e:g}' for e in effects)} pts here; "
+              f"{stats.MIN_EFFECT:g} pts where the paper states no margin), i.e. the 90 % interval printed "
+              "beside it lies above it" if effects else "on the claim's side, i.e. the 90 % interval printed beside "
+              "it lies there")
+    fams = [f"the paper's {n} claims" if role == "paper" else f"our {n} ablations"
+            for role, n in res.holm.items() if n > 1]
+    holm = (f" A *shown* is corrected for the number of claims tested with it (Holm's step-down at 0.05 over "
+            f"{' and, apart, over '.join(fams)}, counting each setting a claim is tested in); *contradicted* is not "
+            "corrected." if fams else "")
+    return VERDICT_RULES.replace("{effect}", effect) + holm
+
+
 VERDICT_RULES = (
     "Verdicts: paired over the seeds above (same seed = same partition, initial weights and sampled "
-    "clients), at level 0.05, three ways. *shown*: the one-sided paired t-test gives p < 0.05, i.e. the 90 % "
-    "interval printed beside it lies on the claim's side (for \"each of\": against every listed method; for ≈: "
+    "clients), at level 0.05, three ways. *shown*: the one-sided paired t-test gives p < 0.05 for a difference "
+    "{effect} (for \"each of\": against every listed method; for ≈: "
     "the 90 % interval lies inside the margin, *shown equal*; for \"not worse\": the 90 % interval's lower end lies "
     "above minus the margin; for \"steadier\": a smaller spread of the metric over "
     "the last evaluations; for \"std over seeds\": the Pitman-Morgan test); *contradicted*: the opposite is shown at "
     "the same level (for \"each of\": against one of the k methods at 0.05 / k; for ≈: the interval lies wholly "
     "beyond the margin, *shown different*; for \"not worse\": its upper end lies below minus the margin); *not shown*: neither; *not comparable*: fewer than three paired "
-    "seeds, the planned seeds not all finished, or a method without the metric. A difference that is the same on "
+    "seeds, the planned seeds not all finished, a run of the claim's methods that is no result (diverged or "
+    "collapsed), or a method without the metric. A difference that is the same on "
     "every seed counts only when at least one test sample in size. The Wilcoxon signed-rank p beside it cannot "
     "fall below 0.125 with three seeds (docs/reproduce.md).")
 
@@ -324,6 +346,9 @@ def markdown_page(res: Results, date: Optional[str] = None, mach: Optional[str] 
     extra = extras_lines(res)
     if extra:
         lines += ["", *extra]
+    bad = no_result_lines(res)
+    if bad:
+        lines += ["", *bad]
     rl = ranking_lines(res)
     if rl:
         lines += ["", "## Ranking, the paper's beside ours", "", *rl]
@@ -333,7 +358,7 @@ def markdown_page(res: Results, date: Optional[str] = None, mach: Optional[str] 
             continue
         lines += ["", f"## {title}", "", *claim_texts(res, role), "", markdown(VERDICT_HEADER, vr).rstrip()]
     if res.claims:
-        lines += ["", VERDICT_RULES]
+        lines += ["", verdict_rules(res)]
     if spec.notes:
         lines += ["", "## Notes", "", spec.notes.strip()]
     if res.missing:
@@ -345,6 +370,21 @@ def markdown_page(res: Results, date: Optional[str] = None, mach: Optional[str] 
         lines += ["", *ex]
     lines += ["", summary_comment(res)]
     return "\n".join(lines) + "\n"
+
+
+def no_result_lines(res: Results) -> list[str]:
+    """The runs of the cells' seeds that ended but are no result, each named with why; none
+    is in a cell (the cell says over how many seeds it is) or in a verdict."""
+    from ..run_folder import chance_margin_text
+
+    items = [f"* {sp.setting.label} / {label} / seed {seed}: {why}"
+             for sp in res.plan.settings for (label, seed), why in res.unhealthy.get(sp.setting.id, {}).items()
+             if seed in res.seeds.get(sp.setting.id, [])]
+    if not items:
+        return []
+    return ["**Runs that are no result**, left out of every cell (the cell says over how many seeds it is, "
+            "\"[k of n seeds]\") and every claim on their method (*not comparable*). A run diverged when a NaN/inf "
+            f"training loss stopped it; it {chance_margin_text()}.", "", *items]
 
 
 def splits_lines(res: Results) -> list[str]:
@@ -387,7 +427,8 @@ def summary(res: Results) -> dict:
     spec, p = res.plan.spec, res.plan
     return {"table": spec.name, "title": spec.title,
             "paper": f"{spec.paper.get('short') or spec.paper['title']}, {spec.paper['table']}",
-            "data": spec.runs_on, "scale": p.scale, "seeds": p.planned, "exploratory": p.extra,
+            "data": spec.runs_on, **({"data_changed": True} if spec.data_changes else {}),
+            "scale": p.scale, "seeds": p.planned, "exploratory": p.extra,
             "complete": all(res.complete(sp.setting.id) for sp in p.settings),
             "claims": [{"id": cr.claim.id, "role": cr.claim.role, "setting": cr.setting.label,
                         "verdict": cr.verdict.verdict, "label": verdict_label(cr.claim, cr.verdict, bold=False)}
@@ -425,7 +466,8 @@ def index_text(pages: Path, specs: dict[str, TableSpec], relative_to: Path) -> s
             seeds += ", incomplete"
         verdicts = {role: "; ".join(f"`{c['id']}` ({c['setting']}): {c['label']}" for c in s["claims"]
                                     if c["role"] == role) or "–" for role in ("paper", "ablation")}
-        rows.append([link, s["title"], f"`{data}`", seeds, verdicts["paper"], verdicts["ablation"]])
+        rows.append([link, s["title"], f"`{data}`" + (", changed" if s.get("data_changed") else ""), seeds,
+                     verdicts["paper"], verdicts["ablation"]])
     out = markdown(["page", "what it rebuilds", "data", "seeds", "the paper's claims", "our ablations"], rows)
     tables = {t for t, _ in have}
     missing = [name for name in specs if name not in tables]
@@ -519,7 +561,7 @@ def build_html(res: Results, date: Optional[str] = None, mach: Optional[str] = N
             parts += [f"<h2>{title}</h2>", "<ul>" + "".join(f"<li>{esc(t[2:])}</li>" for t in claim_texts(res, role))
                       + "</ul>", _table(VERDICT_HEADER, vr)]
     if res.claims:
-        parts.append(f"<p class='note'>{esc(VERDICT_RULES)}</p>")
+        parts.append(f"<p class='note'>{esc(verdict_rules(res))}</p>")
     keys = []
     for met in p.metrics:
         k = met.key.split("[")[0]

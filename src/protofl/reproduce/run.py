@@ -48,7 +48,8 @@ from ..config import check_here, Config, load_config, parse_override
 from ..data.build import build_federated, datasets_read
 from ..data.datasets import resolve_root
 from ..errors import ConfigError, InputError, one_line
-from ..records import carried
+from ..records import carried, is_packed, read_packed
+from ..run_folder import health
 from ..report.plots import read_metrics
 from ..report.tables import mean_std, select_value
 from ..sweeps import plan as sweep_plan, sweep
@@ -272,11 +273,26 @@ def records_carried(p: Plan, log: Optional[Callable[[str], None]] = None) -> Ite
     ``p.records`` brought into ``p.out`` before, every run finished written back after (an
     interruption too); the records folder refused, as ``--out`` is, when it holds another
     table or data. Nothing without records."""
+    folders = [r.dir.relative_to(p.out) for sp in p.settings for r in sp.runs]
     if p.records is not None:
-        claim_out(p, p.records, "--records")
+        if is_packed(p.records):
+            _same_table(p, folders)
+        else:
+            claim_out(p, p.records, "--records")
         claim_out(p)
-    with carried(p.records, p.out, [r.dir.relative_to(p.out) for sp in p.settings for r in sp.runs], log):
+    with carried(p.records, p.out, folders, log):
         yield
+
+
+def _same_table(p: Plan, folders: list[Path]) -> None:
+    """A records file (protofl.records.pack) holds this table's runs: one of its runs at
+    least is a run of the plan (another table's, or another data's, share none)."""
+    if not p.records.exists():
+        return
+    have = {r["run"] for r in read_packed(p.records)}
+    if have and not have & {f.as_posix() for f in folders}:
+        raise ConfigError("--records", str(p.records), f"holds none of the runs of {p.spec.name} on the "
+                          f"{p.spec.runs_on} data at scale {p.scale} (another table's, or runs of other configs)")
 
 
 def row_labels(p: Plan, text: str) -> list[str]:
@@ -417,6 +433,7 @@ class Cell:
     values: dict[int, Optional[float]]  # seed -> value (%), over the seeds every method of the setting shares
     paper: Optional[float]
     paper_std: Optional[float] = None
+    excluded: list[int] = field(default_factory=list)  # seeds whose run is no result (diverged, collapsed): None
 
     @property
     def present(self) -> list[float]:
@@ -450,6 +467,9 @@ class Results:
     # setting id -> method label -> metric id -> {seed: value}: finished runs on any other seed
     explore: dict[str, dict[str, dict[str, dict[int, Optional[float]]]]] = field(default_factory=dict)
     explore_missing: list[str] = field(default_factory=list)  # exploratory runs not complete
+    # setting id -> (method label, seed) -> why its run is no result (run_folder.health)
+    unhealthy: dict[str, dict[tuple[str, int], str]] = field(default_factory=dict)
+    holm: dict[str, int] = field(default_factory=dict)  # role -> the claims Holm's correction counted (stats.holm)
 
     def complete(self, sid: str) -> bool:
         """Every method of the setting finished every planned seed."""
@@ -467,31 +487,42 @@ def collect(p: Plan) -> Results:
         s = sp.setting
         # (label, seed) -> the metrics rows of its run, one list per split: only when the
         # runs of every split finished
-        rows_of, cut = {}, set()
+        # a run that ended but is no result (it diverged, or collapsed: run_folder.health)
+        # counts as run: its seed is not missing, but its value is no value
+        rows_of, cut, bad = {}, set(), {}
         for pt in sp.parts:
             for r in pt.runs:
-                if is_complete(r.dir, r.cfg.rounds):
+                split = f" / {pt.split.id}" if pt.split else ""
+                why = health(r.dir)
+                if why is not None:
+                    bad.setdefault((r.label, r.seed), []).append(f"{why}{' (split ' + pt.split.id + ')' if split else ''}")
+                    rows_of.setdefault((r.label, r.seed), []).append([])
+                elif is_complete(r.dir, r.cfg.rounds):
                     rows_of.setdefault((r.label, r.seed), []).append(read_metrics(r.dir))
                 else:
                     cut.add((r.label, r.seed))
-                    split = f" / {pt.split.id}" if pt.split else ""
                     (res.missing if r.seed in p.planned else res.explore_missing).append(
                         f"{s.id}{split} / {r.label} / seed {r.seed}")
         rows_of = {k: v for k, v in rows_of.items() if k not in cut}
         labels = [m.label for m in spec.methods_of(s)]
         shared = [seed for seed in p.planned if all((lab, seed) in rows_of for lab in labels)]
         res.seeds[s.id] = shared
+        res.unhealthy[s.id] = {k: "; ".join(v) for k, v in bad.items() if k in rows_of}
         per: dict[str, dict[str, Cell]] = {}
         for m in spec.methods_of(s):
-            per[m.label] = {met.id: Cell({seed: parts_value(rows_of[(m.label, seed)], met) for seed in shared},
-                                         spec.paper_value(s, m, met), _paper_std(spec, s, m, met))
+            out = [seed for seed in shared if (m.label, seed) in bad]
+            per[m.label] = {met.id: Cell({seed: None if seed in out else parts_value(rows_of[(m.label, seed)], met)
+                                          for seed in shared},
+                                         spec.paper_value(s, m, met), _paper_std(spec, s, m, met), out)
                             for met in p.metrics}
             other = [seed for seed in p.seeds if seed not in shared and (m.label, seed) in rows_of]
             if other:
                 res.explore.setdefault(s.id, {})[m.label] = {
-                    met.id: {seed: parts_value(rows_of[(m.label, seed)], met) for seed in other} for met in p.metrics}
+                    met.id: {seed: None if (m.label, seed) in bad else parts_value(rows_of[(m.label, seed)], met)
+                             for seed in other} for met in p.metrics}
             # clustering methods: the final purity against the scenario's known groups
-            pur = [rows[-1].get("cluster_purity") for seed in shared for rows in rows_of[(m.label, seed)] if rows]
+            pur = [rows[-1].get("cluster_purity") for seed in shared if seed not in out
+                   for rows in rows_of[(m.label, seed)] if rows]
             pur = [x for x in pur if isinstance(x, (int, float))]
             if pur:
                 res.extras.setdefault(s.id, {}).setdefault(m.label, {})["cluster_purity"] = pur
@@ -503,6 +534,10 @@ def collect(p: Plan) -> Results:
                                           if res.complete(s.id) else _incomplete(p, labels, rows_of))
     res.claims = [ClaimResult(c, sp.setting, verdicts[(c.id, sp.setting.id)])
                   for c in spec.claims for sp in p.settings if (c.id, sp.setting.id) in verdicts]
+    # two families: the paper's claims, and our ablations (our own questions)
+    res.holm = {role: stats.holm([cr.verdict for cr in res.claims if cr.claim.role == role],
+                                 "claims of the paper" if role == "paper" else "ablations")
+                for role in ("paper", "ablation")}
     if spec.rank is not None:
         for sp in p.settings:
             cells = res.cells[sp.setting.id]
@@ -546,6 +581,12 @@ def judge(claim: Claim, cells: dict[str, dict[str, Cell]], step: stats.Step = No
             return None
         return {s: (None if v is None else sign * v) for s, v in c.values.items()}
 
+    no_result = [f"{lab} seed {seed}" for lab in [claim.a, *claim.rivals] if lab in cells
+                 for seed in cells[lab][claim.metric].excluded]
+    if no_result:
+        return stats.Verdict(stats.NOT_COMPARABLE, f"no result from {', '.join(no_result)} (the run diverged or "
+                             "collapsed; see the runs that are no result): the claim's methods are not paired over "
+                             "every planned seed")
     a = values(claim.a)
     if a is None:
         return stats.Verdict(stats.NOT_COMPARABLE, f"{claim.a} has no {label} in this setting")
@@ -555,7 +596,8 @@ def judge(claim: Claim, cells: dict[str, dict[str, Cell]], step: stats.Step = No
             return stats.Verdict(stats.NOT_COMPARABLE, f"{claim.b} has no {label} in this setting")
         return stats.equal(a, b, claim.margin, step)
     test = {"not_worse": lambda x, y: stats.not_worse(x, y, claim.margin, step),
-            "smaller_std": stats.smaller_std}.get(claim.kind, lambda x, y: stats.greater(x, y, step))
+            "smaller_std": stats.smaller_std}.get(
+        claim.kind, lambda x, y: stats.greater(x, y, step, min_effect=claim.effect))
     others = {lab: values(lab) for lab in claim.rivals}
     lacking = [lab for lab, v in others.items() if v is None]
     others = {lab: v for lab, v in others.items() if v is not None}

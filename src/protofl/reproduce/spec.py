@@ -18,6 +18,7 @@ Schema (every key is checked when the file is loaded; unknown keys are errors)::
       numbers: {column: {row: {metric: value | [mean, std] | null}}}   # as printed, in %
     dataset: ...                  # what we run on
     substitute: ...               # what replaces the paper's data, or null
+    data_changes: ...             # without paper_data: how the data differs from the paper's own, if it does
     base: fednh_fmnist            # a packaged config (protofl configs)
     config: {dotted.key: value}   # on top of the base, every setting and scale
     settings: [{id, label, paper: column | null, config: {...}, methods: [labels] | null,
@@ -27,7 +28,10 @@ Schema (every key is checked when the file is loaded; unknown keys are errors)::
     metrics: [{id, key, label, select}]   # key: a metrics.jsonl key, or key[i] for a list entry
       select: final | best | last:K | spread:K (the std of the last K evaluations: round-to-round swings)
     rank: metric id               # the paper's ordering vs ours, per setting
-    claims: [{id, text, source, quoted, scope, kind, metric, a, b | among, margin, settings, role, better}]
+    claims: [{id, text, source, quoted, scope, kind, metric, a, b | among, margin, min_effect, settings, role,
+              better}]
+      min_effect: greater, best, steadier: the difference in points the claim needs to be shown
+        (the paper's where it states one; default stats.MIN_EFFECT)
       kind: greater | best | equal | not_worse | smaller_std | steadier  (reproduce/stats.py
             says what each verdict means)
       text: the paper's own words (quoted: true, the default; "..." marks a cut), or, with
@@ -67,7 +71,7 @@ from ..config import yaml_problem
 from ..config.coerce import check_path_component, load_yaml
 from ..errors import ConfigError
 from ..report.tables import parse_select
-from .stats import MIN_SEEDS
+from .stats import MIN_EFFECT, MIN_SEEDS
 
 TABLES_DIR = Path(__file__).resolve().parent / "tables"
 SCALES = ("smoke", "cpu", "paper")
@@ -134,6 +138,7 @@ class Claim:
     b: Optional[str] = None
     among: list[str] = field(default_factory=list)
     margin: float = 1.0  # equal, not_worse: the margin in points
+    min_effect: Optional[float] = None  # greater, best, steadier: in points; None: stats.MIN_EFFECT
     settings: Optional[list[str]] = None  # None: every setting
     role: str = "paper"  # paper: the paper claims it; ablation: our own question
     better: str = "higher"  # lower: the smaller value wins (e.g. the spread over clients)
@@ -143,6 +148,14 @@ class Claim:
     @property
     def rivals(self) -> list[str]:
         return [self.b] if self.b else list(self.among)
+
+    @property
+    def effect(self) -> float:
+        """The difference (points) a greater, best or steadier claim needs to be shown; 0 for
+        the others (their margins say what they need)."""
+        if self.kind not in ("greater", "best", "steadier"):
+            return 0.0
+        return MIN_EFFECT if self.min_effect is None else self.min_effect
 
 
 @dataclass
@@ -175,6 +188,8 @@ class TableSpec:
     changes: str = ""  # what changed since the last published page
     left_out: str = ""  # what of the paper's table this variant does not run, and why
     data: str = "substitute"  # which variant this is (``--data``)
+    # a table on the paper's own data (no paper_data) that changes it: how, in the page's words
+    data_changes: str = ""
     paper_variant: Optional["TableSpec"] = field(default=None, repr=False)  # from paper_data
     substitute_variant: Optional["TableSpec"] = field(default=None, repr=False)  # in a paper variant
 
@@ -193,7 +208,8 @@ class TableSpec:
     def data_text(self) -> str:
         """One sentence for the page: which data this variant runs, and the other's."""
         if not self.has_paper_data:
-            return "Data: the paper's own."
+            return f"Data: the paper's own, changed: {self.data_changes}" if self.data_changes else \
+                "Data: the paper's own."
         if self.data == "paper":
             return "Data: the paper's own (`--data paper`)."
         paper = self.variant("paper").dataset
@@ -314,7 +330,10 @@ def parse_spec(raw: dict, path: Path, data: str = "substitute") -> TableSpec:
     w = path.name if data == "substitute" else f"{path.name} (paper_data)"
     t = _take(raw, w, ("name", "title", "paper", "dataset", "base", "settings", "methods", "metrics", "scales"),
               {"substitute": None, "config": {}, "rank": None, "claims": [], "notes": "", "changes": "",
-               "left_out": "", "paper_data": None})
+               "left_out": "", "paper_data": None, "data_changes": ""})
+    if t["data_changes"] and (t["paper_data"] is not None or t["substitute"]):
+        raise ConfigError(f"{w}: data_changes", t["data_changes"], "only for a table on the paper's own data "
+                          "(no substitute, no paper_data): a substitute says how it differs in substitute")
     if t["substitute"] and t["paper_data"] is None:
         raise ConfigError(f"{w}: paper_data", None, "a table on a substitute says how it runs on the paper's own "
                           "data (paper_data), or, where that cannot be had, says so there")
@@ -372,16 +391,17 @@ def parse_spec(raw: dict, path: Path, data: str = "substitute") -> TableSpec:
     claims = []
     for i, c in enumerate(t["claims"]):
         c = _take(c, f"{w}: claims[{i}]", ("id", "text", "source", "kind", "metric", "a"),
-                  {"b": None, "among": [], "margin": 1.0, "settings": None, "role": "paper", "better": "higher",
-                   "quoted": True, "scope": ""})
+                  {"b": None, "among": [], "margin": 1.0, "min_effect": None, "settings": None, "role": "paper",
+                   "better": "higher", "quoted": True, "scope": ""})
         where = f"{w}: claims[{i}]"
         _check_claim(c, where, mids, labels, metrics)
         for sid in c["settings"] or []:
             if sid not in [s.id for s in settings]:
                 raise ConfigError(f"{where}.settings", sid, "not a setting id")
         claims.append(Claim(c["id"], c["text"], c["source"], c["kind"], c["metric"], c["a"], c["b"],
-                            list(c["among"]), float(c["margin"]), c["settings"], c["role"], c["better"],
-                            bool(c["quoted"]), str(c["scope"] or "").strip()))
+                            list(c["among"]), float(c["margin"]),
+                            None if c["min_effect"] is None else float(c["min_effect"]), c["settings"], c["role"],
+                            c["better"], bool(c["quoted"]), str(c["scope"] or "").strip()))
     _unique([c.id for c in claims], f"{w}: claims")
     scales = {}
     for name in SCALES:
@@ -410,7 +430,8 @@ def parse_spec(raw: dict, path: Path, data: str = "substitute") -> TableSpec:
         raise ConfigError(f"{w}: scales", sorted(extra)[0], f"unknown scale; scales: {', '.join(SCALES)}")
     spec = TableSpec(t["name"], t["title"], paper, t["dataset"], t["substitute"], t["base"],
                      _dotted(t["config"], f"{w}: config"), settings, methods, metrics, t["rank"], claims, scales,
-                     path, t["notes"], t["changes"] or "", str(t["left_out"] or "").strip(), data)
+                     path, t["notes"], t["changes"] or "", str(t["left_out"] or "").strip(), data,
+                     data_changes=str(t["data_changes"] or "").strip())
     if t["paper_data"] is not None:
         spec.paper_variant = parse_spec(paper_data_raw(raw, path.name), path, data="paper")
         spec.paper_variant.substitute_variant = spec
@@ -462,6 +483,13 @@ def _check_claim(c: dict, where: str, mids: list[str], labels: list[str], metric
                           "we test it")
     if float(c["margin"]) <= 0:
         raise ConfigError(f"{where}.margin", c["margin"], "expected a positive number of points")
+    if c["min_effect"] is not None:
+        if kind not in ("greater", "best", "steadier"):
+            raise ConfigError(f"{where}.min_effect", c["min_effect"], f"a {kind} claim has a margin, not a "
+                              "minimum effect (greater, best and steadier claims have one)")
+        if isinstance(c["min_effect"], bool) or not isinstance(c["min_effect"], (int, float)) \
+                or not 0 <= c["min_effect"] < 100:
+            raise ConfigError(f"{where}.min_effect", c["min_effect"], "expected points in [0, 100)")
 
 
 def _check_seeds(seeds: Any, where: str, scale: str) -> None:

@@ -12,10 +12,14 @@ shown**, or **contradicted** (its opposite shown at the same level); and *not co
 when it cannot be tested (fewer than ``MIN_SEEDS`` = 3 paired seeds, or a method without
 the metric).
 
-* **greater** (a above b): the one-sided paired t-tests of mean(d) > 0 (shown) and of
-  mean(d) < 0 (contradicted). The interval printed beside them is the two-sided 90 %
-  interval of mean(d): its lower end is the one-sided 95 % bound of the first test, its
-  upper end that of the second, so "shown" is "the interval lies above 0".
+* **greater** (a above b by at least a minimum effect delta_min): the one-sided paired
+  t-tests of mean(d) > delta_min (shown) and of mean(d) < 0 (contradicted: a below b). The
+  interval printed beside them is the two-sided 90 % interval of mean(d): its lower end is
+  the one-sided 95 % bound of the first test, so "shown" is "the interval lies above
+  delta_min", and "contradicted" is "it lies below 0". delta_min is the claim's
+  ``min_effect``: the paper's margin where it states one, else ``MIN_EFFECT`` = 0.5 points.
+  A difference between 0 and delta_min, however sure, is *not shown*: a claim is about an
+  effect worth stating, and a constant difference of one test image is not one.
 * **best** (a above each of k methods): the greater test against each of them; shown only
   if every one is (an intersection-union test: the joint claim keeps level 0.05 without a
   correction); contradicted if some rival is above a at p < 0.05 / k (Bonferroni: "a is
@@ -35,6 +39,17 @@ the metric).
 
 With ``among`` instead of ``b``, ``not_worse``, ``smaller_std`` and lower-is-better
 claims combine their rivals as **best** does.
+
+Multiplicity. A page tests several claims; each is *shown* at 0.05 on its own, so some
+"shown" would appear by chance among many. :func:`holm` corrects the *shown* verdicts of a
+family of claims for their number (Holm's step-down: the p-values sorted, the i-th
+smallest (from 0) must be below 0.05 / (m - i), and every smaller one too, m the claims
+of the family with a verdict); a claim shown alone but not after the correction reads
+*not shown*, its note saying why. A reproduction page has two families, the paper's
+claims and our ablations, each tested in every setting; the comparison page corrects
+each paper's claim over the settings it is tested in (its rows are different papers'
+claims, and it says so). *Contradicted* is not corrected (its level, per claim, is 0.05;
+Bonferroni across the rivals of one "each of" claim).
 
 Constant differences. When d is the same on every seed the t statistic does not exist.
 Such a difference counts (p = 0) only when it is at least one test sample in size (the
@@ -62,6 +77,7 @@ import numpy as np
 
 ALPHA = 0.05
 MIN_SEEDS = 3
+MIN_EFFECT = 0.5  # points: the smallest difference a "greater" claim is shown for, unless the claim sets its own
 CONSTANT = 1e-9  # points: differences this close are the same (80.0 - 79.9 is not exactly 0.1 in floats)
 SHOWN, NOT_SHOWN, CONTRADICTED, NOT_COMPARABLE = "shown", "not shown", "contradicted", "not comparable"
 
@@ -206,6 +222,7 @@ class Verdict:
     detail: str
     tests: list = field(default_factory=list)
     note: str = ""
+    p: Optional[float] = None  # the p-value "shown" rests on (None: not tested); holm() reads it
 
 
 def _three_way(p_for: float, p_against: float, alpha_against: float = ALPHA) -> str:
@@ -221,13 +238,21 @@ def _too_few(n: int, what: str = "") -> Verdict:
 
 
 def greater(a: dict[int, Optional[float]], b: dict[int, Optional[float]], step: Step = None,
-            shift: float = 0.0) -> Verdict:
-    """a above b (``shift`` = -delta: a not below b by more than delta)."""
+            shift: float = 0.0, min_effect: float = 0.0) -> Verdict:
+    """a above b by more than ``min_effect`` points (shown), or a below b (contradicted);
+    ``shift`` = -delta: a not below b by more than delta (both tests against -delta)."""
     d, _ = pairs(a, b)
     if len(d) < MIN_SEEDS:
         return _too_few(len(d))
     p = paired(d, step, shift)
-    return Verdict(_three_way(p.p_for, p.p_against), p.text(), [p])
+    if not min_effect:
+        return Verdict(_three_way(p.p_for, p.p_against), p.text(), [p], p=p.p_for)
+    past = paired(d, step, shift + min_effect)  # shown: the interval lies above the minimum effect
+    p.p_for, p.w_for = past.p_for, past.w_for
+    text = p.text().replace("one-sided paired t-test p", f"one-sided paired t-test of > {min_effect:g} pts p", 1)
+    if p.constant:
+        text += f" (a difference counts for the claim only at {min_effect:g} pts or more)"
+    return Verdict(_three_way(p.p_for, p.p_against), text, [p], p=p.p_for)
 
 
 def not_worse(a: dict[int, Optional[float]], b: dict[int, Optional[float]], margin: float,
@@ -242,7 +267,7 @@ def smaller_std(a: dict[int, Optional[float]], b: dict[int, Optional[float]]) ->
     if len(seeds) < MIN_SEEDS:
         return _too_few(len(seeds))
     t = spread_test(np.array([a[s] for s in seeds]), np.array([b[s] for s in seeds]))
-    return Verdict(_three_way(t.p_for, t.p_against), t.text(), [t])
+    return Verdict(_three_way(t.p_for, t.p_against), t.text(), [t], p=t.p_for)
 
 
 def each_of(a: dict[int, Optional[float]], others: dict[str, dict[int, Optional[float]]],
@@ -261,24 +286,26 @@ def each_of(a: dict[int, Optional[float]], others: dict[str, dict[int, Optional[
         return Verdict(NOT_COMPARABLE, "; ".join(f"against {label}: {v.detail}" for label, v in short.items()))
     k = len(parts)
     tests = [v.tests[0] for v in parts.values()]
+    p_all = max(float(v.p) if v.p is not None else 1.0 for v in parts.values())  # intersection-union
     lines = "; ".join(f"vs {label}: {v.tests[0].line()}" for label, v in parts.items())
     against = [label for label, v in parts.items() if v.tests[0].p_against < ALPHA / k]
     failed = [label for label, v in parts.items() if v.verdict != SHOWN]
     if not failed:
-        return Verdict(SHOWN, f"{what} each of them at p < {ALPHA}. {lines}", tests)
+        return Verdict(SHOWN, f"{what} each of them at p < {ALPHA}. {lines}", tests, p=p_all)
     if against:
         cut = f"{ALPHA} / {k} = {ALPHA / k:.3g} (Bonferroni over the {k} rivals)" if k > 1 else f"{ALPHA}"
         return Verdict(CONTRADICTED, f"the opposite holds against {', '.join(against)} at p < {cut}. {lines}",
-                       tests)
+                       tests, p=p_all)
     failed_text = ", ".join(failed)
     if what.startswith("not "):  # "not worse than": no "not not worse than"
-        return Verdict(NOT_SHOWN, f"{what} {failed_text}: not shown at p < {ALPHA}. {lines}", tests)
-    return Verdict(NOT_SHOWN, f"not {what} {failed_text} at p < {ALPHA}. {lines}", tests)
+        return Verdict(NOT_SHOWN, f"{what} {failed_text}: not shown at p < {ALPHA}. {lines}", tests, p=p_all)
+    return Verdict(NOT_SHOWN, f"not {what} {failed_text} at p < {ALPHA}. {lines}", tests, p=p_all)
 
 
-def best(a: dict[int, Optional[float]], others: dict[str, dict[int, Optional[float]]], step: Step = None) -> Verdict:
-    """``a`` above every method in ``others`` (label -> values per seed)."""
-    return each_of(a, others, lambda x, y: greater(x, y, step))
+def best(a: dict[int, Optional[float]], others: dict[str, dict[int, Optional[float]]], step: Step = None,
+         min_effect: float = 0.0) -> Verdict:
+    """``a`` above every method in ``others`` (label -> values per seed) by more than ``min_effect``."""
+    return each_of(a, others, lambda x, y: greater(x, y, step, min_effect=min_effect))
 
 
 def equal(a: dict[int, Optional[float]], b: dict[int, Optional[float]], margin: float, step: Step = None) -> Verdict:
@@ -296,7 +323,26 @@ def equal(a: dict[int, Optional[float]], b: dict[int, Optional[float]], margin: 
     if lo.constant:
         one = "of unknown size" if lo.step is None else f"{lo.step:.3g} pts"
         detail += f" (zero spread: a constant difference counts only by whole test samples, {one})"
-    return Verdict(_three_way(tost, beyond), detail, [lo])
+    return Verdict(_three_way(tost, beyond), detail, [lo], p=tost)
+
+
+def holm(verdicts: Sequence[Verdict], what: str = "claims tested together") -> int:
+    """Holm's step-down correction of the *shown* verdicts among ``verdicts`` (a page's
+    claims, each tested once): with the m verdicts that were tested sorted by p, the i-th
+    (from 0) stays shown only if it and every smaller one are below ALPHA / (m - i). A
+    verdict that falls reads *not shown*, its note saying so. Returns m."""
+    tested = [v for v in verdicts if v.verdict != NOT_COMPARABLE and v.p is not None and not math.isnan(v.p)]
+    m = len(tested)
+    holding = True
+    for i, v in enumerate(sorted(tested, key=lambda v: v.p)):
+        cut = ALPHA / (m - i)
+        holding = holding and v.p < cut
+        if v.verdict == SHOWN and not holding:
+            v.verdict = NOT_SHOWN
+            note = (f"shown alone (p = {_p(v.p)}), not after Holm's correction over {m} {what} "
+                    f"(it needs p < {cut:.3g}, and every smaller p below its own cut)")
+            v.note = f"{v.note}; {note}" if v.note else note
+    return m
 
 
 @dataclass

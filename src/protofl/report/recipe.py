@@ -1,0 +1,151 @@
+"""A page's recipe, read from its runs' configs: the optimizer, learning rate, momentum,
+weight decay, schedule, gradient clip, local work, batch, rounds, clients, sampling, data,
+partition (with its redraw rule) and model that the runs used, so that no page states a
+setting by hand that its runs did not use.
+
+:func:`recipe_lines` takes the configs of a page's runs (as recorded: plain mappings, see
+:mod:`protofl.records`) grouped by method. A setting every run shares is stated once; one
+that some methods change is stated as most runs have it, then "except" the methods with
+their values. A method's own settings beside the shared recipe (its gradient clip in
+``algorithm.clip_grad``, e.g. FedGELA's) are settings of that method, named the same way.
+"""
+from __future__ import annotations
+
+from collections import Counter
+from typing import Any, Callable, Iterable, Mapping
+
+Config = Mapping[str, Any]
+
+
+def _get(cfg: Config, dotted: str, default: Any = None) -> Any:
+    node: Any = cfg
+    for part in dotted.split("."):
+        if not isinstance(node, Mapping) or part not in node:
+            return default
+        node = node[part]
+    return node
+
+
+def _num(x: Any) -> str:
+    if isinstance(x, bool) or not isinstance(x, (int, float)):
+        return str(x)
+    return f"{x:g}" if isinstance(x, float) else f"{x:,}"
+
+
+def optimizer(cfg: Config) -> str:
+    t = _get(cfg, "training", {}) or {}
+    name = t.get("optimizer", "sgd")
+    text = f"{name.upper() if name == 'sgd' else name.capitalize()} lr {_num(t.get('lr'))}"
+    if name in ("sgd", "rmsprop"):
+        text += f", momentum {_num(t.get('momentum', 0.0))}"
+    if name in ("adam", "adamw"):
+        text += f", betas {', '.join(map(_num, t.get('betas') or []))}"
+    return text + f", weight decay {_num(t.get('weight_decay', 0.0))}"
+
+
+def schedule(cfg: Config) -> str:
+    t = _get(cfg, "training", {}) or {}
+    kind, decay = t.get("schedule", "exponential"), t.get("lr_decay", 1.0)
+    if kind == "exponential":
+        text = "constant lr" if decay == 1 else f"lr x {_num(decay)} a round"
+    elif kind == "cosine":
+        text = f"cosine lr to {_num(t.get('min_lr', 0.0))}"
+    elif t.get("milestones"):
+        text = f"lr x {_num(decay)} at rounds {', '.join(map(_num, t['milestones']))}"
+    else:
+        text = f"lr x {_num(decay)} every {_num(t.get('step_size'))} rounds"
+    if t.get("warmup_rounds"):
+        text += f" after {_num(t['warmup_rounds'])} warm-up rounds from {_num(t.get('warmup_factor'))} x lr"
+    return text
+
+
+def clip(cfg: Config) -> str:
+    shared, own = _get(cfg, "training.clip_grad"), _get(cfg, "algorithm.clip_grad")
+    if own is not None:
+        return f"gradient clip {_num(own)} (the method's own)"
+    return "no gradient clip" if shared is None else f"gradient clip {_num(shared)}"
+
+
+def local_work(cfg: Config) -> str:
+    steps, epochs = _get(cfg, "training.steps"), _get(cfg, "training.epochs")
+    work = f"{_num(steps)} local steps" if steps is not None else \
+        f"{_num(epochs)} local epoch{'s' if epochs != 1 else ''}"
+    return f"{work}, batch {_num(_get(cfg, 'training.batch_size'))}"
+
+
+def federation(cfg: Config) -> str:
+    n = _get(cfg, "partition.num_clients")
+    per, frac = _get(cfg, "participation.clients_per_round"), _get(cfg, "participation.fraction")
+    each = f"{_num(per)}" if per is not None else f"a fraction {_num(frac)}"
+    sampling = _get(cfg, "participation.sampling", "fixed")
+    how = "" if sampling == "fixed" else f" ({sampling} sampling)"
+    return f"{_num(_get(cfg, 'rounds'))} rounds, {_num(n)} clients, {each} a round{how}"
+
+
+def data(cfg: Config) -> str:
+    size = _get(cfg, "data.train_size")
+    text = str(_get(cfg, "data.name"))
+    if size is not None:
+        text += f", a seeded {_num(size)} training images"
+    return text + f", model {_get(cfg, 'model.name')}"
+
+
+def partition(cfg: Config) -> str:
+    p = _get(cfg, "partition", {}) or {}
+    name = p.get("name")
+    if name == "dirichlet":
+        text = f"Dirichlet({_num(p.get('beta'))})"
+        if p.get("min_size"):
+            text += (f", the whole split redrawn until every client has at least {_num(p['min_size'])} "
+                     f"training samples")
+        return text
+    if name == "pathological":
+        text = f"pathological, {_num(p.get('classes_per_client'))} classes a client"
+        if p.get("samples_per_client") is not None:
+            text += f", {_num(p['samples_per_client'])} training samples a client"
+        return text
+    rest = ", ".join(f"{k} {_num(v)}" for k, v in p.items() if k not in ("name", "num_clients") and v is not None)
+    return f"{name}" + (f" ({rest})" if rest else "")
+
+
+def evaluation(cfg: Config) -> str:
+    every = _get(cfg, "eval.every")
+    text = f"evaluated every {_num(every)} rounds" if every else "evaluated after the last round"
+    if _get(cfg, "eval.final_all_clients"):
+        text += "; personalized models over every client at the end"
+    return text
+
+
+# (what, how a config says it); in the order a page states them
+PARTS: tuple[tuple[str, Callable[[Config], str]], ...] = (
+    ("optimizer", optimizer), ("schedule", schedule), ("clip", clip), ("local work", local_work),
+    ("federation", federation), ("data", data), ("partition", partition), ("evaluation", evaluation))
+
+
+def recipe_lines(runs: Mapping[str, Iterable[Config]], what: str = "runs") -> list[str]:
+    """The recipe of ``runs`` (method label -> its runs' configs): one line of what they
+    share, then one line per setting that some methods' runs change ("except fedgela,
+    fedge: gradient clip 20 (the method's own)"). Every word comes from the configs."""
+    per: dict[str, list[Config]] = {label: list(cfgs) for label, cfgs in runs.items()}
+    total = sum(len(v) for v in per.values())
+    if not total:
+        return []
+    common, changes = [], []
+    for _, how in PARTS:
+        texts = {label: Counter(how(c) for c in cfgs) for label, cfgs in per.items() if cfgs}
+        overall = Counter()
+        for c in texts.values():
+            overall.update(c)
+        main = overall.most_common(1)[0][0]
+        common.append(main)
+        others: dict[str, list[str]] = {}
+        for label, c in texts.items():
+            for text in c:
+                if text != main:
+                    others.setdefault(text, []).append(label)
+        for text, labels in others.items():
+            changes.append(f"{', '.join(sorted(labels))}: {text}")
+    lines = [f"Recipe, read from the configs of the {total} {what}: " + "; ".join(common) + "."]
+    if changes:
+        lines.append("Where methods' runs differ from it: " + "; ".join(changes) + ".")
+    return lines

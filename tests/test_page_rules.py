@@ -1,0 +1,260 @@
+"""What a results page may say: runs that are no result (diverged, collapsed) are named and
+never averaged; "shown" needs an effect of a size and survives Holm's correction; the
+recipe is read from the configs; records are one file a page, readable with pandas."""
+import gzip
+import json
+from pathlib import Path
+
+import pytest
+import yaml
+
+from protofl.config import ConfigError
+from protofl.errors import InputError
+from protofl.records import carried, finished_runs, pack, read_packed, unpack
+from protofl.report.recipe import recipe_lines
+from protofl.reproduce import stats
+from protofl.reproduce.render import markdown_page
+from protofl.reproduce.run import collect
+from protofl.reproduce.spec import load_spec
+from protofl.run_folder import collapsed, health, read_rows
+
+from test_reproduce import by_seed, row, traps_plan, write_spec
+
+
+def run_folder(d: Path, accs, key="gm", classes=10, losses=None, status="complete", error=None) -> Path:
+    d.mkdir(parents=True)
+    rows = []
+    for r, a in enumerate(accs, start=1):
+        row_ = {"round": r, "train_loss": (losses or [1.0] * len(accs))[r - 1]}
+        if a is not None:
+            row_[key] = a
+        rows.append(row_)
+    (d / "metrics.jsonl").write_text("".join(json.dumps(x) + "\n" for x in rows))
+    (d / "clients.json").write_text(json.dumps({"num_clients": 2, "num_classes": classes,
+                                                "train_counts": [[1] * classes, [1] * classes]}))
+    (d / "config.yaml").write_text(yaml.safe_dump({"seed": 0, "rounds": len(accs), "data": {"name": "digits"}}))
+    done = len(accs) if status == "complete" else len(accs) - 1
+    (d / "summary.json").write_text(json.dumps({"status": status, "rounds": len(accs), "rounds_completed": done,
+                                                "seed": 0, "fingerprint": "f", "error": error}))
+    return d
+
+
+# ---------------------------------------------------------------------------------------
+# run health
+# ---------------------------------------------------------------------------------------
+def test_a_run_at_chance_collapsed_one_above_the_margin_did_not(tmp_path):
+    # 10 classes: chance 10 %; the margin is 2 points either side
+    at = run_folder(tmp_path / "a", [0.5, 0.119], losses=[0.8, 120.0])
+    assert collapsed(at) == ("collapsed: its last GM (11.90 % in round 2) is within 2 points of chance (10.00 % "
+                             "for 10 classes); its training loss jumped to 120 in round 2 (0.8 in round 1)")
+    assert health(at) == collapsed(at)
+    assert collapsed(run_folder(tmp_path / "b", [0.5, 0.121])) is None  # 2.1 points above chance
+    assert collapsed(run_folder(tmp_path / "c", [0.5, 0.081])) is not None  # below chance, within 2
+    # no global model: its GA; 3 classes: chance 33.33 %
+    ga = run_folder(tmp_path / "d", [0.9, 0.34], key="ga", classes=3)
+    assert collapsed(ga) == "collapsed: its last GA (34.00 % in round 2) is within 2 points of chance (33.33 % for 3 classes)"
+    assert collapsed(run_folder(tmp_path / "e", [None, None])) is None  # never evaluated: not this rule's
+    assert collapsed(run_folder(tmp_path / "f", [0.5, float("nan")])) is None
+    # a loss that did not jump is not named
+    assert "jumped" not in collapsed(run_folder(tmp_path / "g", [0.5, 0.1], losses=[1.0, 50.0]))
+
+
+def test_health_names_a_divergence_and_passes_a_result(tmp_path):
+    div = run_folder(tmp_path / "div", [0.5, 0.6], status="diverged", error="non-finite training loss (nan) in round 2")
+    assert health(div) == "diverged: non-finite training loss (nan) in round 2"
+    assert health(run_folder(tmp_path / "ok", [0.5, 0.9])) is None
+    cut = run_folder(tmp_path / "cut", [0.5, 0.1], status="running")
+    assert health(cut) is None  # not finished: not a result either way, and not this function's to say
+
+
+# ---------------------------------------------------------------------------------------
+# verdicts with a size, and Holm
+# ---------------------------------------------------------------------------------------
+def test_a_constant_difference_of_one_test_image_is_never_shown():
+    a, b = by_seed(80.01, 81.01, 82.01), by_seed(80.0, 81.0, 82.0)
+    # one test image of 10,000 is 0.01 points: it counts as a difference, but not as an effect
+    assert stats.greater(a, b, step=0.01).verdict == stats.SHOWN  # no minimum effect: the old rule
+    v = stats.greater(a, b, step=0.01, min_effect=0.5)
+    assert v.verdict == stats.NOT_SHOWN and "only at 0.5 pts or more" in v.detail
+
+
+def test_shown_needs_the_interval_above_the_minimum_effect():
+    base = by_seed(80.0, 81.0, 82.0)
+    # +2.0, +2.2, +1.8: mean 2, sd 0.2, 90 % CI 2 -/+ 2.92 * 0.2 / sqrt(3) = [1.66, 2.34]
+    clear = stats.greater(by_seed(82.0, 83.2, 83.8), base, min_effect=0.5)
+    assert clear.verdict == stats.SHOWN and clear.tests[0].ci90[0] == pytest.approx(2 - 2.919986 * 0.2 / 3 ** 0.5)
+    assert "one-sided paired t-test of > 0.5 pts p =" in clear.detail
+    # +0.3 on every seed give or take 0.01: surely above 0, not by 0.5: not shown, and not contradicted
+    small = stats.greater(by_seed(80.3, 81.31, 82.29), base, min_effect=0.5)
+    assert small.verdict == stats.NOT_SHOWN and stats.greater(by_seed(80.3, 81.31, 82.29), base).verdict == stats.SHOWN
+    # below b is still contradicted (against 0, not against the minimum effect)
+    assert stats.greater(by_seed(78.0, 79.1, 79.9), base, min_effect=0.5).verdict == stats.CONTRADICTED
+    # "best": every rival past the minimum effect
+    v = stats.best(by_seed(85.0, 86.0, 87.1), {"x": base, "y": by_seed(84.6, 85.6, 86.6)}, min_effect=0.5)
+    assert v.verdict == stats.NOT_SHOWN and "not above y" in v.detail
+
+
+def test_holm_keeps_a_shown_only_below_its_step_down_cut():
+    def v(p, verdict=stats.SHOWN):
+        return stats.Verdict(verdict, "d", p=p)
+
+    # m = 3: cuts 0.0167, 0.025, 0.05 for the sorted p 0.001, 0.02, 0.04: all hold
+    vs = [v(0.04), v(0.001), v(0.02)]
+    assert stats.holm(vs) == 3 and [x.verdict for x in vs] == [stats.SHOWN] * 3
+    # 0.01 < 0.0167 holds; 0.03 >= 0.025 falls, and so does 0.04 after it (step-down stops)
+    vs = [v(0.04), v(0.01), v(0.03)]
+    stats.holm(vs, "claims of the paper")
+    assert [x.verdict for x in vs] == [stats.NOT_SHOWN, stats.SHOWN, stats.NOT_SHOWN]
+    assert vs[2].note == ("shown alone (p = 0.030), not after Holm's correction over 3 claims of the paper (it needs "
+                          "p < 0.025, and every smaller p below its own cut)")
+    # a not-shown claim counts in m; a not-comparable one does not; contradicted is never changed
+    vs = [v(0.02), v(0.6, stats.NOT_SHOWN), stats.Verdict(stats.NOT_COMPARABLE, "d"), v(0.99, stats.CONTRADICTED)]
+    assert stats.holm(vs) == 3 and vs[0].verdict == stats.NOT_SHOWN and vs[3].verdict == stats.CONTRADICTED
+    one = [v(0.04)]
+    assert stats.holm(one) == 1 and one[0].verdict == stats.SHOWN  # alone, nothing to correct
+
+
+def test_min_effect_is_checked_where_a_table_sets_it(tmp_path):
+    path = write_spec(tmp_path)
+    raw = yaml.safe_load(path.read_text())
+    raw["claims"][0]["min_effect"] = 2.5
+    path.write_text(yaml.safe_dump(raw))
+    spec = load_spec(path)
+    assert spec.claims[0].effect == 2.5 and spec.claims[1].effect == stats.MIN_EFFECT
+    for bad, kind in ((-1, "greater"), ("big", "greater"), (1.0, "equal")):
+        raw["claims"][0].update(min_effect=bad, kind=kind)
+        path.write_text(yaml.safe_dump(raw))
+        with pytest.raises(ConfigError, match="min_effect"):
+            load_spec(path)
+
+
+# ---------------------------------------------------------------------------------------
+# a reproduction page with a collapsed run
+# ---------------------------------------------------------------------------------------
+def test_a_collapsed_run_leaves_its_cell_and_its_claims_but_not_the_others(tmp_path):
+    p = traps_plan(tmp_path, seeds=())
+    run = next(r for sp in p.settings for r in sp.runs if r.label == "FedBABU" and r.seed == 1)
+    rows = [json.loads(x) for x in (run.dir / "metrics.jsonl").read_text().splitlines()]
+    rows[-1]["gm"] = 0.101  # at chance for 10 classes
+    (run.dir / "metrics.jsonl").write_text("".join(json.dumps(x) + "\n" for x in rows))
+    (run.dir / "clients.json").write_text(json.dumps({"num_clients": 4, "num_classes": 10}))
+    res = collect(p)
+    cell = res.cells["s1"]["FedBABU"]["gm"]
+    assert cell.excluded == [1] and cell.values[1] is None and len(cell.present) == 2
+    md = markdown_page(res, date="D", mach="M")
+    assert "[2 of 3 seeds]" in row(md, "FedBABU")
+    assert "* iid / FedBABU / seed 1: collapsed: its last GM (10.10 % in round" in md
+    verdicts = {cr.claim.id: cr.verdict for cr in res.claims}
+    assert verdicts["constant-small"].verdict == stats.NOT_COMPARABLE  # FedAvg > FedBABU
+    assert "no result from FedBABU seed 1" in verdicts["constant-small"].detail
+    assert verdicts["reversal"].verdict == stats.CONTRADICTED  # FedAvg vs FedProx: untouched
+    assert res.complete("s1") and not res.missing  # a run that is no result is not a missing run
+
+
+def test_a_page_says_how_its_claims_are_corrected(tmp_path):
+    res = collect(traps_plan(tmp_path, seeds=()))
+    assert res.holm == {"paper": 5, "ablation": 0}  # every claim of the traps is tested
+    md = markdown_page(res, date="D", mach="M")
+    assert "Holm's step-down at 0.05 over the paper's 5 claims" in md
+
+
+# ---------------------------------------------------------------------------------------
+# the recipe, read from configs
+# ---------------------------------------------------------------------------------------
+def cfg(**training):
+    t = {"optimizer": "sgd", "lr": 0.01, "momentum": 0.9, "weight_decay": 0.0, "schedule": "exponential",
+         "lr_decay": 1.0, "epochs": 5, "steps": None, "batch_size": 64, "clip_grad": None, **training}
+    return {"rounds": 20, "data": {"name": "fmnist", "train_size": 20000}, "model": {"name": "cnn_fmnist"},
+            "partition": {"name": "dirichlet", "num_clients": 100, "beta": 0.3, "min_size": 10},
+            "participation": {"fraction": 0.1, "clients_per_round": None, "sampling": "fixed"},
+            "training": t, "algorithm": {"name": "x"}, "eval": {"every": 10}}
+
+
+def test_the_recipe_states_what_the_configs_say_and_who_differs():
+    own = cfg()
+    own["algorithm"]["clip_grad"] = 20.0
+    lines = recipe_lines({"fedavg": [cfg(), cfg()], "fednh": [cfg(weight_decay=1e-5, lr_decay=0.99, clip_grad=10.0)],
+                          "fedgela": [own]})
+    assert lines[0] == ("Recipe, read from the configs of the 4 runs: SGD lr 0.01, momentum 0.9, weight decay 0; "
+                        "constant lr; no gradient clip; 5 local epochs, batch 64; 20 rounds, 100 clients, a fraction "
+                        "0.1 a round; fmnist, a seeded 20,000 training images, model cnn_fmnist; Dirichlet(0.3), the "
+                        "whole split redrawn until every client has at least 10 training samples; evaluated every 10 "
+                        "rounds.")
+    assert lines[1] == ("Where methods' runs differ from it: fednh: SGD lr 0.01, momentum 0.9, weight decay 1e-05; "
+                        "fednh: lr x 0.99 a round; fednh: gradient clip 10; fedgela: gradient clip 20 (the method's "
+                        "own).")
+    assert recipe_lines({}) == [] and len(recipe_lines({"fedavg": [cfg()]})) == 1
+
+
+# ---------------------------------------------------------------------------------------
+# records: one file a page
+# ---------------------------------------------------------------------------------------
+def test_a_records_file_round_trips_and_is_the_same_bytes_for_the_same_runs(tmp_path):
+    import pandas as pd
+
+    src = tmp_path / "runs"
+    run_folder(src / "s1" / "FedAvg-s0-aaaa", [0.5, 0.6])
+    run_folder(src / "s1" / "FedAvg-s1-bbbb", [0.5, 0.7])
+    run_folder(src / "s1" / "FedAvg-s2-cccc", [0.5, 0.7], status="running")  # cut: not recorded
+    assert pack(src, tmp_path / "r.jsonl.gz") == 2
+    first = (tmp_path / "r.jsonl.gz").read_bytes()
+    assert pack(src, tmp_path / "r.jsonl.gz") == 2 and (tmp_path / "r.jsonl.gz").read_bytes() == first
+    df = pd.read_json(tmp_path / "r.jsonl.gz", lines=True, precise_float=True)
+    assert df.run.tolist() == ["s1/FedAvg-s0-aaaa", "s1/FedAvg-s1-bbbb"]
+    assert df.metrics[1][-1] == {"round": 2, "train_loss": 1.0, "gm": 0.7}
+    back = unpack(tmp_path / "r.jsonl.gz", tmp_path / "back")
+    assert [p.relative_to(tmp_path / "back").as_posix() for p in back] == df.run.tolist()
+    for p in back:
+        orig = src / p.relative_to(tmp_path / "back")
+        assert read_rows(p / "metrics.jsonl") == read_rows(orig / "metrics.jsonl")
+        for name in ("summary.json", "clients.json"):
+            assert json.loads((p / name).read_text()) == json.loads((orig / name).read_text())
+        assert yaml.safe_load((p / "config.yaml").read_text())["data"] == {"name": "digits"}
+    assert finished_runs(tmp_path / "back") == back
+    with pytest.raises(InputError, match=r"\*\.jsonl\.gz"):
+        pack(src, tmp_path / "r.json")
+
+
+def test_a_damaged_or_hostile_records_file_is_refused(tmp_path):
+    (tmp_path / "cut.jsonl.gz").write_bytes(gzip.compress(b'{"run": "a"')[:-6])
+    with pytest.raises(InputError, match="not a records file"):
+        read_packed(tmp_path / "cut.jsonl.gz")
+    (tmp_path / "odd.jsonl.gz").write_bytes(gzip.compress(b'{"run": "a"}\n'))
+    with pytest.raises(InputError, match="not a run's record"):
+        read_packed(tmp_path / "odd.jsonl.gz")
+    entry = {"run": "../../escape", "config": {}, "summary": {}, "clients": {}, "metrics": []}
+    (tmp_path / "up.jsonl.gz").write_bytes(gzip.compress((json.dumps(entry) + "\n").encode()))
+    with pytest.raises(InputError, match="outside the records"):
+        unpack(tmp_path / "up.jsonl.gz", tmp_path / "dest")
+    assert not (tmp_path / "escape").exists()
+
+
+def test_a_grid_goes_on_from_a_records_file(tmp_path):
+    """carried() with a file: the runs in it are brought in as finished; the runs finished
+    during the block are added to it, the others kept."""
+    rec = tmp_path / "rec.jsonl.gz"
+    out = tmp_path / "out"
+    run_folder(tmp_path / "a" / "FedAvg-s0-aaaa", [0.5, 0.6])
+    pack(tmp_path / "a", rec)
+    logs = []
+    with carried(rec, out, [Path("FedAvg-s0-aaaa"), Path("FedAvg-s1-bbbb")], logs.append):
+        assert (out / "FedAvg-s0-aaaa" / "summary.json").is_file()  # brought in as finished
+        run_folder(out / "FedAvg-s1-bbbb", [0.5, 0.7])  # "run" during the block
+    assert [r["run"] for r in read_packed(rec)] == ["FedAvg-s0-aaaa", "FedAvg-s1-bbbb"]
+    assert logs == [f"1 finished run(s) from the records in {rec}", f"1 run record(s) written to {rec}"]
+    before = rec.read_bytes()
+    with carried(rec, tmp_path / "elsewhere", [Path("FedAvg-s0-aaaa")]):
+        pass
+    assert rec.read_bytes() == before  # nothing new: the file is not rewritten
+
+
+def test_a_table_refuses_a_records_file_of_another_table(tmp_path, monkeypatch):
+    from protofl.reproduce import reproduce
+    from test_records import load_spec_toy
+
+    load_spec_toy(tmp_path, monkeypatch)
+    entry = {"run": "other/FedAvg-s0-ffff", "config": {}, "summary": {}, "clients": {}, "metrics": []}
+    (tmp_path / "other.jsonl.gz").write_bytes(gzip.compress((json.dumps(entry) + "\n").encode()))
+    with pytest.raises(ConfigError, match="holds none of the runs of toy"):
+        reproduce("toy", "smoke", out=tmp_path / "out", jobs=1, log=lambda m: None, run=False,
+                  overrides=["execution.workers=0"], records=tmp_path / "other.jsonl.gz")

@@ -177,7 +177,7 @@ def test_the_recipe_states_what_the_configs_say_and_who_differs():
                           "fedgela": [own]})
     assert lines[0] == ("Recipe, read from the configs of the 4 runs: SGD lr 0.01, momentum 0.9, weight decay 0; "
                         "constant lr; no gradient clip; 5 local epochs, batch 64; 20 rounds, 100 clients, a fraction "
-                        "0.1 a round; fmnist, a seeded 20,000 training images, model cnn_fmnist; Dirichlet(0.3), the "
+                        "0.1 a round; fmnist, a seeded 20,000 training samples, model cnn_fmnist; Dirichlet(0.3), the "
                         "whole split redrawn until every client has at least 10 training samples; evaluated every 10 "
                         "rounds.")
     assert lines[1] == ("Where methods' runs differ from it: fednh: SGD lr 0.01, momentum 0.9, weight decay 1e-05; "

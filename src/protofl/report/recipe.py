@@ -76,17 +76,34 @@ def local_work(cfg: Config) -> str:
 def federation(cfg: Config) -> str:
     n = _get(cfg, "partition.num_clients")
     per, frac = _get(cfg, "participation.clients_per_round"), _get(cfg, "participation.fraction")
-    each = f"{_num(per)}" if per is not None else f"a fraction {_num(frac)}"
+    each = f"{_num(per)} a round" if per is not None else ("every client every round" if frac == 1 else
+                                                           f"a fraction {_num(frac)} a round")
     sampling = _get(cfg, "participation.sampling", "fixed")
     how = "" if sampling == "fixed" else f" ({sampling} sampling)"
-    return f"{_num(_get(cfg, 'rounds'))} rounds, {_num(n)} clients, {each} a round{how}"
+    p, group_p = _get(cfg, "participation.p", 1.0), _get(cfg, "participation.group_p")
+    period = _get(cfg, "participation.period", 1)
+    if group_p:
+        how += f", a sampled client's reply arriving with probability {', '.join(map(_num, group_p))} by group"
+    elif p is not None and p < 1:
+        how += f", a sampled client's reply arriving with probability {_num(p)}"
+    if (group_p or (p is not None and p < 1)) and period and period > 1:
+        how += f" (drawn every {_num(period)} rounds)"
+    return f"{_num(_get(cfg, 'rounds'))} rounds, {_num(n)} client{'s' if n != 1 else ''}, {each}{how}"
+
+
+# data keys that say where or how the data is fetched, not what it is
+_WHERE = ("name", "root", "train_size", "download", "mirrors", "verify")
 
 
 def data(cfg: Config) -> str:
-    size = _get(cfg, "data.train_size")
-    text = str(_get(cfg, "data.name"))
+    d = _get(cfg, "data", {}) or {}
+    size = d.get("train_size")
+    text = str(d.get("name"))
+    rest = ", ".join(f"{k} {_num(v)}" for k, v in d.items() if k not in _WHERE and v is not None)
+    if rest:
+        text += f" ({rest})"
     if size is not None:
-        text += f", a seeded {_num(size)} training images"
+        text += f", a seeded {_num(size)} training samples"
     return text + f", model {_get(cfg, 'model.name')}"
 
 
@@ -110,7 +127,8 @@ def partition(cfg: Config) -> str:
 
 def evaluation(cfg: Config) -> str:
     every = _get(cfg, "eval.every")
-    text = f"evaluated every {_num(every)} rounds" if every else "evaluated after the last round"
+    text = ("evaluated every round" if every == 1 else f"evaluated every {_num(every)} rounds") if every else \
+        "evaluated after the last round"
     if _get(cfg, "eval.final_all_clients"):
         text += "; personalized models over every client at the end"
     return text

@@ -340,6 +340,9 @@ def markdown_page(res: Results, date: Optional[str] = None, mach: Optional[str] 
     for s in spec.settings:
         if s.note:
             lines += ["", f"{s.label}: {s.note.strip()}"]
+    recipe = recipe_block(res)
+    if recipe:
+        lines += ["", *recipe]
     split_lines = splits_lines(res)
     if split_lines:
         lines += ["", *split_lines]
@@ -370,6 +373,27 @@ def markdown_page(res: Results, date: Optional[str] = None, mach: Optional[str] 
         lines += ["", *ex]
     lines += ["", summary_comment(res)]
     return "\n".join(lines) + "\n"
+
+
+def recipe_block(res: Results) -> list[str]:
+    """Each setting's recipe, read from the configs of its runs on the cells' seeds
+    (protofl.report.recipe): what the runs did, whatever the notes above say."""
+    import yaml
+
+    from ..report.recipe import recipe_lines
+    from ..run_folder import CONFIG
+
+    out = []
+    for sp in res.plan.settings:
+        used = set(res.seeds.get(sp.setting.id, []))
+        per: dict[str, list[dict]] = {}
+        for r in sp.runs:
+            if r.seed in used and (r.dir / CONFIG).is_file():
+                per.setdefault(r.label, []).append(yaml.safe_load((r.dir / CONFIG).read_text()))
+        lines = recipe_lines(per)
+        if lines:
+            out += [f"**{sp.setting.label}.** " + " ".join(lines)]
+    return [x for line in out for x in (line, "")][:-1]
 
 
 def no_result_lines(res: Results) -> list[str]:
@@ -423,9 +447,14 @@ def _paper_col_text(res: Results) -> str:
 # ---------------------------------------------------------------------------------------
 # the page's verdicts, machine-readable, and the index of the published pages
 # ---------------------------------------------------------------------------------------
+# the rules a page's verdicts follow; 2: a minimum effect, Holm's correction, collapsed runs
+# left out (2026-11-29). The index marks a page judged under earlier rules.
+RULES = 2
+
+
 def summary(res: Results) -> dict:
     spec, p = res.plan.spec, res.plan
-    return {"table": spec.name, "title": spec.title,
+    return {"table": spec.name, "title": spec.title, "rules": RULES,
             "paper": f"{spec.paper.get('short') or spec.paper['title']}, {spec.paper['table']}",
             "data": spec.runs_on, **({"data_changed": True} if spec.data_changes else {}),
             "scale": p.scale, "seeds": p.planned, "exploratory": p.extra,
@@ -449,7 +478,7 @@ def index_text(pages: Path, specs: dict[str, TableSpec], relative_to: Path) -> s
     ``protofl reproduce``, ``<table>.paper-data.md`` for the paper's data): one row per
     page with its data, seeds and every verdict, then the shipped tables that have no page
     yet, and those whose paper-data page is still to be made."""
-    rows, have = [], set()
+    rows, have, old_rules = [], set(), False
     for page in sorted(Path(pages).glob("*.md")):
         s = read_summary(page)
         link = f"[{page.stem}]({Path(os.path.relpath(page, relative_to)).as_posix()})"
@@ -464,11 +493,18 @@ def index_text(pages: Path, specs: dict[str, TableSpec], relative_to: Path) -> s
             seeds += f" (exploratory: {seeds_text(s['exploratory'])})"
         if not s.get("complete", True):
             seeds += ", incomplete"
+        if s.get("rules", 1) < RULES:
+            seeds += ", **earlier rules**"
+            old_rules = True
         verdicts = {role: "; ".join(f"`{c['id']}` ({c['setting']}): {c['label']}" for c in s["claims"]
                                     if c["role"] == role) or "–" for role in ("paper", "ablation")}
         rows.append([link, s["title"], f"`{data}`" + (", changed" if s.get("data_changed") else ""), seeds,
                      verdicts["paper"], verdicts["ablation"]])
     out = markdown(["page", "what it rebuilds", "data", "seeds", "the paper's claims", "our ablations"], rows)
+    if old_rules:
+        out += ("\n**earlier rules**: the page's verdicts were made before a shown verdict needed a minimum effect "
+                "and Holm's correction, and before runs that collapsed were left out; without its runs' records it "
+                "cannot be judged again, only made again.\n")
     tables = {t for t, _ in have}
     missing = [name for name in specs if name not in tables]
     if missing:
@@ -549,8 +585,8 @@ def build_html(res: Results, date: Optional[str] = None, mach: Optional[str] = N
         parts += ([f"<h3>{esc(title)}</h3>"] if title else []) + [_table(header, rows)]
     parts += [f"<p class='note'>Each cell: ours, mean ± sample std over the seeds above (%), and the paper's value "
               f"in parentheses ({esc(_paper_col_text(res))}).</p>"]
-    for line in splits_lines(res) + extras_lines(res):
-        parts.append(f"<p class='note'>{esc(line)}</p>")
+    for line in [x for x in recipe_block(res) if x] + splits_lines(res) + extras_lines(res):
+        parts.append(f"<p class='note'>{esc(line.replace('**', ''))}</p>")
     rl = ranking_lines(res)
     if rl:
         parts += ["<h2>Ranking, the paper's beside ours</h2>",

@@ -105,8 +105,8 @@ def test_holm_keeps_a_shown_only_below_its_step_down_cut():
     vs = [v(0.04), v(0.01), v(0.03)]
     stats.holm(vs, "claims of the paper")
     assert [x.verdict for x in vs] == [stats.NOT_SHOWN, stats.SHOWN, stats.NOT_SHOWN]
-    assert vs[2].note == ("shown alone (p = 0.030), not after Holm's correction over 3 claims of the paper (it needs "
-                          "p < 0.025, and every smaller p below its own cut)")
+    assert vs[2].note == "shown alone (p = 0.030), not after Holm's correction over 3 claims of the paper (needs p < 0.025)"
+    assert vs[0].note.endswith("(a smaller p missed its cut, and Holm stops there)")  # 0.04 < 0.05, but after 0.03
     # a not-shown claim counts in m; a not-comparable one does not; contradicted is never changed
     vs = [v(0.02), v(0.6, stats.NOT_SHOWN), stats.Verdict(stats.NOT_COMPARABLE, "d"), v(0.99, stats.CONTRADICTED)]
     assert stats.holm(vs) == 3 and vs[0].verdict == stats.NOT_SHOWN and vs[3].verdict == stats.CONTRADICTED
@@ -258,3 +258,40 @@ def test_a_table_refuses_a_records_file_of_another_table(tmp_path, monkeypatch):
     with pytest.raises(ConfigError, match="holds none of the runs of toy"):
         reproduce("toy", "smoke", out=tmp_path / "out", jobs=1, log=lambda m: None, run=False,
                   overrides=["execution.workers=0"], records=tmp_path / "other.jsonl.gz")
+
+
+# ---------------------------------------------------------------------------------------
+# the docs quote verdicts only through blocks filled from the pages
+# ---------------------------------------------------------------------------------------
+ROOT = Path(__file__).resolve().parents[1]
+VERDICT_WORDS = ("*shown*", "*not shown*", "*contradicted*", "*shown equal*", "*shown different*")
+
+
+def test_the_docs_quote_every_verdict_from_its_page():
+    from protofl.reproduce.pages import fill_quotes, QUOTE
+
+    docs = sorted((ROOT / "docs").rglob("*.md")) + [ROOT / "README.md"]
+    blocks = 0
+    for f in docs:
+        text = f.read_text(encoding="utf-8")
+        assert fill_quotes(text, ROOT, str(f)) == text, f"{f}: stale quotes: protofl reproduce quotes --write"
+        blocks += len(QUOTE.findall(text))
+    assert blocks >= 30
+    # a method page states no verdict of its own: every verdict word there is in a block
+    for f in sorted((ROOT / "docs" / "methods").glob("*.md")):
+        outside = QUOTE.sub("", f.read_text(encoding="utf-8"))
+        assert not [w for w in VERDICT_WORDS if w in outside], f"{f}: a verdict typed by hand"
+
+
+def test_a_quote_names_what_it_cannot_find(tmp_path):
+    from protofl.reproduce.pages import fill_quotes
+
+    page = tmp_path / "page.md"
+    page.write_text('x\n<!-- protofl-reproduce {"claims": [{"id": "c1", "setting": "s", "verdict": "shown", '
+                    '"label": "shown", "line": "+1.00 pts"}]} -->\n')
+    text = "a <!-- verdicts: page.md c1 -->old<!-- /verdicts --> b"
+    assert fill_quotes(text, tmp_path) == "a <!-- verdicts: page.md c1 -->*shown* on s (+1.00 pts)<!-- /verdicts --> b"
+    with pytest.raises(InputError, match="no claim 'c2'"):
+        fill_quotes(text.replace("c1", "c2"), tmp_path)
+    with pytest.raises(InputError, match="no page other.md"):
+        fill_quotes(text.replace("page.md", "other.md"), tmp_path)

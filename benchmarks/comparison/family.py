@@ -54,6 +54,7 @@ in their own section beside their reference method, paired, and give no verdict.
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import sys
 import time
@@ -242,12 +243,11 @@ def per_seed(dirs: list[Path], metric: str, seeds: list[int]) -> dict[int, float
     return out
 
 
-def claim_lines(done: dict[str, dict[str, list[Path]]], seeds: list[int], rounds: int,
-                bad: Optional[dict[str, dict[str, list[tuple[Path, str]]]]] = None) -> list[str]:
-    """One row per claim, a verdict per setting; ``bad``: setting -> method -> its runs that
-    are no result (a claim on such a method is not comparable)."""
-    if not CLAIMS:
-        return []
+def claim_verdicts(done: dict[str, dict[str, list[Path]]], seeds: list[int],
+                   bad: Optional[dict[str, dict[str, list[tuple[Path, str]]]]] = None
+                   ) -> dict[tuple[str, str], stats.Verdict]:
+    """(claim id, setting) -> its verdict; ``bad``: setting -> method -> its runs that are
+    no result (a claim on such a method is not comparable)."""
     verdicts: dict[tuple[str, str], stats.Verdict] = {}
     for c in CLAIMS:
         for setting in SETTINGS:
@@ -263,6 +263,29 @@ def claim_lines(done: dict[str, dict[str, list[Path]]], seeds: list[int], rounds
             verdicts[(c.id, setting)] = stats.greater(a, b, STEP.get(c.metric), min_effect=c.min_effect)
     for c in CLAIMS:  # one paper's claim, tested in every setting: Holm over them
         stats.holm([verdicts[(c.id, setting)] for setting in SETTINGS], "settings")
+    return verdicts
+
+
+def summary_comment(verdicts: dict[tuple[str, str], stats.Verdict]) -> str:
+    """The page's verdicts, machine-readable, as the reproduction pages carry theirs (the
+    docs quote them through protofl reproduce quotes)."""
+    from protofl.reproduce.pages import SUMMARY
+    from protofl.reproduce.render import short_line
+
+    claims = [{"id": cid, "setting": SETTINGS[setting][0], "verdict": v.verdict,
+               "label": v.verdict + (f", {v.note}" if v.note else ""), "line": short_line(v)}
+              for (cid, setting), v in verdicts.items()]
+    text = json.dumps({"table": "comparison", "title": "Every method side by side: Fashion-MNIST",
+                       "claims": claims}, ensure_ascii=False).replace("--", "-\\u002d")
+    return f"<!-- {SUMMARY} {text} -->"
+
+
+def claim_lines(done: dict[str, dict[str, list[Path]]], seeds: list[int], rounds: int,
+                bad: Optional[dict[str, dict[str, list[tuple[Path, str]]]]] = None) -> list[str]:
+    """One row per claim, a verdict per setting (:func:`claim_verdicts`)."""
+    if not CLAIMS:
+        return []
+    verdicts = claim_verdicts(done, seeds, bad)
     effects = sorted({c.min_effect for c in CLAIMS})
     lines = ["## The papers' claims", "",
              "Each claim in its paper's words, and where the paper makes it; tested here on every setting "
@@ -426,6 +449,8 @@ def page(names: list[str], scale: str, done: dict[str, dict[str, list[Path]]], w
               "ran while it was made (two methods doing the same work can differ there by a factor of a few). "
               "benchmarks/timing.md has controlled timings.", "",
               f"Wall time of this invocation: {wall / 60:.1f} min (finished runs are reused)."]
+    if CLAIMS:
+        lines += ["", summary_comment(claim_verdicts(done, SCALES[scale][0], bad))]
     return "\n".join(lines) + "\n"
 
 

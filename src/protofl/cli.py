@@ -136,6 +136,25 @@ def cmd_reproduce(args) -> int:
         print(list_text(R.all_specs()))
         print("runs: settings x methods x the scale's seeds (docs/reproduce.md)")
         return 0
+    if args.table == "quotes":
+        from .errors import ConfigError
+        from .reproduce.pages import fill_quotes
+
+        files = sorted(Path(args.docs).rglob("*.md")) if Path(args.docs).is_dir() else [Path(args.docs)]
+        if not files or not all(f.is_file() for f in files):
+            raise ConfigError("--docs", args.docs, "not a markdown file or a folder of them")
+        stale = []
+        for f in files:
+            text = f.read_text(encoding="utf-8")
+            new = fill_quotes(text, Path.cwd(), str(f))
+            if new != text:
+                stale.append(f)
+                if args.write:
+                    f.write_text(new, encoding="utf-8")
+        verb = "written" if args.write else "stale"
+        for f in stale:
+            print(f"{verb}: {f}")
+        return 1 if stale and not args.write else 0
     if args.table == "index":
         from .errors import ConfigError
         from .reproduce.render import index_text, write_index
@@ -143,6 +162,9 @@ def cmd_reproduce(args) -> int:
         pages = Path(args.pages)
         if not pages.is_dir():
             raise ConfigError("--pages", args.pages, "not a folder of reproduction pages")
+        if args.write is True:
+            raise ConfigError("--write", None, "index: the file whose index block to replace, e.g. "
+                              "benchmarks/RESULTS.md")
         if args.write:
             write_index(pages, Path(args.write), R.all_specs())
             print(f"written: the index block of {args.write}")
@@ -401,8 +423,9 @@ def build_parser() -> argparse.ArgumentParser:
                         description="`protofl reproduce list` shows the tables; `protofl reproduce TABLE` runs "
                         "its grid (resumable; finished runs are reused) and writes table.md, table.csv and "
                         "report.html.")
-    sp.add_argument("table", help="a table name from `protofl reproduce list`; list; or index (the index of "
-                                  "published pages, from the verdicts each page carries)")
+    sp.add_argument("table", help="a table name from `protofl reproduce list`; list; index (the index of "
+                                  "published pages, from the verdicts each page carries); or quotes (the verdict "
+                                  "blocks of the docs, filled from the pages: --docs, --write)")
     sp.add_argument("overrides", nargs="*", help="dotted key=value overrides for every run, e.g. execution.device=cuda")
     sp.add_argument("--scale", choices=("smoke", "cpu", "paper"), default="cpu",
                     help="smoke (minutes), cpu (a 2-core machine; the default) or paper (the paper's rounds, "
@@ -414,10 +437,11 @@ def build_parser() -> argparse.ArgumentParser:
     sp.add_argument("--jobs", type=int, help="runs at once (default: CPU count / cores one run uses)")
     sp.add_argument("--out", help="output folder (default <output.dir>/reproduce/TABLE/SCALE; on the paper's data "
                                   "<output.dir>/reproduce/TABLE/paper-data/SCALE)")
-    sp.add_argument("--records", help="a folder of run records (each finished run's summary, metrics, config "
-                                      "and partition, without checkpoints or machine paths; docs/reproduce.md): the "
-                                      "runs finished there are not run again, and every run finished here is added "
-                                      "to it, e.g. benchmarks/reproductions/records/TABLE/SCALE")
+    sp.add_argument("--records", help="run records (each finished run's summary, metrics, config and partition, "
+                                      "without checkpoints or machine paths; docs/reproduce.md), one file "
+                                      "(*.jsonl.gz, e.g. benchmarks/reproductions/records/TABLE-SCALE.jsonl.gz) or "
+                                      "a folder: the runs finished there are not run again, and every run finished "
+                                      "here is added to it")
     sp.add_argument("--data-dir", help="data root (default: $PROTOFL_DATA, then ~/.cache/protofl/data)")
     sp.add_argument("--data", choices=("paper", "substitute"),
                     help="paper: the paper's own datasets (fetched when missing), models and augmentation; "
@@ -428,8 +452,11 @@ def build_parser() -> argparse.ArgumentParser:
     sp.add_argument("--no-run", action="store_true", help="only tabulate the runs already finished")
     sp.add_argument("--pages", default="benchmarks/reproductions",
                     help="index: the folder of published pages (default benchmarks/reproductions)")
-    sp.add_argument("--write", help="index: replace the index block of this file (e.g. benchmarks/RESULTS.md) "
-                                    "instead of printing it")
+    sp.add_argument("--write", nargs="?", const=True, default=None,
+                    help="index: replace the index block of this file (e.g. benchmarks/RESULTS.md) instead of "
+                    "printing it; quotes: rewrite the stale verdict blocks (without: name them, exit 1)")
+    sp.add_argument("--docs", default="docs",
+                    help="quotes: a markdown file or a folder of them (default docs), run from the repository root")
     sp.set_defaults(func=cmd_reproduce)
 
     sp = sub.add_parser("partition", help="print per-client class counts and save a heatmap")

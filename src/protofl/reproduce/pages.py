@@ -32,3 +32,38 @@ def page_data(s: dict, spec: Optional[TableSpec]) -> str:
     if s.get("data"):
         return s["data"]
     return "paper" if spec is not None and not spec.has_paper_data else "substitute"
+
+
+# ---------------------------------------------------------------------------------------
+# quotes: a verdict in the docs is a block filled from the page that carries it
+# ---------------------------------------------------------------------------------------
+QUOTE = re.compile(r"(<!-- verdicts: (\S+) ([\w.-]+) -->)(.*?)(<!-- /verdicts -->)", re.S)
+
+
+def quote(s: dict, claim: str, where: str) -> str:
+    """A claim's verdicts as a page's summary carries them, one per setting: "*not shown*
+    on Dir(0.3) (+0.00 pts (90 % CI -0.31 to +0.32), p = 0.978)"."""
+    found = [c for c in s.get("claims", []) if c.get("id") == claim]
+    if not found:
+        raise InputError(f"{where}: the page has no claim {claim!r} (its claims: "
+                         f"{', '.join(sorted({c.get('id', '?') for c in s.get('claims', [])}))})")
+    return "; ".join(f"*{c['label']}* on {c['setting']}" + (f" ({c['line']})" if c.get("line") else "")
+                     for c in found)
+
+
+def fill_quotes(text: str, root: Path, where: str = "") -> str:
+    """``text`` with every ``<!-- verdicts: PAGE CLAIM -->...<!-- /verdicts -->`` block
+    filled from the summary PAGE carries (PAGE relative to ``root``, the repository): the
+    docs quote a verdict only through such a block, so a page made again cannot leave a
+    stale copy behind (``protofl reproduce quotes --write``; tests/test_page_rules.py)."""
+    def fill(m: re.Match) -> str:
+        page = Path(root) / m.group(2)
+        at = f"{where}: {m.group(1)}"
+        if not page.is_file():
+            raise InputError(f"{at}: no page {m.group(2)}")
+        s = read_summary(page)
+        if s is None:
+            raise InputError(f"{at}: {m.group(2)} carries no verdicts")
+        return f"{m.group(1)}{quote(s, m.group(3), at)}{m.group(5)}"
+
+    return QUOTE.sub(fill, text)

@@ -460,8 +460,17 @@ def summary(res: Results) -> dict:
             "scale": p.scale, "seeds": p.planned, "exploratory": p.extra,
             "complete": all(res.complete(sp.setting.id) for sp in p.settings),
             "claims": [{"id": cr.claim.id, "role": cr.claim.role, "setting": cr.setting.label,
-                        "verdict": cr.verdict.verdict, "label": verdict_label(cr.claim, cr.verdict, bold=False)}
+                        "verdict": cr.verdict.verdict, "label": verdict_label(cr.claim, cr.verdict, bold=False),
+                        "line": short_line(cr.verdict)}
                        for cr in res.claims]}
+
+
+def short_line(v: stats.Verdict) -> str:
+    """What a verdict rests on, short enough to quote (protofl reproduce quotes): the
+    difference and its interval for one test, the first sentence for "each of"."""
+    if len(v.tests) == 1:
+        return v.tests[0].line()
+    return v.detail.split(". ")[0]
 
 
 def summary_comment(res: Results) -> str:

@@ -339,8 +339,8 @@ def holm(verdicts: Sequence[Verdict], what: str = "claims tested together") -> i
         holding = holding and v.p < cut
         if v.verdict == SHOWN and not holding:
             v.verdict = NOT_SHOWN
-            note = (f"shown alone (p = {_p(v.p)}), not after Holm's correction over {m} {what} "
-                    f"(it needs p < {cut:.3g}, and every smaller p below its own cut)")
+            why = f"needs p < {cut:.3g}" if v.p >= cut else "a smaller p missed its cut, and Holm stops there"
+            note = f"shown alone (p = {_p(v.p)}), not after Holm's correction over {m} {what} ({why})"
             v.note = f"{v.note}; {note}" if v.note else note
     return m
 

@@ -295,3 +295,26 @@ def test_a_quote_names_what_it_cannot_find(tmp_path):
         fill_quotes(text.replace("c1", "c2"), tmp_path)
     with pytest.raises(InputError, match="no page other.md"):
         fill_quotes(text.replace("page.md", "other.md"), tmp_path)
+
+
+def test_a_table_on_changed_paper_data_says_so(tmp_path):
+    path = write_spec(tmp_path)
+    raw = yaml.safe_load(path.read_text())
+    raw["data_changes"] = "the noise is smaller than the paper's"
+    path.write_text(yaml.safe_dump(raw))
+    spec = load_spec(path)
+    assert spec.data_text() == "Data: the paper's own, changed: the noise is smaller than the paper's"
+    raw["substitute"] = "digits for something"
+    raw["paper_data"] = {"dataset": "the real thing"}
+    path.write_text(yaml.safe_dump(raw))
+    with pytest.raises(ConfigError, match="data_changes"):
+        load_spec(path)
+
+
+def test_the_published_spiral_says_its_data_is_changed():
+    from protofl.reproduce.pages import read_summary
+
+    page = ROOT / "benchmarks" / "reproductions" / "fednh-spiral.md"
+    assert read_summary(page)["data_changed"] is True
+    assert "Data: the paper's own, changed:" in page.read_text(encoding="utf-8")
+    assert "| `paper`, changed |" in (ROOT / "benchmarks" / "RESULTS.md").read_text(encoding="utf-8")

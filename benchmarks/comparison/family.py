@@ -266,16 +266,19 @@ def claim_verdicts(done: dict[str, dict[str, list[Path]]], seeds: list[int],
     return verdicts
 
 
-def summary_comment(verdicts: dict[tuple[str, str], stats.Verdict]) -> str:
+def summary_comment(verdicts: dict[tuple[str, str], stats.Verdict], scale: str, seeds: list[int]) -> str:
     """The page's verdicts, machine-readable, as the reproduction pages carry theirs (the
     docs quote them through protofl reproduce quotes)."""
     from protofl.reproduce.pages import SUMMARY
     from protofl.reproduce.render import short_line
 
-    claims = [{"id": cid, "setting": SETTINGS[setting][0], "verdict": v.verdict,
+    claims = [{"id": cid, "role": "paper", "setting": SETTINGS[setting][0], "verdict": v.verdict,
                "label": v.verdict + (f", {v.note}" if v.note else ""), "line": short_line(v)}
               for (cid, setting), v in verdicts.items()]
-    text = json.dumps({"table": "comparison", "title": "Every method side by side: Fashion-MNIST",
+    from protofl.reproduce.render import RULES
+
+    text = json.dumps({"table": "comparison", "title": "Every method side by side: Fashion-MNIST, the family's "
+                       "papers' claims", "rules": RULES, "data": "fmnist", "scale": scale, "seeds": seeds,
                        "claims": claims}, ensure_ascii=False).replace("--", "-\\u002d")
     return f"<!-- {SUMMARY} {text} -->"
 
@@ -450,7 +453,7 @@ def page(names: list[str], scale: str, done: dict[str, dict[str, list[Path]]], w
               "benchmarks/timing.md has controlled timings.", "",
               f"Wall time of this invocation: {wall / 60:.1f} min (finished runs are reused)."]
     if CLAIMS:
-        lines += ["", summary_comment(claim_verdicts(done, SCALES[scale][0], bad))]
+        lines += ["", summary_comment(claim_verdicts(done, SCALES[scale][0], bad), scale, SCALES[scale][0])]
     return "\n".join(lines) + "\n"
 
 

@@ -165,11 +165,15 @@ def cmd_reproduce(args) -> int:
         if args.write is True:
             raise ConfigError("--write", None, "index: the file whose index block to replace, e.g. "
                               "benchmarks/RESULTS.md")
+        also = tuple(Path(a) for a in (args.also or []))
+        missing = [a for a in also if not a.is_file()]
+        if missing:
+            raise ConfigError("--also", str(missing[0]), "not a page")
         if args.write:
-            write_index(pages, Path(args.write), R.all_specs())
+            write_index(pages, Path(args.write), R.all_specs(), also)
             print(f"written: the index block of {args.write}")
         else:
-            sys.stdout.write(index_text(pages, R.all_specs(), Path.cwd()))
+            sys.stdout.write(index_text(pages, R.all_specs(), Path.cwd(), also))
         return 0
     overrides = list(args.overrides or [])
     if args.data_dir:
@@ -455,6 +459,9 @@ def build_parser() -> argparse.ArgumentParser:
     sp.add_argument("--write", nargs="?", const=True, default=None,
                     help="index: replace the index block of this file (e.g. benchmarks/RESULTS.md) instead of "
                     "printing it; quotes: rewrite the stale verdict blocks (without: name them, exit 1)")
+    sp.add_argument("--also", action="append",
+                    help="index: another page that carries its verdicts (e.g. benchmarks/comparison/fmnist.md); "
+                    "repeatable")
     sp.add_argument("--docs", default="docs",
                     help="quotes: a markdown file or a folder of them (default docs), run from the repository root")
     sp.set_defaults(func=cmd_reproduce)

@@ -33,6 +33,9 @@ from .pages import page_data, read_summary, SUMMARY
 from .run import Cell, claim_out, command_line, Results
 from .spec import Claim, TableSpec
 
+# the scale of the published pages: a table's "changes" describe its published page, so a
+# page made at another scale (a user's smoke check) does not carry them
+PUBLISHED_SCALE = "cpu"
 LABEL = {stats.SHOWN: "shown", stats.NOT_SHOWN: "not shown", stats.CONTRADICTED: "contradicted",
          stats.NOT_COMPARABLE: "not comparable"}
 EQUAL_LABEL = {stats.SHOWN: "shown equal", stats.CONTRADICTED: "shown different"}
@@ -325,7 +328,7 @@ def markdown_page(res: Results, date: Optional[str] = None, mach: Optional[str] 
     sc = spec.scales[p.scale]
     if sc.notes:
         lines += ["", f"**Scale `{p.scale}`.** {sc.notes.strip()}"]
-    if spec.changes:
+    if spec.changes and p.scale == PUBLISHED_SCALE:
         lines += ["", f"**Changes since the last page.** {spec.changes.strip()}"]
     sel = "; ".join(f"{m.label}: {_select_text(m.select)}" for m in spec.metrics)
     lines += ["", "## Table"]
@@ -482,20 +485,20 @@ def summary_comment(res: Results) -> str:
 INDEX_START, INDEX_END = "<!-- reproduce-index: start -->", "<!-- reproduce-index: end -->"
 
 
-def index_text(pages: Path, specs: dict[str, TableSpec], relative_to: Path) -> str:
+def index_text(pages: Path, specs: dict[str, TableSpec], relative_to: Path, also: tuple = ()) -> str:
     """The index of the pages in ``pages`` (one ``<table>.md`` each as written by
     ``protofl reproduce``, ``<table>.paper-data.md`` for the paper's data): one row per
     page with its data, seeds and every verdict, then the shipped tables that have no page
     yet, and those whose paper-data page is still to be made."""
     rows, have, old_rules = [], set(), False
-    for page in sorted(Path(pages).glob("*.md")):
+    for page in [*sorted(Path(pages).glob("*.md")), *map(Path, also)]:
         s = read_summary(page)
         link = f"[{page.stem}]({Path(os.path.relpath(page, relative_to)).as_posix()})"
         if s is None:
             have.add((page.stem, None))
             rows.append([link, "–", "–", "–", "made before pages carried their verdicts: regenerate it", "–"])
             continue
-        data = page_data(s, specs.get(s["table"]))
+        data = s["data"] if s["table"] not in specs else page_data(s, specs.get(s["table"]))
         have.add((s["table"], data))
         seeds = f"`{s['scale']}`: {seeds_text(s['seeds'])}"
         if s.get("exploratory"):
@@ -525,7 +528,7 @@ def index_text(pages: Path, specs: dict[str, TableSpec], relative_to: Path) -> s
     return out
 
 
-def write_index(pages: Path, target: Path, specs: dict[str, TableSpec]) -> str:
+def write_index(pages: Path, target: Path, specs: dict[str, TableSpec], also: tuple = ()) -> str:
     """Replace the block between INDEX_START and INDEX_END in ``target`` by the index."""
     try:
         text = target.read_text(encoding="utf-8")
@@ -535,7 +538,7 @@ def write_index(pages: Path, target: Path, specs: dict[str, TableSpec]) -> str:
         raise ConfigError("--write", str(target), f"has no {INDEX_START} ... {INDEX_END} block to replace")
     head, rest = text.split(INDEX_START, 1)
     _, tail = rest.split(INDEX_END, 1)
-    block = index_text(pages, specs, target.parent)
+    block = index_text(pages, specs, target.parent, also)
     target.write_text(f"{head}{INDEX_START}\n{block}{INDEX_END}{tail}", encoding="utf-8")
     return block
 
@@ -587,7 +590,7 @@ def build_html(res: Results, date: Optional[str] = None, mach: Optional[str] = N
     notes = spec.scales[p.scale].notes
     if notes:
         parts.append(f"<p class='note'><b>Scale {p.scale}.</b> {esc(notes.strip())}</p>")
-    if spec.changes:
+    if spec.changes and p.scale == PUBLISHED_SCALE:
         parts.append(f"<p class='note'><b>Changes since the last page.</b> {esc(spec.changes.strip())}</p>")
     parts.append("<h2>Table</h2>")
     for title, header, rows in split_tables(res):

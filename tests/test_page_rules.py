@@ -318,3 +318,34 @@ def test_the_published_spiral_says_its_data_is_changed():
     assert read_summary(page)["data_changed"] is True
     assert "Data: the paper's own, changed:" in page.read_text(encoding="utf-8")
     assert "| `paper`, changed |" in (ROOT / "benchmarks" / "RESULTS.md").read_text(encoding="utf-8")
+
+
+def test_every_cell_is_read_from_its_own_methods_runs(tmp_path):
+    """No copied column (fedgela-table5 once showed FedProx's and FedRS's PA cells alike to
+    the last digit): with every run of the real table given values of its own, each cell
+    holds exactly its method's values, seed by seed, and no two methods' cells agree."""
+    from protofl.reproduce import get_spec, plan as make_plan
+
+    p = make_plan(get_spec("fedgela-table5"), "cpu", out=tmp_path / "t5")
+    dirs = [r.dir for sp in p.settings for r in sp.runs]
+    assert len(set(dirs)) == len(dirs)  # one folder a run
+    labels = [m.label for m in p.spec.methods]
+    want = {}
+    for sp in p.settings:
+        for r in sp.runs:
+            i = labels.index(r.label)
+            vals = {m.key.split("[")[0]: 0.5 + 0.01 * i + 0.001 * r.seed + 0.0001 * j for j, m in enumerate(p.metrics)}
+            rows = [{"round": r.cfg.rounds, "train_loss": 0.5, "gm": vals.get("ga", 0.5), **vals}]
+            r.dir.mkdir(parents=True)
+            (r.dir / "metrics.jsonl").write_text("".join(json.dumps(x) + "\n" for x in rows))
+            (r.dir / "summary.json").write_text(json.dumps({"status": "complete", "rounds": r.cfg.rounds,
+                                                             "rounds_completed": r.cfg.rounds, "seed": r.seed}))
+            for met in p.metrics:
+                want[(sp.setting.id, r.label, met.id, r.seed)] = 100 * vals[met.key.split("[")[0]]
+    res = collect(p)
+    for (sid, label, mid, seed), v in want.items():
+        assert res.cells[sid][label][mid].values[seed] == pytest.approx(v), (label, mid, seed)
+    for sid, per in res.cells.items():
+        for met in p.metrics:
+            columns = {label: tuple(cells[met.id].values.values()) for label, cells in per.items()}
+            assert len(set(columns.values())) == len(columns) == len(labels), (sid, met.id)

@@ -349,3 +349,21 @@ def test_every_cell_is_read_from_its_own_methods_runs(tmp_path):
         for met in p.metrics:
             columns = {label: tuple(cells[met.id].values.values()) for label, cells in per.items()}
             assert len(set(columns.values())) == len(columns) == len(labels), (sid, met.id)
+
+
+def test_a_grid_table_leaves_a_collapsed_run_out_and_names_it(tmp_path):
+    """protofl compare / sweep (api.finish_grid): a run at chance is no result in their
+    tables either."""
+    from protofl import api
+
+    out = tmp_path / "grid"
+    ok = [run_folder(out / f"fedavg-s{s}", [0.5, 0.8 + s / 100]) for s in (0, 1)]
+    bad = run_folder(out / "fedavg-s2", [0.5, 0.1], losses=[1.0, 500.0])
+    logs = []
+    rows = api.finish_grid({"fedavg": [*ok, bad]}, out, "sweep", report=False, log=logs.append)
+    assert rows[0]["count"]["gm"] == 2 and rows[0]["gm"][0] == pytest.approx(0.805)
+    saved = json.loads((out / "sweep.json").read_text())
+    assert saved["groups"] == {"fedavg": ["fedavg-s0", "fedavg-s1"]}
+    assert saved["collapsed"]["fedavg-s2"].startswith("fedavg: collapsed: its last GM (10.00 % in round 2)")
+    assert "Left out, no result: fedavg-s2 (fedavg: collapsed:" in (out / "sweep.md").read_text()
+    assert logs and logs[0].startswith("[collapsed] fedavg:") and "left out of the table" in logs[0]

@@ -37,6 +37,7 @@ from .engine.simulation import run_dir_for, RunResult, Simulation
 from .engine.task import model_mismatch, Task
 from .engine.train import DIVERGED, NonFiniteLossError
 from .errors import ConfigError, one_line
+from . import run_folder
 from .run_folder import CHECKPOINT, COMPLETE, finished, METRICS, read_rows, read_summary, SUMMARY
 from .report import tables
 from .report.html import write_report
@@ -349,7 +350,8 @@ def _set_name(labels: Iterable[str], limit: int = 60) -> str:
     return name
 
 
-def write_tables(rows: list[dict], out: Path, labels: Iterable[str], stem: str = "compare") -> list[Path]:
+def write_tables(rows: list[dict], out: Path, labels: Iterable[str], stem: str = "compare",
+                 note: str = "") -> list[Path]:
     """``<stem>.{md,tex,csv}``: the table of the latest grid in ``out``.
 
     A later grid with another set of methods must not lose the earlier set's table, and
@@ -368,8 +370,8 @@ def write_tables(rows: list[dict], out: Path, labels: Iterable[str], stem: str =
         for ext in exts:
             if (out / f"{stem}.{ext}").exists():
                 os.replace(out / f"{stem}.{ext}", out / f"{stem}-{_set_name(before)}.{ext}")
-    for ext, text in (("md", tables.to_markdown(rows, with_caption=True)), ("tex", tables.to_latex(rows)),
-                      ("csv", tables.to_csv(rows))):
+    md = tables.to_markdown(rows, with_caption=True) + (f"\n{note}\n" if note else "")
+    for ext, text in (("md", md), ("tex", tables.to_latex(rows)), ("csv", tables.to_csv(rows))):
         (out / f"{stem}-{_set_name(labels)}.{ext}").unlink(missing_ok=True)
         p = out / f"{stem}.{ext}"
         save_text(p, text)
@@ -421,7 +423,7 @@ def compare(cfg: Config, methods: dict[str, dict], seeds: list[int], out: Path,
         else:
             groups.setdefault(label, []).append(d)
     rows = finish_grid(groups, out, "compare", select=select, report=report,
-                       meta={"seeds": seeds, "methods": methods, "diverged": [_in(out, d) for _, _, d in bad]})
+                       meta={"seeds": seeds, "methods": methods, "diverged": [_in(out, d) for _, _, d in bad]}, log=log)
     return rows, out
 
 
@@ -431,15 +433,32 @@ def _in(out: Path, d: Path) -> str:
 
 
 def finish_grid(groups: dict[str, list[Path]], out: Path, stem: str, select: str = "final",
-                report: bool = True, meta: Optional[dict] = None) -> list[dict]:
+                report: bool = True, meta: Optional[dict] = None, log=None) -> list[dict]:
     """The end of every grid of runs (compare, sweep): one row per label (mean ± std over
     its runs) written by :func:`write_tables`, ``<stem>.json`` (which runs form each row;
-    what ``protofl report`` reads) and, with ``report``, ``report.html``."""
+    what ``protofl report`` reads) and, with ``report``, ``report.html``. A run that
+    collapsed (:func:`protofl.run_folder.collapsed`: its final accuracy at chance) is no
+    result: it is left out of its row, named under the table and in ``<stem>.json``
+    (``collapsed``), and logged."""
+    kept: dict[str, list[Path]] = {}
+    collapsed: dict[str, str] = {}
+    for label, dirs in groups.items():
+        for d in dirs:
+            why = run_folder.collapsed(d)
+            if why is None:
+                kept.setdefault(label, []).append(d)
+                continue
+            collapsed[_in(out, d)] = f"{label}: {why}"
+            if log is not None:
+                log(f"[collapsed] {label}: {d}: {why}; left out of the table")
+    groups = kept
     rows = tables.compare_rows(groups, select=select)
     out.mkdir(parents=True, exist_ok=True)
-    write_tables(rows, out, groups, stem)
+    note = ("Left out, no result: " + "; ".join(f"{d} ({why})" for d, why in collapsed.items()) + "."
+            if collapsed else "")
+    write_tables(rows, out, groups, stem, note)
     save_json(out / f"{stem}.json", {
-        **(meta or {}), "select": select,
+        **(meta or {}), "select": select, **({"collapsed": collapsed} if collapsed else {}),
         "groups": {label: [_in(out, d) for d in dirs] for label, dirs in groups.items()}})
     if report and groups:  # every run diverged: no report of nothing (the runs are named)
         write_report(out, select=select)

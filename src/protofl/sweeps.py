@@ -243,7 +243,7 @@ def sweep(cfg: Config, grid: dict[str, list[Any]], seeds: list[int], out: Path,
     for r in runs:
         if r.dir not in bad:
             groups.setdefault(r.label, []).append(r.dir)
-    return api.finish_grid(groups, out, SWEEP), out, failed
+    return api.finish_grid(groups, out, SWEEP, log=log), out, failed
 
 
 def _packed(todo: list[SweepRun], started, finished, log) -> None:

@@ -192,20 +192,27 @@ def test_every_published_page_with_records_is_rebuilt_from_them(tmp_path):
         pytest.skip("no published page has committed run records yet")
 
 
-def test_a_sweep_goes_on_from_its_records_elsewhere(tmp_path, capsys):
+@pytest.mark.parametrize("kind", ["folder", "file"])
+def test_a_sweep_goes_on_from_its_records_elsewhere(tmp_path, capsys, kind):
     """`protofl sweep --records`: one seed on one machine, both seeds on another from the
-    first's records: only the new seed runs, and the table is the one run in one go."""
+    first's records (a folder, or one records file): only the new seed runs, and the table
+    is the one run in one go."""
     from conftest import DIGITS
+    from protofl.records import read_packed
 
     args = ["sweep", str(DIGITS), "rounds=1", "partition.num_clients=4", "--grid", "algorithm.name=fedavg,local",
             "--jobs", "1"]
-    assert main([*args, "--seeds", "0", "--out", str(tmp_path / "a"), "--records", str(tmp_path / "rec")]) == 0
-    assert len(finished_runs(tmp_path / "rec")) == 2
+    rec = tmp_path / ("rec" if kind == "folder" else "rec.jsonl.gz")
+    count = (lambda: len(finished_runs(rec))) if kind == "folder" else (lambda: len(read_packed(rec)))
+    assert main([*args, "--seeds", "0", "--out", str(tmp_path / "a"), "--records", str(rec)]) == 0
+    assert count() == 2
     capsys.readouterr()
-    assert main([*args, "--seeds", "0,1", "--out", str(tmp_path / "b"), "--records", str(tmp_path / "rec")]) == 0
+    assert main([*args, "--seeds", "0,1", "--out", str(tmp_path / "b"), "--records", str(rec)]) == 0
     err = capsys.readouterr().err
     assert len(re.findall(r"^\[skip", err, re.M)) == 2 and len(re.findall(r"^\[run", err, re.M)) == 2, err
-    assert len(finished_runs(tmp_path / "rec")) == 4
+    assert count() == 4
+    if kind == "file":
+        return
     assert main([*args, "--seeds", "0,1", "--out", str(tmp_path / "c")]) == 0
 
     def table(folder):  # all but the seconds per round

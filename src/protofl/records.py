@@ -21,8 +21,8 @@ is written summary last, so a copy cut short is not taken for a finished run.
 A page's records are published as one file, ``<name>.jsonl.gz`` (:func:`pack`): gzip'd
 JSON lines, one run a line, ``{"run": its folder relative to the root, "config": ...,
 "summary": ..., "clients": ..., "metrics": [one row a round]}``, sorted by folder and
-written byte for byte the same for the same runs. ``pandas.read_json(path, lines=True, precise_float=True)``
-reads it as a table; :func:`unpack` gives back the run folders. Wherever a records folder
+written byte for byte the same for the same runs.
+``pandas.read_json(path, lines=True, precise_float=True)`` reads it as a table; :func:`unpack` gives back the run folders. Wherever a records folder
 is taken (``--records``), such a file is taken too: its runs are unpacked into a
 temporary folder, and the file is written again from it when runs were added.
 """
@@ -187,9 +187,8 @@ def carried(records: Optional[Path], out: Path, folders: Iterable[Path],
     if is_packed(records):
         with tempfile.TemporaryDirectory(prefix="protofl-records-") as tmp:
             had = unpack(records, Path(tmp)) if Path(records).exists() else []
-            written: list[Path] = []
             try:
-                with carried(Path(tmp), out, folders, log=None) as _:
+                with carried(Path(tmp), out, folders, log=None):
                     brought = [f for f in folders if finished(Path(tmp) / f) is not None]
                     if brought and log is not None:
                         log(f"{len(brought)} finished run(s) from the records in {records}")

@@ -104,7 +104,7 @@ def collapsed(run_dir: Path, rows: Optional[list[dict]] = None) -> Optional[str]
     if not abs(last - chance) <= COLLAPSE_MARGIN:  # NaN: not this rule's to judge
         return None
     what = "GM" if key == "gm" else "GA"
-    why = (f"collapsed: its last {what} ({last:.2f} % in round {evals[-1].get('round')}) is within "
+    why = (f"{COLLAPSED}: its last {what} ({last:.2f} % in round {evals[-1].get('round')}) is within "
            f"{COLLAPSE_MARGIN:g} points of chance ({chance:.2f} % for {classes} classes)")
     losses = [(r.get("round"), r["train_loss"]) for r in rows if isinstance(r.get("train_loss"), (int, float))]
     if len(losses) > 1 and losses[0][1] > 0:

@@ -27,7 +27,9 @@ def _get(cfg: Config, dotted: str, default: Any = None) -> Any:
 
 
 def _num(x: Any) -> str:
-    if isinstance(x, bool) or not isinstance(x, (int, float)):
+    if isinstance(x, bool):
+        return "true" if x else "false"  # as the config file writes it
+    if not isinstance(x, (int, float)):
         return str(x)
     return f"{x:g}" if isinstance(x, float) else f"{x:,}"
 

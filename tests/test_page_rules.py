@@ -3,6 +3,7 @@ never averaged; "shown" needs an effect of a size and survives Holm's correction
 recipe is read from the configs; records are one file a page, readable with pandas."""
 import gzip
 import json
+import os
 from pathlib import Path
 
 import pytest
@@ -199,6 +200,9 @@ def test_a_records_file_round_trips_and_is_the_same_bytes_for_the_same_runs(tmp_
     assert pack(src, tmp_path / "r.jsonl.gz") == 2
     first = (tmp_path / "r.jsonl.gz").read_bytes()
     assert pack(src, tmp_path / "r.jsonl.gz") == 2 and (tmp_path / "r.jsonl.gz").read_bytes() == first
+    umask = os.umask(0)
+    os.umask(umask)
+    assert (tmp_path / "r.jsonl.gz").stat().st_mode & 0o777 == 0o666 & ~umask  # not mkstemp's private 0o600
     df = pd.read_json(tmp_path / "r.jsonl.gz", lines=True, precise_float=True)
     assert df.run.tolist() == ["s1/FedAvg-s0-aaaa", "s1/FedAvg-s1-bbbb"]
     assert df.metrics[1][-1] == {"round": 2, "train_loss": 1.0, "gm": 0.7}

@@ -150,6 +150,7 @@ def test_a_collapsed_run_leaves_its_cell_and_its_claims_but_not_the_others(tmp_p
     assert "no result from FedBABU seed 1" in verdicts["constant-small"].detail
     assert verdicts["reversal"].verdict == stats.CONTRADICTED  # FedAvg vs FedProx: untouched
     assert res.complete("s1") and not res.missing  # a run that is no result is not a missing run
+    assert "FedBABU" not in res.ranks["s1"].our_order  # its mean is over two seeds: not ranked
 
 
 def test_a_page_says_how_its_claims_are_corrected(tmp_path):

@@ -535,8 +535,11 @@ def test_cli_list_dry_run_and_a_real_tables_smoke_scale(tmp_path, capsys):
                  "execution.workers=0"]) == 0
     md = (tmp_path / "sp" / "table.md").read_text()
     assert "**central, imbalanced**" in md and "fixed-head-protects-minority" in md
-    assert json.loads((tmp_path / "sp" / "federated" / "sweep.json").read_text())["groups"].keys() == \
-        {"FedAvg", "FedUH", "FedNH"}
+    grid = json.loads((tmp_path / "sp" / "federated" / "sweep.json").read_text())
+    # two rounds leave some of the three at chance: named as collapsed, out of the table's rows
+    collapsed = {why.split(":")[0] for why in grid.get("collapsed", {}).values()}
+    assert set(grid["groups"]) | collapsed == {"FedAvg", "FedUH", "FedNH"}
+    assert not set(grid["groups"]) & collapsed
 
 
 # ---------------------------------------------------------------------------------------

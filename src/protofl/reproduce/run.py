@@ -542,7 +542,9 @@ def collect(p: Plan) -> Results:
         for sp in p.settings:
             cells = res.cells[sp.setting.id]
             paper = {lab: cs[spec.rank].paper for lab, cs in cells.items() if cs[spec.rank].paper is not None}
-            ours = {lab: cs[spec.rank].mean for lab, cs in cells.items() if cs[spec.rank].present}
+            # a mean over fewer seeds (a run that is no result) is not ranked against the others
+            ours = {lab: cs[spec.rank].mean for lab, cs in cells.items()
+                    if cs[spec.rank].present and not cs[spec.rank].excluded}
             res.ranks[sp.setting.id] = stats.rank_correlation(paper, ours)
     return res
 

@@ -71,13 +71,11 @@ from protofl import api  # noqa: E402
 from protofl.algorithms import ALGORITHMS  # noqa: E402
 from protofl.algorithms.base import by_family  # noqa: E402
 from protofl.config import load_config  # noqa: E402
-import yaml  # noqa: E402
-
 from protofl.metrics import METRIC_INFO  # noqa: E402
 from protofl.records import carried, finished  # noqa: E402
 from protofl.report import tables  # noqa: E402
 from protofl.report.recipe import recipe_lines  # noqa: E402
-from protofl.run_folder import chance_margin_text, CONFIG, DIVERGED, health  # noqa: E402
+from protofl.run_folder import chance_margin_text, DIVERGED, health, read_config  # noqa: E402
 from protofl.reproduce import stats  # noqa: E402
 from protofl.reproduce.run import run_value  # noqa: E402
 from protofl.reproduce.spec import Metric  # noqa: E402
@@ -270,13 +268,11 @@ def summary_comment(verdicts: dict[tuple[str, str], stats.Verdict], scale: str, 
     """The page's verdicts, machine-readable, as the reproduction pages carry theirs (the
     docs quote them through protofl reproduce quotes)."""
     from protofl.reproduce.pages import SUMMARY
-    from protofl.reproduce.render import short_line
+    from protofl.reproduce.render import RULES, short_line
 
     claims = [{"id": cid, "role": "paper", "setting": SETTINGS[setting][0], "verdict": v.verdict,
                "label": v.verdict + (f", {v.note}" if v.note else ""), "line": short_line(v)}
               for (cid, setting), v in verdicts.items()]
-    from protofl.reproduce.render import RULES
-
     text = json.dumps({"table": "comparison", "title": "Every method side by side: Fashion-MNIST, the family's "
                        "papers' claims", "rules": RULES, "data": "fmnist", "scale": scale, "seeds": seeds,
                        "claims": claims}, ensure_ascii=False).replace("--", "-\\u002d")
@@ -284,11 +280,12 @@ def summary_comment(verdicts: dict[tuple[str, str], stats.Verdict], scale: str, 
 
 
 def claim_lines(done: dict[str, dict[str, list[Path]]], seeds: list[int], rounds: int,
-                bad: Optional[dict[str, dict[str, list[tuple[Path, str]]]]] = None) -> list[str]:
-    """One row per claim, a verdict per setting (:func:`claim_verdicts`)."""
+                bad: Optional[dict[str, dict[str, list[tuple[Path, str]]]]] = None,
+                verdicts: Optional[dict[tuple[str, str], stats.Verdict]] = None) -> list[str]:
+    """One row per claim, a verdict per setting (``verdicts``, or :func:`claim_verdicts`)."""
     if not CLAIMS:
         return []
-    verdicts = claim_verdicts(done, seeds, bad)
+    verdicts = claim_verdicts(done, seeds, bad) if verdicts is None else verdicts
     effects = sorted({c.min_effect for c in CLAIMS})
     lines = ["## The papers' claims", "",
              "Each claim in its paper's words, and where the paper makes it; tested here on every setting "
@@ -382,10 +379,6 @@ def per_round(row: dict) -> str:
     return f"{wall} (wall)" if wall != "–" else wall
 
 
-def configs(dirs: list[Path]) -> list[dict]:
-    return [yaml.safe_load((d / CONFIG).read_text()) for d in dirs]
-
-
 DEFINED = ("gm", "pm_v", "pa", "ga")  # the columns, defined below the tables from docs/metrics.md's words
 
 
@@ -397,8 +390,11 @@ def page(names: list[str], scale: str, done: dict[str, dict[str, list[Path]]], w
     (run_folder.health: diverged or collapsed)."""
     bad = bad or {}
     seeds = len(SCALES[scale][0])
-    rounds = sorted({c.get("rounds") for setting in done.values() for label, dirs in setting.items()
-                     if label in names for c in configs(dirs)} - {None})
+    cfg_of = {d: c for d in [*(d for g in done.values() for ds in g.values() for d in ds),
+                             *(d for g in bad.values() for runs in g.values() for d, _ in runs)]
+              if (c := read_config(d)) is not None}  # each run's config, read once
+    rounds = sorted({cfg_of[d].get("rounds") for setting in done.values() for label, dirs in setting.items()
+                     if label in names for d in dirs if d in cfg_of} - {None})
     lines = [f"# Every method side by side: Fashion-MNIST, scale {scale}", "",
              f"Written {date.today().isoformat()} from the records of its runs; {len(names)} methods x "
              f"{len(SETTINGS)} settings x seeds {', '.join(map(str, SCALES[scale][0]))}, by:", "", "```",
@@ -415,7 +411,8 @@ def page(names: list[str], scale: str, done: dict[str, dict[str, list[Path]]], w
         if lost:
             every = [r for v in lost.values() for r in v]
             count += f"; {why_not(every)} (below)"
-        recipe = recipe_lines({m: configs(groups.get(m, []) + [d for d, _ in lost.get(m, [])]) for m in names})
+        recipe = recipe_lines({m: [cfg_of[d] for d in groups.get(m, []) + [d for d, _ in lost.get(m, [])] if d in cfg_of]
+                               for m in names})
         lines += [f"## {label}", "", *[line + "\n" for line in recipe], count + ".", "",
                   "| family | method | GM | PM(V) | PA | GA | s/round |", "|---|---|---|---|---|---|---|"]
         for family, members in by_family(names).items():
@@ -439,7 +436,8 @@ def page(names: list[str], scale: str, done: dict[str, dict[str, list[Path]]], w
                       + (finished(d)["error"] if finished(d)["status"] == DIVERGED else why)
                       for name in names for d, why in lost.get(name, [])]
             lines.append("")
-    lines += claim_lines(done, SCALES[scale][0], rounds[-1] if rounds else 0, bad)
+    verdicts = claim_verdicts(done, SCALES[scale][0], bad) if CLAIMS else {}
+    lines += claim_lines(done, SCALES[scale][0], rounds[-1] if rounds else 0, bad, verdicts)
     lines += exploratory_lines(done, SCALES[scale][0])
     words = "; ".join(f"{METRIC_INFO[m].label}: {METRIC_WORDS[m]}" for m in DEFINED)
     lines += [f"{words}. PM(V) and PA are over the clients of the last round (docs/metrics.md). Mean ± std over "
@@ -453,7 +451,7 @@ def page(names: list[str], scale: str, done: dict[str, dict[str, list[Path]]], w
               "benchmarks/timing.md has controlled timings.", "",
               f"Wall time of this invocation: {wall / 60:.1f} min (finished runs are reused)."]
     if CLAIMS:
-        lines += ["", summary_comment(claim_verdicts(done, SCALES[scale][0], bad), scale, SCALES[scale][0])]
+        lines += ["", summary_comment(verdicts, scale, SCALES[scale][0])]
     return "\n".join(lines) + "\n"
 
 

@@ -13,6 +13,8 @@ import json
 from pathlib import Path
 from typing import Optional
 
+import yaml
+
 CONFIG, METRICS, CLIENTS, SUMMARY, CHECKPOINT = (
     "config.yaml", "metrics.jsonl", "clients.json", "summary.json", "checkpoint.pt")
 
@@ -36,6 +38,16 @@ def read_rows(path: Path) -> list[dict]:
             except json.JSONDecodeError:
                 break
     return rows
+
+
+def read_config(run_dir: Path) -> Optional[dict]:
+    """A run folder's config as written (a mapping; a record's has no machine paths), or
+    None where it has none that reads as one."""
+    try:
+        cfg = yaml.safe_load((Path(run_dir) / CONFIG).read_text())
+    except (OSError, yaml.YAMLError):
+        return None
+    return cfg if isinstance(cfg, dict) else None
 
 
 def read_summary(run_dir: Path) -> Optional[dict]:

@@ -4,10 +4,10 @@ partition (with its redraw rule) and model that the runs used, so that no page s
 setting by hand that its runs did not use.
 
 :func:`recipe_lines` takes the configs of a page's runs (as recorded: plain mappings, see
-:mod:`protofl.records`) grouped by method. A setting every run shares is stated once; one
-that some methods change is stated as most runs have it, then "except" the methods with
-their values. A method's own settings beside the shared recipe (its gradient clip in
-``algorithm.clip_grad``, e.g. FedGELA's) are settings of that method, named the same way.
+:mod:`protofl.records`) grouped by method. Each part of the recipe is stated as most runs
+have it; the methods whose runs differ follow with their values ("fedge, fedgela:
+gradient clip 20 (the method's own)": a method's own setting beside the shared recipe,
+its gradient clip in ``algorithm.clip_grad``, is named the same way).
 """
 from __future__ import annotations
 
@@ -136,22 +136,21 @@ def evaluation(cfg: Config) -> str:
     return text
 
 
-# (what, how a config says it); in the order a page states them
-PARTS: tuple[tuple[str, Callable[[Config], str]], ...] = (
-    ("optimizer", optimizer), ("schedule", schedule), ("clip", clip), ("local work", local_work),
-    ("federation", federation), ("data", data), ("partition", partition), ("evaluation", evaluation))
+# how a config says each part of the recipe, in the order a page states them
+PARTS: tuple[Callable[[Config], str], ...] = (
+    optimizer, schedule, clip, local_work, federation, data, partition, evaluation)
 
 
 def recipe_lines(runs: Mapping[str, Iterable[Config]], what: str = "runs") -> list[str]:
-    """The recipe of ``runs`` (method label -> its runs' configs): one line of what they
-    share, then one line per setting that some methods' runs change ("except fedgela,
-    fedge: gradient clip 20 (the method's own)"). Every word comes from the configs."""
+    """The recipe of ``runs`` (method label -> its runs' configs): one line with each part
+    as most runs have it, then, where some methods' runs differ, one line naming them with
+    their values. Every word comes from the configs."""
     per: dict[str, list[Config]] = {label: list(cfgs) for label, cfgs in runs.items()}
     total = sum(len(v) for v in per.values())
     if not total:
         return []
     common, changes = [], []
-    for _, how in PARTS:
+    for how in PARTS:
         texts = {label: Counter(how(c) for c in cfgs) for label, cfgs in per.items() if cfgs}
         overall = Counter()
         for c in texts.values():

@@ -381,18 +381,17 @@ def markdown_page(res: Results, date: Optional[str] = None, mach: Optional[str] 
 def recipe_block(res: Results) -> list[str]:
     """Each setting's recipe, read from the configs of its runs on the cells' seeds
     (protofl.report.recipe): what the runs did, whatever the notes above say."""
-    import yaml
-
     from ..report.recipe import recipe_lines
-    from ..run_folder import CONFIG
+    from ..run_folder import read_config
 
     out = []
     for sp in res.plan.settings:
         used = set(res.seeds.get(sp.setting.id, []))
         per: dict[str, list[dict]] = {}
         for r in sp.runs:
-            if r.seed in used and (r.dir / CONFIG).is_file():
-                per.setdefault(r.label, []).append(yaml.safe_load((r.dir / CONFIG).read_text()))
+            cfg = read_config(r.dir) if r.seed in used else None
+            if cfg is not None:
+                per.setdefault(r.label, []).append(cfg)
         lines = recipe_lines(per)
         if lines:
             out += [f"**{sp.setting.label}.** " + " ".join(lines)]

@@ -116,6 +116,7 @@ class Paired:
     shift: float = 0.0
     constant: bool = False  # every seed gave the same d: no t statistic
     step: Optional[float] = None  # one test sample (points), looked up for a constant d
+    effect: float = 0.0  # the minimum effect p_for and w_for test against (shift + effect); p_against: shift
 
     def interval(self) -> str:
         lo, hi = self.ci90
@@ -128,9 +129,11 @@ class Paired:
             one = "of unknown size" if self.step is None else f"{self.step:.3g} pts"
             past = f"beyond {self.shift:+g} pts" if self.shift else "in size"
             counts = "it is" if min(self.p_for, self.p_against) == 0 else "it is not"
+            claim = f" (a difference counts for the claim only at {self.effect:g} pts or more)" if self.effect else ""
             return (f"zero spread, so no t-test: a constant difference counts only when at least one test "
-                    f"sample ({one}) {past}; {counts}")
-        against = f" against {self.shift:+g} pts" if self.shift else ""
+                    f"sample ({one}) {past}; {counts}{claim}")
+        against = f" against {self.shift:+g} pts" if self.shift else \
+            (f" of > {self.effect:g} pts" if self.effect else "")
         return (f"one-sided paired t-test{against} p = {_p(self.p_for)}, the opposite {_p(self.p_against)}; "
                 f"Wilcoxon p = {_p(self.w_for)} / {_p(self.w_against)}")
 
@@ -245,14 +248,10 @@ def greater(a: dict[int, Optional[float]], b: dict[int, Optional[float]], step: 
     if len(d) < MIN_SEEDS:
         return _too_few(len(d))
     p = paired(d, step, shift)
-    if not min_effect:
-        return Verdict(_three_way(p.p_for, p.p_against), p.text(), [p], p=p.p_for)
-    past = paired(d, step, shift + min_effect)  # shown: the interval lies above the minimum effect
-    p.p_for, p.w_for = past.p_for, past.w_for
-    text = p.text().replace("one-sided paired t-test p", f"one-sided paired t-test of > {min_effect:g} pts p", 1)
-    if p.constant:
-        text += f" (a difference counts for the claim only at {min_effect:g} pts or more)"
-    return Verdict(_three_way(p.p_for, p.p_against), text, [p], p=p.p_for)
+    if min_effect:  # shown: the interval lies above the minimum effect; contradicted: below shift
+        past = paired(d, step, shift + min_effect)
+        p.p_for, p.w_for, p.effect = past.p_for, past.w_for, min_effect
+    return Verdict(_three_way(p.p_for, p.p_against), p.text(), [p], p=p.p_for)
 
 
 def not_worse(a: dict[int, Optional[float]], b: dict[int, Optional[float]], margin: float,

@@ -49,7 +49,7 @@ import inspect
 import math
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
-from typing import Any, Callable, ClassVar, Iterable, Mapping, Optional, Protocol, Sequence, Union
+from typing import Any, Callable, ClassVar, Generator, Generic, Iterable, Mapping, Optional, Protocol, Sequence, TypeVar, Union, cast
 
 import torch
 from torch import nn
@@ -63,10 +63,12 @@ from .serveropt import server_step
 # every method by its name; a method module registers its classes with @register (the
 # package imports every module in it), a third-party package through the entry points of
 # the group "protofl.algorithms" (registry.py)
-ALGORITHMS: Registry = Registry("algorithm", "protofl.algorithms")
+ALGORITHMS: Registry[type[Algorithm[Any]]] = Registry("algorithm", "protofl.algorithms")
+
+M = TypeVar("M", bound="type[Algorithm[Any]]")
 
 
-def register(cls: type) -> type:
+def register(cls: M) -> M:
     """Class decorator: add a method to :data:`ALGORITHMS` under its ``name``."""
     ALGORITHMS.add(cls.name, cls)
     return cls
@@ -98,7 +100,7 @@ class TaskInfo:
     num_classes: int
     num_clients: int
     feature_dim: int
-    input_shape: tuple
+    input_shape: tuple[int, ...]
     seed: int
     rounds: int
 
@@ -117,7 +119,7 @@ class WeightsState:
     # the server optimizer's moments (serveropt.py; None: none yet, or ``server_opt: none``).
     # Keyword-only with a default, so every method's own fields keep their positions; a
     # class attribute, so a state saved before it existed reads None
-    server_opt_state: Optional[dict] = field(default=None, kw_only=True)
+    server_opt_state: Optional[dict[str, Any]] = field(default=None, kw_only=True)
 
 
 @dataclass
@@ -134,7 +136,7 @@ LossFn = Callable[[nn.Module, torch.Tensor, torch.Tensor, Mapping[str, Any]], to
 # grad(grads, extras, params) -> grads: a transform of the minibatch gradient by parameter
 # name, applied before clipping and the optimizer step (SCAFFOLD's corrected gradient);
 # ``params``: the current values of the moving parameters, by name (APFL's projected alpha)
-GradFn = Callable[[dict, Mapping[str, Any], dict], dict]
+GradFn = Callable[[dict[str, torch.Tensor], Mapping[str, Any], dict[str, torch.Tensor]], dict[str, torch.Tensor]]
 
 
 def cross_entropy(model: nn.Module, x: torch.Tensor, y: torch.Tensor, extras: Mapping[str, Any]) -> torch.Tensor:
@@ -145,18 +147,22 @@ def cross_entropy(model: nn.Module, x: torch.Tensor, y: torch.Tensor, extras: Ma
 # ---------------------------------------------------------------------------------------
 # what client_update awaits
 # ---------------------------------------------------------------------------------------
-class Request:
-    """What ``client_update`` awaits: a piece of work the engine runs (:class:`Fit`,
-    :class:`Features`). ``ctx.fit(...)`` and ``ctx.features(...)`` make them; awaiting one
-    hands it to the executor that drives ``client_update`` and gives back its answer."""
+A = TypeVar("A")  # what a request is answered with
 
-    def __await__(self):
+
+class Request(Generic[A]):
+    """What ``client_update`` awaits: a piece of work the engine runs (:class:`Fit`,
+    :class:`Features`), answered with an ``A``. ``ctx.fit(...)`` and ``ctx.features(...)``
+    make them; awaiting one hands it to the executor that drives ``client_update`` and
+    gives back its answer."""
+
+    def __await__(self) -> Generator["Request[A]", A, A]:
         answer = yield self
         return answer
 
 
 @dataclass
-class Fit(Request):
+class Fit(Request["Fitted"]):
     """Local training (``await ctx.fit(...)``), answered with :class:`Fitted`.
 
     ``weights``: the full state dict to start from. ``loss``: the objective (see
@@ -176,7 +182,7 @@ class Fit(Request):
     extras: Mapping[str, Any] = field(default_factory=dict)
     trainable: Optional[tuple[str, ...]] = None
     grad: Optional[GradFn] = None
-    step_extras: Optional[Callable[[Sequence[int]], dict]] = None
+    step_extras: Optional[Callable[[Sequence[int]], dict[str, torch.Tensor]]] = None
     settings: Mapping[str, Any] = field(default_factory=dict)
     report: bool = True
 
@@ -191,7 +197,7 @@ class Fitted:
 
 
 @dataclass
-class Features(Request):
+class Features(Request[torch.Tensor]):
     """Features (``await ctx.features(...)``): ``model.<part>`` with ``weights`` applied in
     eval mode to ``x`` (None: the client's training inputs); the answer is (n, d)."""
 
@@ -263,7 +269,7 @@ class ClientContext(Protocol):
 
     def trainable(self, weights: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]: ...
 
-    def fit(self, weights: Mapping[str, torch.Tensor], loss: LossFn = ..., **options) -> Fit:
+    def fit(self, weights: Mapping[str, torch.Tensor], loss: LossFn = ..., **options: Any) -> Fit:
         """``await`` it: a :class:`Fit` answered with :class:`Fitted`."""
 
     def features(self, weights: Mapping[str, torch.Tensor], part: str = "body",
@@ -299,7 +305,16 @@ class ClientResult:
 # ---------------------------------------------------------------------------------------
 # the method
 # ---------------------------------------------------------------------------------------
-class Algorithm(ABC):
+S = TypeVar("S")  # a method's server state (its own dataclass)
+WS = TypeVar("WS", bound=WeightsState)  # the server state of a method with one global model
+
+
+class Algorithm(ABC, Generic[S]):
+    """A federated method, generic in its server state ``S`` (``class FedX(Algorithm[FedXState])``).
+
+    A client's state is always a :class:`~protofl.messages.Record` (or None): the engine keeps,
+    checkpoints and ships it (Ray, Flower), so it is not a type parameter."""
+
     name: ClassVar[str] = "?"
     family: ClassVar[str] = "other"  # one of FAMILIES
     Hyper: ClassVar[type] = NoHyper
@@ -328,7 +343,7 @@ class Algorithm(ABC):
         self.hp = hp
         self.info = info
 
-    def __init_subclass__(cls, **kwargs) -> None:
+    def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
         update = cls.__dict__.get("client_update")
         if update is not None and not inspect.iscoroutinefunction(update):
@@ -342,23 +357,23 @@ class Algorithm(ABC):
 
     # -- server half ---------------------------------------------------------------------
     @abstractmethod
-    def server_init(self, ctx: ServerContext) -> Any:
+    def server_init(self, ctx: ServerContext) -> S:
         """The server state before round 1."""
 
     @abstractmethod
-    def configure(self, state: Any, rnd: int, ctx: ServerContext) -> Record:
+    def configure(self, state: S, rnd: int, ctx: ServerContext) -> Record:
         """The round's broadcast: what every client sampled in round ``rnd`` receives."""
 
-    def configure_client(self, state: Any, rnd: int, cid: int, ctx: ServerContext) -> Optional[Record]:
+    def configure_client(self, state: S, rnd: int, cid: int, ctx: ServerContext) -> Optional[Record]:
         """What client ``cid`` alone receives in round ``rnd``, on top of the broadcast
         (None, the default: nothing)."""
         return None
 
     @abstractmethod
-    def aggregate(self, state: Any, rnd: int, replies: list[tuple[int, Record]], ctx: ServerContext) -> Any:
+    def aggregate(self, state: S, rnd: int, replies: list[tuple[int, Record]], ctx: ServerContext) -> S:
         """The new server state from the replies that arrived (in client-id order; possibly none)."""
 
-    def global_predictor(self, state: Any, ctx: ServerContext) -> Optional[Predictors]:
+    def global_predictor(self, state: S, ctx: ServerContext) -> Optional[Predictors]:
         """The global model's predictor (GM, GA); None for a method without one."""
         return None
 
@@ -397,7 +412,7 @@ class Algorithm(ABC):
         personalized predictor."""
 
 
-class Diagnostics:
+class Diagnostics(Generic[S]):
     """Optional hooks: what the engine saves and logs beside a method's own work. A method
     derives from this class and overrides what it has; the others answer None.
 
@@ -415,17 +430,17 @@ class Diagnostics:
     the replies' model weights (``Record.weights``) of every method that averages weights.
     """
 
-    def model_weights(self, state: Any) -> Optional[dict[str, torch.Tensor]]:
+    def model_weights(self, state: S) -> Optional[dict[str, torch.Tensor]]:
         return None
 
-    def class_vectors(self, state: Any) -> Optional[torch.Tensor]:
+    def class_vectors(self, state: S) -> Optional[torch.Tensor]:
         return None
 
-    def cluster_assignment(self, state: Any) -> Optional[Sequence[int]]:
+    def cluster_assignment(self, state: S) -> Optional[Sequence[int]]:
         return None
 
 
-class GlobalModel(Algorithm, Diagnostics):
+class GlobalModel(Algorithm[WS], Diagnostics[WS]):
     """A method with one global model w (FedAvg's server half, Algorithm 1 of McMahan et al.):
 
         server_init: w_0, the run's initial weights
@@ -441,23 +456,24 @@ class GlobalModel(Algorithm, Diagnostics):
     have a ``weighting`` and derive from :class:`~protofl.algorithms.serveropt.ServerOptHyper`.
     Methods extend the server state with their own fields (``dataclasses.replace`` keeps
     them, the optimizer's moments included) and call ``super().aggregate``; a method with its
-    own aggregation passes its new model through ``server_update``.
+    own aggregation passes its new model through ``server_update``. Generic in its state
+    ``WS`` (a :class:`WeightsState`): a method with its own fields makes its own in
+    ``server_init``.
     """
 
-    def server_init(self, ctx: ServerContext) -> WeightsState:
-        return WeightsState(ctx.init_weights())
+    def server_init(self, ctx: ServerContext) -> WS:
+        return cast(WS, WeightsState(ctx.init_weights()))
 
-    def configure(self, state: WeightsState, rnd: int, ctx: ServerContext) -> Record:
+    def configure(self, state: WS, rnd: int, ctx: ServerContext) -> Record:
         return Record(weights=state.weights)
 
-    def aggregate(self, state: WeightsState, rnd: int, replies: list[tuple[int, Record]],
-                  ctx: ServerContext) -> WeightsState:
+    def aggregate(self, state: WS, rnd: int, replies: list[tuple[int, Record]], ctx: ServerContext) -> WS:
         avg = average((r for _, r in replies), self.hp.weighting)
         if not avg:
             return state  # nobody arrived: keep w_t
         return self.server_update(state, avg, ctx)
 
-    def server_update(self, state: WeightsState, x_bar: Mapping[str, torch.Tensor], ctx: ServerContext) -> Any:
+    def server_update(self, state: WS, x_bar: Mapping[str, torch.Tensor], ctx: ServerContext) -> WS:
         """``state`` with w_{t+1} from w_t and the round's aggregate ``x_bar`` (the entries the
         replies carried; the others keep w_t's): ``x_bar`` itself with ``server_opt: none``,
         else one step of the server optimizer on Delta_t = x_bar - w_t (serveropt.py)."""
@@ -468,10 +484,10 @@ class GlobalModel(Algorithm, Diagnostics):
         weights, moments = server_step(self.hp, state.weights, x_bar, state.server_opt_state, self._param_names)
         return dataclasses.replace(state, weights=weights, server_opt_state=moments)
 
-    def global_predictor(self, state: WeightsState, ctx: ServerContext):
+    def global_predictor(self, state: WS, ctx: ServerContext) -> Optional[Predictors]:
         return ctx.shared_model(state.weights)
 
-    def model_weights(self, state: WeightsState) -> Optional[dict[str, torch.Tensor]]:
+    def model_weights(self, state: WS) -> Optional[dict[str, torch.Tensor]]:
         return state.weights if self.has_global_model else None
 
 
@@ -519,7 +535,11 @@ def weighted_mean(items: Iterable[tuple[float, Mapping[str, torch.Tensor]]]) -> 
 def reply_weight(reply: Record, weighting: str) -> float:
     """A reply's aggregation weight: its client's training samples n_k (``samples``) or 1
     (``uniform``)."""
-    return float(reply.num_samples) if weighting == "samples" else 1.0
+    if weighting != "samples":
+        return 1.0
+    if reply.num_samples is None:  # the engine attaches every reply's count
+        raise ValueError("a reply without its sample count (Record.num_samples)")
+    return float(reply.num_samples)
 
 
 def average(replies: Iterable[Record], weighting: str,

@@ -42,11 +42,13 @@ install-cuda: $(BIN)/python
 demo: install
 	$(BIN)/protofl demo
 
-# the linter first (ruff, configured in pyproject.toml: zero findings), then the suite in two
-# parts: the in-process tests on two workers (pytest-xdist), then, one after another, the
-# tests that start real Flower, Ray and pip processes (they time their processes)
+# the linter and the type checker first (ruff and mypy, configured in pyproject.toml: zero
+# findings), then the suite in two parts: the in-process tests on two workers (pytest-xdist),
+# then, one after another, the tests that start real Flower, Ray and pip processes (they
+# time their processes)
 test: install-dev
 	$(BIN)/ruff check src tests benchmarks examples
+	$(BIN)/mypy
 	$(BIN)/pytest -n 2 -m "not (flower or ray or soak or wheel)"
 	$(BIN)/pytest -m "flower or ray or soak or wheel"
 

@@ -35,10 +35,10 @@ from .engine.privacy import check_privacy
 from .engine.server import ServerContext
 from .engine.simulation import run_dir_for, RunResult, Simulation
 from .engine.task import model_mismatch, Task
-from .engine.train import DIVERGED, NonFiniteLossError
+from .engine.train import NonFiniteLossError
 from .errors import ConfigError, one_line
 from . import run_folder
-from .run_folder import CHECKPOINT, COMPLETE, finished, METRICS, read_rows, read_summary, SUMMARY
+from .run_folder import CHECKPOINT, COMPLETE, DIVERGED, finished, METRICS, read_rows, read_summary, SUMMARY
 from .report import tables
 from .report.html import write_report
 

@@ -189,9 +189,9 @@ def cmd_reproduce(args) -> int:
                Path(args.records) if args.records else None)
     if args.dry_run:
         print(f"data: {p.spec.runs_on} ({p.spec.dataset})")
-        missing = R.data_missing(p)
-        if missing:
-            print("to fetch on first use: " + ", ".join(f"{n} into {root}" for n, root, _ in missing))
+        to_fetch = R.data_missing(p)
+        if to_fetch:
+            print("to fetch on first use: " + ", ".join(f"{n} into {root}" for n, root, _ in to_fetch))
         for sp in p.settings:
             print(f"{sp.setting.label}: {len(sp.runs)} runs, {sp.cfg.rounds} rounds -> {sp.out}")
             for r in sp.runs:
@@ -551,14 +551,14 @@ def _debug_after_commands(parser: argparse.ArgumentParser) -> None:
 
 # The error classes are imported only when an exception is matched (an except clause's
 # expression is evaluated then), so `--version` and `configs` do not import torch.
-def _bad_input_errors() -> tuple:
+def _bad_input_errors() -> tuple[type[BaseException], ...]:
     from .errors import InputError
     from .registry import UnknownNameError
 
     return InputError, UnknownNameError
 
 
-def _diverged_error() -> type:
+def _diverged_error() -> type[BaseException]:
     from .engine.train import NonFiniteLossError
 
     return NonFiniteLossError

@@ -24,7 +24,7 @@ import os
 import shutil
 import sys
 from pathlib import Path
-from typing import Optional
+from typing import cast, Optional
 
 import numpy as np
 import torch
@@ -34,6 +34,7 @@ from .config import Config, from_dict
 from .engine.checkpoint import load_torch
 from .engine.server import ServerContext
 from .engine.task import Task
+from .models.base import FLModel
 from .report import tables
 from .report.plots import curves
 
@@ -122,16 +123,18 @@ def _groups(out: Path) -> dict[str, list[str]]:
     return json.loads((out / "compare.json").read_text())["groups"]
 
 
-def global_features(run_dir: Path, cfg: Config, max_points: int = 3000, seed: int = 0):
+def global_features(run_dir: Path, cfg: Config, max_points: int = 3000,
+                    seed: int = 0) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """A finished run's global model on its test set: (features (N, 2), labels (N,),
     head rows (C, d) = the class prototype directions). At most ``max_points`` test points.
     (Used by benchmarks/fixed_heads/spiral.py.)"""
     task = Task.build(cfg)
-    model = ServerContext(task).shared_model(load_torch(Path(run_dir) / "model.pt"))
+    model = cast(FLModel, ServerContext(task).shared_model(load_torch(Path(run_dir) / "model.pt")))
     ds = task.fed.dataset
     idx = np.random.default_rng(seed).permutation(len(ds.y_test))[:max_points]
     x = ds.normalize(ds.x_test[torch.from_numpy(idx)])
     model.eval()
     with torch.inference_mode():
         h = model.body(x)
-    return h.numpy(), ds.y_test[torch.from_numpy(idx)].numpy(), model.head.weight.detach().numpy().copy()
+    head_rows = cast(torch.Tensor, model.head.weight)  # (C, d): a fixed head's or a linear head's
+    return h.numpy(), ds.y_test[torch.from_numpy(idx)].numpy(), head_rows.detach().numpy().copy()

@@ -78,10 +78,10 @@ class WriteError(OSError):
     """
 
 
-def one_line(text: str, limit: int = 400) -> str:
+def one_line(text: object, limit: int = 400) -> str:
     """Collapse a message to one line (library messages such as zlib's or YAML's span several)."""
-    text = " ".join(str(text).split())
-    return text if len(text) <= limit else text[: limit - 3] + "..."
+    line = " ".join(str(text).split())
+    return line if len(line) <= limit else line[: limit - 3] + "..."
 
 
 # -- a full disk ---------------------------------------------------------------------------

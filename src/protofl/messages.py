@@ -40,19 +40,19 @@ class Record:
         for k, v in self.weights.items():
             if not isinstance(v, torch.Tensor):
                 raise TypeError(f"Record.weights[{k!r}] must be a torch.Tensor, got {type(v).__name__}")
-        for k, v in self.arrays.items():
-            group = v if isinstance(v, dict) else {"": v}
+        for k, a in self.arrays.items():
+            group = a if isinstance(a, dict) else {"": a}
             for name, t in group.items():
                 if not isinstance(t, torch.Tensor):
                     where = f"[{k!r}]" + (f"[{name!r}]" if name else "")
                     raise TypeError(f"Record.arrays{where} must be a torch.Tensor or a dict of them, "
                                     f"got {type(t).__name__}")
-        for k, v in self.metrics.items():
-            if isinstance(v, bool) or not isinstance(v, (int, float)):
-                raise TypeError(f"Record.metrics[{k!r}] must be int or float, got {type(v).__name__}")
-        for k, v in self.config.items():
-            if not isinstance(v, (str, int, float, bool)):
-                raise TypeError(f"Record.config[{k!r}] must be str/int/float/bool, got {type(v).__name__}")
+        for k, m in self.metrics.items():
+            if isinstance(m, bool) or not isinstance(m, (int, float)):
+                raise TypeError(f"Record.metrics[{k!r}] must be int or float, got {type(m).__name__}")
+        for k, c in self.config.items():
+            if not isinstance(c, (str, int, float, bool)):
+                raise TypeError(f"Record.config[{k!r}] must be str/int/float/bool, got {type(c).__name__}")
         if self.num_samples is not None and (isinstance(self.num_samples, bool)
                                              or not isinstance(self.num_samples, int)):
             raise TypeError(f"Record.num_samples must be an int, got {type(self.num_samples).__name__}")
@@ -116,7 +116,7 @@ def expect_arrays(reply: Record, *names: str) -> Optional[str]:
     return f"the reply must carry the array{'s' if len(names) > 1 else ''} {listed}"
 
 
-def expect_shapes(reply: Record, **shapes: tuple) -> Optional[str]:
+def expect_shapes(reply: Record, **shapes: tuple[int, ...]) -> Optional[str]:
     """For a method's ``check_reply``: each named array, when present, has this shape
     (``-1`` matches any size along that dimension)."""
     for name, shape in shapes.items():

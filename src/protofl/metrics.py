@@ -22,6 +22,7 @@ from __future__ import annotations
 from typing import Iterable, Sequence
 
 import numpy as np
+import numpy.typing as npt
 
 
 def accuracy(correct: np.ndarray, count: np.ndarray) -> float:
@@ -93,7 +94,7 @@ def class_geometry(vectors: np.ndarray) -> tuple[float | None, list[list[float |
     return float(np.degrees(np.arccos(sub.max()))), cos
 
 
-def cluster_purity(assignment: Sequence[int], truth: Sequence[int]) -> float:
+def cluster_purity(assignment: npt.ArrayLike, truth: npt.ArrayLike) -> float:
     """Purity of a clustering: (1/N) sum over clusters of the size of its largest true
     group (1.0 = every cluster holds one group only)."""
     a, t = np.asarray(assignment), np.asarray(truth)

@@ -88,7 +88,9 @@ def copy_records(src: Path, dest: Path, only: Optional[Iterable[Path]] = None) -
         to = dest / rel
         have = finished(to)
         if have is not None:
-            if have.get("fingerprint") != finished(run).get("fingerprint") or results(to) != results(run):
+            ran = finished(run)
+            assert ran is not None  # runs holds finished runs only
+            if have.get("fingerprint") != ran.get("fingerprint") or results(to) != results(run):
                 raise InputError(f"{to}: a finished run that differs from {run} (another config or other "
                                  "results); remove one of them")
             continue

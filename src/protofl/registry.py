@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import warnings
 from importlib.metadata import entry_points
-from typing import Callable, Generic, Iterator, Optional, TypeVar
+from typing import Callable, cast, Generic, Iterator, Optional, TypeVar
 
 from .errors import InputError
 
@@ -47,7 +47,7 @@ class Registry(Generic[T]):
             return
         self._plugins_loaded = True
 
-        for ep in entry_points(group=self.group):
+        for ep in entry_points(group=cast(str, self.group)):  # a None group (reload=True) selects none
             if ep.name in self._items:
                 continue  # built-in names win; a plugin cannot replace them
             try:

@@ -8,6 +8,7 @@ or on whether the run was resumed from a checkpoint.
 from __future__ import annotations
 
 import zlib
+from typing import cast, SupportsInt
 
 import numpy as np
 import torch
@@ -16,7 +17,7 @@ import torch
 def _tag(key: object) -> int:
     if isinstance(key, str):
         return zlib.crc32(key.encode())
-    return int(key) + 1  # ints (rounds, client ids, -1 for "none") -> non-negative
+    return int(cast(SupportsInt, key)) + 1  # ints (rounds, client ids, -1 for "none") -> non-negative
 
 
 def seed_for(seed: int, *keys: object) -> int:

@@ -41,9 +41,9 @@ from .config import ceil_fraction, Config, ConfigError, from_dict, parse_overrid
 from .engine.callbacks import Callback, OverallProgress, short_metrics
 from .engine.checkpoint import save_text
 from .engine.executor import resolve_workers
-from .run_folder import CHECKPOINT, COMPLETE, SUCCEEDED
+from .run_folder import CHECKPOINT, COMPLETE, DIVERGED, SUCCEEDED
 from .engine.trackers import prepare_trackers
-from .engine.train import DIVERGED, NonFiniteLossError
+from .engine.train import NonFiniteLossError
 
 SWEEP = "sweep"
 
@@ -93,7 +93,7 @@ def plan(cfg: Config, grid: dict[str, list[Any]], seeds: list[int], out: Path,
     keys = list(grid)
     short = _short_keys(keys)
     runs: list[SweepRun] = []
-    method_items = list((methods or {None: None}).items())
+    method_items: list[tuple[Optional[str], Optional[dict]]] = list(methods.items()) if methods else [(None, None)]
     for mlabel, method in method_items:
         for combo in itertools.product(*(grid[k] for k in keys)):
             ov = dict(zip(keys, combo))

@@ -58,6 +58,7 @@ from __future__ import annotations
 
 import copy
 from dataclasses import dataclass
+from typing import Any, cast, Mapping
 
 import torch
 from torch import nn
@@ -67,7 +68,7 @@ from torch.nn import functional as F
 from ..errors import require
 from ..messages import Record
 from ..nn.inner import projected_direction
-from .base import register
+from .base import ClientContext, Fitted, register, WeightsState
 from .fedavg import FedAvgHyper
 from .fedper import FedPer
 
@@ -86,19 +87,21 @@ class APFLHyper(FedAvgHyper):
 def mixed_logits(model: nn.Module, x: torch.Tensor) -> torch.Tensor:
     """v-bar(x) with v-bar = a v + (1 - a) sg(w), a = clip(alpha, 0, 1) with a straight-through
     gradient: the personalized model's logits."""
-    alpha = model.alpha
+    alpha = cast(torch.Tensor, model.alpha)
     a = alpha + (alpha.clamp(0.0, 1.0) - alpha).detach()
     shared = {k: p for k, p in model.named_parameters() if not k.startswith((V, ALPHA))}
-    mixed = {k: a * p + (1 - a) * shared[k].detach() for k, p in model.v.named_parameters()}
-    return functional_call(model.v, mixed, (x,))
+    v = cast(nn.Module, model.v)
+    mixed = {k: a * p + (1 - a) * shared[k].detach() for k, p in v.named_parameters()}
+    return cast(torch.Tensor, functional_call(v, mixed, (x,)))
 
 
-def apfl_loss(model: nn.Module, x: torch.Tensor, y: torch.Tensor, extras) -> torch.Tensor:
+def apfl_loss(model: nn.Module, x: torch.Tensor, y: torch.Tensor, extras: Mapping[str, Any]) -> torch.Tensor:
     """f_i(w) + f_i(v-bar): w by its own loss, v and alpha by the mixture's."""
     return F.cross_entropy(model(x), y) + F.cross_entropy(mixed_logits(model, x), y)
 
 
-def projected_alpha(grads: dict, extras, params: dict) -> dict:
+def projected_alpha(grads: dict[str, torch.Tensor], extras: Mapping[str, Any],
+                    params: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
     """The fit's gradient transform: alpha's gradient g becomes (alpha - clip(alpha - eta g,
     0, 1)) / eta (eta = ``extras["lr"]``), so that a plain SGD step projects alpha onto
     [0, 1]; the other gradients pass unchanged."""
@@ -120,7 +123,7 @@ class Mixture(nn.Module):
 
 
 @register
-class APFL(FedPer):
+class APFL(FedPer[WeightsState]):
     name = "apfl"
     Hyper = APFLHyper
     has_global_model = True
@@ -131,12 +134,12 @@ class APFL(FedPer):
         model.alpha = nn.Parameter(torch.tensor(float(self.hp.alpha)))
         return model
 
-    async def local_training(self, weights, msg: Record, ctx):
+    async def local_training(self, weights: dict[str, torch.Tensor], msg: Record, ctx: ClientContext) -> Fitted:
         moving = None if self.hp.adaptive else ("body.", "head.", V)  # alpha fixed: out of the optimizer
         lr = torch.tensor(float(ctx.lr), device=ctx.data[1].device)
         fitted = await ctx.fit(weights, apfl_loss, trainable=moving, grad=projected_alpha, extras={"lr": lr})
         fitted.weights[ALPHA].clamp_(0.0, 1.0)  # (a no-op for plain SGD: the steps projected alpha already)
         return fitted
 
-    def personalized(self, model, msg: Record, ctx) -> nn.Module:
+    def personalized(self, model: nn.Module, msg: Record, ctx: ClientContext) -> nn.Module:
         return Mixture(model)

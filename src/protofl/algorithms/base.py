@@ -49,7 +49,8 @@ import inspect
 import math
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
-from typing import Any, Callable, ClassVar, Generator, Generic, Iterable, Mapping, Optional, Protocol, Sequence, TypeVar, Union, cast
+from typing import (TYPE_CHECKING, Any, Callable, cast, ClassVar, Generator, Generic, Iterable, Mapping, Optional,
+                    Protocol, Sequence, TypeVar, Union)
 
 import torch
 from torch import nn
@@ -58,6 +59,9 @@ from torch.nn import functional as F
 from ..messages import Record
 from ..registry import Registry
 from .serveropt import server_step
+
+if TYPE_CHECKING:
+    from ..models.base import FLModel
 
 
 # every method by its name; a method module registers its classes with @register (the
@@ -132,7 +136,7 @@ class TrainStats:
 # loss(model, x, y, extras) -> scalar: the objective of one minibatch. ``model`` is the
 # client's architecture holding its current parameters (in the batched executor, one
 # client's slice of the stack), ``extras`` the client's own tensors given to ``ctx.fit``.
-LossFn = Callable[[nn.Module, torch.Tensor, torch.Tensor, Mapping[str, Any]], torch.Tensor]
+LossFn = Callable[["FLModel", torch.Tensor, torch.Tensor, Mapping[str, Any]], torch.Tensor]
 # grad(grads, extras, params) -> grads: a transform of the minibatch gradient by parameter
 # name, applied before clipping and the optimizer step (SCAFFOLD's corrected gradient);
 # ``params``: the current values of the moving parameters, by name (APFL's projected alpha)

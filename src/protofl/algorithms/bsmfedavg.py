@@ -23,18 +23,20 @@ prediction) are reported as ``@logits``.
 """
 from __future__ import annotations
 
+import torch
+
 from ..nn.losses import balanced_logits, relaxed_prior
-from .base import register
+from .base import ClientContext, register, WeightsState
 from .fedavg import FedAvg
 
 
 @register
-class BSMFedAvg(FedAvg):
+class BSMFedAvg(FedAvg[WeightsState]):
     name = "bsmfedavg"
     family = "calibrated softmax"
 
-    def logit_adjustment(self, ctx):
+    def logit_adjustment(self, ctx: ClientContext) -> torch.Tensor:
         return relaxed_prior(ctx.class_counts, 0.0).to(ctx.data[1].device)  # (C,) pi_kc = n_kc / n_k
 
-    def adjust_logits(self, z, prior):
+    def adjust_logits(self, z: torch.Tensor, prior: torch.Tensor) -> torch.Tensor:
         return balanced_logits(z, prior)  # the balanced softmax

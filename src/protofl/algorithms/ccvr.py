@@ -50,15 +50,15 @@ from __future__ import annotations
 import copy
 import dataclasses
 from dataclasses import dataclass
-from typing import Optional
+from typing import cast, Optional, Sequence, TYPE_CHECKING, Union
 
 import torch
 from torch import nn
 
 from ..errors import ConfigError, require, require_size
-from ..messages import Record, expect_shapes
+from ..messages import Arrays, Record, expect_shapes
 from ..nn.prototypes import class_means
-from .base import ClientResult, register, WeightsState
+from .base import ClientContext, ClientResult, Predictors, register, ServerContext, WeightsState
 from .creff import retrain_linear
 from .fedavg import FedAvg, FedAvgHyper
 
@@ -101,14 +101,15 @@ def class_statistics(z: torch.Tensor, y: torch.Tensor, num_classes: int
     return mu, cov, n
 
 
-def global_gaussians(mu, cov, n) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+def global_gaussians(mu: Union[torch.Tensor, Sequence[torch.Tensor]], cov: Union[torch.Tensor, Sequence[torch.Tensor]],
+                     n: Union[torch.Tensor, Sequence[torch.Tensor]]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """The pooled per-class mean (C, d), covariance (C, d, d) and count (C,) of K clients'
     statistics: mu (K, C, d), cov (K, C, d, d) (unbiased) and n (K, C), stacked tensors or
     sequences of the clients' own; in float64, one client at a time (memory C d^2).
 
     The covariance of the union of the clients' samples of a class, exactly; zero for a
     class with fewer than 2 samples in all, and mean 0 for one with none."""
-    N = sum(n_k.double() for n_k in n)  # (C,)
+    N = cast(torch.Tensor, sum(n_k.double() for n_k in n))  # (C,)
     mean = sum(n_k.double().unsqueeze(1) * mu_k.double() for mu_k, n_k in zip(mu, n)) / N.clamp(min=1).unsqueeze(1)
     scatter = -N[:, None, None] * mean.unsqueeze(2) * mean.unsqueeze(1)  # sum_i (z_i - mu_c)(z_i - mu_c)^T:
     for mu_k, cov_k, n_k in zip(mu, cov, n):  # + sum_k (N_k - 1) Sigma_k + N_k mu_k mu_k^T
@@ -129,23 +130,29 @@ def virtual_features(mean: torch.Tensor, Sigma: torch.Tensor, eps: torch.Tensor)
     not (the eigenvectors of nearly equal eigenvalues turn freely under a rounding-sized
     change of Sigma), so the same noise gave other draws on another executor or machine."""
     lam, V = torch.linalg.eigh(Sigma.double())
-    A = (V * lam.clamp(min=0).sqrt().unsqueeze(1)) @ V.transpose(1, 2)  # (P, d, d), symmetric
+    A: torch.Tensor = (V * lam.clamp(min=0).sqrt().unsqueeze(1)) @ V.transpose(1, 2)  # (P, d, d), symmetric
     return mean.double().unsqueeze(1) + eps.double() @ A
 
 
 # ---------------------------------------------------------------------------------------
-class CalibratedEachRound(FedAvg):
+class CalibratedEachRound(FedAvg[CalibratedState]):
     """FedAvg's training, and a global model whose classifier the server calibrates every
     round from statistics of the features of the model the round's clients received
     (CCVR; SphereFed). Subclasses give ``statistics`` (client) and ``calibrate`` (server)."""
 
     head_keys: tuple[str, ...] = ("head.weight", "head.bias")  # the entries calibration replaces
 
-    def server_init(self, ctx) -> CalibratedState:
+    if TYPE_CHECKING:  # what the subclasses give
+        def statistics(self, z: torch.Tensor, y: torch.Tensor) -> Arrays: ...
+
+        def calibrate(self, w: dict[str, torch.Tensor], replies: list[Record], rnd: int,
+                      ctx: ServerContext) -> dict[str, torch.Tensor]: ...
+
+    def server_init(self, ctx: ServerContext) -> CalibratedState:
         w = ctx.init_weights()
         return CalibratedState(w, dict(w), {k: w[k] for k in self.head_keys if k in w})
 
-    async def client_update(self, msg: Record, state: Optional[Record], ctx) -> ClientResult:
+    async def client_update(self, msg: Record, state: Optional[Record], ctx: ClientContext) -> ClientResult:
         z = await ctx.features(msg.weights, "body")  # w_t's features: the model calibrated
         stats = self.statistics(z, ctx.data[1])
         loss, extras = self.objective(msg, ctx)
@@ -156,7 +163,8 @@ class CalibratedEachRound(FedAvg):
     def reply_weights(self, weights: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
         return weights
 
-    def aggregate(self, state: CalibratedState, rnd, replies, ctx) -> CalibratedState:
+    def aggregate(self, state: CalibratedState, rnd: int, replies: list[tuple[int, Record]],
+                  ctx: ServerContext) -> CalibratedState:
         new = super().aggregate(state, rnd, replies, ctx)  # w_{t+1}, FedAvg's
         if new is state:
             return state  # nobody arrived
@@ -164,13 +172,13 @@ class CalibratedEachRound(FedAvg):
         own = {k: state.weights[k] for k in head}
         return dataclasses.replace(new, calibrated={**state.weights, **head}, head=own)
 
-    def global_predictor(self, state: CalibratedState, ctx):
+    def global_predictor(self, state: CalibratedState, ctx: ServerContext) -> Optional[Predictors]:
         model = ctx.shared_model(state.calibrated)
-        plain = copy.deepcopy(model.head)  # w_t's own classifier on the same body
+        plain = copy.deepcopy(cast(nn.Module, model.head))  # w_t's own classifier on the same body
         plain.load_state_dict({k[len("head."):]: v for k, v in state.head.items()})
-        return {"calibrated": model, "uncalibrated": nn.Sequential(model.body, plain)}
+        return {"calibrated": model, "uncalibrated": nn.Sequential(cast(nn.Module, model.body), plain)}
 
-    def model_weights(self, state: CalibratedState):
+    def model_weights(self, state: CalibratedState) -> Optional[dict[str, torch.Tensor]]:
         return state.calibrated
 
 
@@ -181,7 +189,7 @@ class CCVR(CalibratedEachRound):
     reply_arrays = ("mean", "cov", "counts")  # besides w_k
     Hyper = CCVRHyper
 
-    def server_init(self, ctx) -> CalibratedState:
+    def server_init(self, ctx: ServerContext) -> CalibratedState:
         head = ctx.shared_model().head
         if not isinstance(head, nn.Linear):
             raise ConfigError("algorithm.name", self.name,
@@ -192,25 +200,28 @@ class CCVR(CalibratedEachRound):
         C, d = self.info.num_classes, self.info.feature_dim
         return expect_shapes(reply, mean=(C, d), cov=(C, d, d), counts=(C,))
 
-    def statistics(self, z: torch.Tensor, y: torch.Tensor) -> dict[str, torch.Tensor]:
+    def statistics(self, z: torch.Tensor, y: torch.Tensor) -> Arrays:
         mean, cov, counts = class_statistics(z, y, self.info.num_classes)
         return {"mean": mean, "cov": cov, "counts": counts}
 
-    def calibrate(self, w: dict, replies: list[Record], rnd: int, ctx) -> dict[str, torch.Tensor]:
+    def calibrate(self, w: dict[str, torch.Tensor], replies: list[Record], rnd: int,
+                  ctx: ServerContext) -> dict[str, torch.Tensor]:
         """The classifier g^: g re-trained on M_c virtual features of each class present."""
         hp = self.hp
-        mean, Sigma, N = global_gaussians(*([r.arrays[k].to(ctx.device) for r in replies]
+        mean, Sigma, N = global_gaussians(*([cast(torch.Tensor, r.arrays[k]).to(ctx.device) for r in replies]
                                             for k in ("mean", "cov", "counts")))
         present = torch.nonzero(N > 0).flatten()  # (P,) the classes some arriving client holds
         rng = ctx.rng(rnd, "ccvr")
         d = mean.shape[1]
-        feats = [virtual_features(mean[[c]], Sigma[[c]],  # one class at a time: memory M d
+        draws = [virtual_features(mean[[c]], Sigma[[c]],  # one class at a time: memory M d
                                   torch.from_numpy(rng.standard_normal((1, hp.num_virtual, d))).to(ctx.device))[0]
                  for c in present.tolist()]
-        feats = torch.cat(feats) if feats else mean.new_zeros(0, d)  # (P M, d)
+        feats = torch.cat(draws) if draws else mean.new_zeros(0, d)  # (P M, d)
         W, b = w["head.weight"], w.get("head.bias")
         labels = torch.arange(len(present), device=W.device).repeat_interleave(hp.num_virtual)  # row of present
         W_p, b_p = retrain_linear(W[present], None if b is None else b[present], feats.to(W.dtype), labels,
                                   hp.calibration_epochs, hp.calibration_lr, hp.calibration_batch, rng)
         W = W.index_copy(0, present, W_p)  # absent classes keep their rows
-        return {"head.weight": W} if b is None else {"head.weight": W, "head.bias": b.index_copy(0, present, b_p)}
+        if b is None:
+            return {"head.weight": W}
+        return {"head.weight": W, "head.bias": b.index_copy(0, present, cast(torch.Tensor, b_p))}  # b given: b_p too

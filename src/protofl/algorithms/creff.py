@@ -52,7 +52,7 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass
-from typing import Literal, Optional
+from typing import cast, Literal, Optional
 
 import numpy as np
 import torch
@@ -63,7 +63,7 @@ from torch.func import functional_call
 from ..errors import ConfigError, require, require_size
 from ..messages import Record
 from ..nn.modes import eval_mode
-from .base import ClientResult, register, WeightsState
+from .base import ClientContext, ClientResult, Predictors, register, ServerContext, WeightsState
 from .fedavg import FedAvg
 from .serveropt import ServerOptHyper
 
@@ -141,12 +141,13 @@ def matching_loss(W: torch.Tensor, b: Optional[torch.Tensor], feats: torch.Tenso
     feats (C, M, d); targets {"weight": (C, O, d), "bias": (C, O)} the g_c; mask (C,) bool.
     """
     syn = linear_class_gradients(W, b, feats)
-    per_class = sum(row_cosine_distance(syn[k], targets[k]) for k in syn)
+    per_class = cast(torch.Tensor, sum(row_cosine_distance(syn[k], targets[k]) for k in syn))  # syn has "weight"
     return per_class[mask].sum()
 
 
 def retrain_linear(W: torch.Tensor, b: Optional[torch.Tensor], feats: torch.Tensor, labels: torch.Tensor,
-                   epochs: int, lr: float, batch: int, rng: np.random.Generator):
+                   epochs: int, lr: float, batch: int,
+                   rng: np.random.Generator) -> tuple[torch.Tensor, Optional[torch.Tensor]]:
     """Minibatch SGD on CE(h W^T + b, y) over (feats, labels), closed-form gradients."""
     W, b = W.clone(), (b.clone() if b is not None else None)
     onehot = F.one_hot(labels, W.shape[0]).to(feats.dtype)
@@ -164,14 +165,14 @@ def retrain_linear(W: torch.Tensor, b: Optional[torch.Tensor], feats: torch.Tens
 
 
 @register
-class CReFF(FedAvg):
+class CReFF(FedAvg[CReFFState]):
     name = "creff"
     family = "classifier calibration"
     reply_arrays = ("grad", "grad_mask")  # besides w_k: per-class classifier gradients
     Hyper = CReFFHyper
 
     # -- server ------------------------------------------------------------------------------
-    def server_init(self, ctx) -> CReFFState:
+    def server_init(self, ctx: ServerContext) -> CReFFState:
         w = ctx.init_weights()
         model = ctx.shared_model(w)
         if not isinstance(model.head, nn.Linear):
@@ -182,7 +183,7 @@ class CReFF(FedAvg):
         feats = torch.from_numpy(ctx.rng(0, "creff-features").standard_normal((C * M, d))).float()
         return CReFFState(w, head, feats.to(ctx.device))
 
-    def configure(self, state: CReFFState, rnd, ctx) -> Record:
+    def configure(self, state: CReFFState, rnd: int, ctx: ServerContext) -> Record:
         return Record(weights=state.weights, arrays={"head": state.head})  # w_t and W_re
 
     def check_reply(self, reply: Record, sent: Record) -> Optional[str]:
@@ -194,26 +195,30 @@ class CReFF(FedAvg):
         grads = reply.arrays.get("grad")
         if not isinstance(grads, dict):
             return "grad must be a group of per-class gradients"
-        head = sent.arrays["head"]  # W_re as sent: one class gradient per parameter of it
+        # W_re as sent: one class gradient per parameter of it
+        head = cast(dict[str, torch.Tensor], sent.arrays["head"])
         if set(grads) != set(head):
             return f"grad has {sorted(grads)}, the classifier sent has {sorted(head)}"
         bad = [k for k, g in grads.items() if tuple(g.shape) != (C, *head[k].shape)]
         return (f"class gradients {bad} do not have the shape (C, *parameter shape) = "
                 f"{[(C, *head[k].shape) for k in bad]}") if bad else None
 
-    def aggregate(self, state: CReFFState, rnd, replies, ctx) -> CReFFState:
+    def aggregate(self, state: CReFFState, rnd: int, replies: list[tuple[int, Record]],
+                  ctx: ServerContext) -> CReFFState:
         avg = super().aggregate(state, rnd, replies, ctx)
         if not replies:
             return state
         C, M = self.info.num_classes, self.hp.num_features
         # per class, the mean over the clients that sent it
-        sent = torch.stack([r.arrays["grad_mask"] for _, r in replies]).to(torch.float32)  # (K, C)
+        sent = torch.stack([cast(torch.Tensor, r.arrays["grad_mask"])
+                            for _, r in replies]).to(torch.float32)  # (K, C)
         n = sent.sum(0)  # (C,)
         mask = n > 0
-        targets = {}
+        grads = [cast(dict[str, torch.Tensor], r.arrays["grad"]) for _, r in replies]
+        targets: dict[str, torch.Tensor] = {}
         for k in state.head:
-            total = sum(r.arrays["grad"][k] * sent[j].view(-1, *[1] * (r.arrays["grad"][k].dim() - 1))
-                        for j, (_, r) in enumerate(replies))
+            total = cast(torch.Tensor, sum(g[k] * sent[j].view(-1, *[1] * (g[k].dim() - 1))
+                                           for j, g in enumerate(grads)))  # a tensor: replies is not empty
             targets[k] = total / n.clamp_min(1).view(-1, *[1] * (total.dim() - 1))
         W, b = state.head["weight"], state.head.get("bias")
         feats = state.features.detach().clone().view(C, M, -1).requires_grad_(True)
@@ -234,13 +239,14 @@ class CReFF(FedAvg):
         head = {"weight": W_re} if b_re is None else {"weight": W_re, "bias": b_re}
         return dataclasses.replace(avg, head=head, features=features)
 
-    def global_predictor(self, state: CReFFState, ctx):
+    def global_predictor(self, state: CReFFState, ctx: ServerContext) -> Predictors:
         weights = dict(state.weights)
         weights.update({"head." + k: v for k, v in state.head.items()})  # the re-trained classifier
         return ctx.shared_model(weights)
 
     # -- client ------------------------------------------------------------------------------
-    def real_gradients(self, model: nn.Module, head: dict[str, torch.Tensor], ctx) -> tuple[dict, torch.Tensor]:
+    def real_gradients(self, model: nn.Module, head: dict[str, torch.Tensor],
+                       ctx: ClientContext) -> tuple[dict[str, torch.Tensor], torch.Tensor]:
         """Per class, the mean of ``repeats`` classifier gradients on real features."""
         x, y = ctx.data
         C, hp = self.info.num_classes, self.hp
@@ -257,15 +263,16 @@ class CReFF(FedAvg):
                     if ctx.channels_last and xb.dim() == 4:
                         xb = xb.contiguous(memory_format=torch.channels_last)
                     with torch.no_grad():
-                        h = model.body(xb)
-                    for k, g in class_gradient(model.head, params, h, c).items():
+                        h: torch.Tensor = cast(nn.Module, model.body)(xb)
+                    for k, g in class_gradient(cast(nn.Module, model.head), params, h, c).items():
                         grads[k][c] += g / hp.repeats
                 mask[c] = 1
         return grads, mask
 
-    async def client_update(self, msg: Record, state: Optional[Record], ctx) -> ClientResult:
+    async def client_update(self, msg: Record, state: Optional[Record], ctx: ClientContext) -> ClientResult:
         w_t = msg.weights
-        grads, mask = self.real_gradients(ctx.shared_model(w_t), msg.arrays["head"], ctx)  # before training
+        head = cast(dict[str, torch.Tensor], msg.arrays["head"])
+        grads, mask = self.real_gradients(ctx.shared_model(w_t), head, ctx)  # before training
         fitted = await ctx.fit(w_t)  # FedAvg's local update
         reply = Record(weights=fitted.weights, arrays={"grad": grads, "grad_mask": mask})
         return ClientResult(reply, personal=ctx.shared_model(fitted.weights))

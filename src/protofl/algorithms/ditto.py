@@ -33,14 +33,16 @@ Defaults and deviations:
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Optional
+from typing import Any, cast, Mapping, Optional
 
+import torch
+from torch import nn
 from torch.nn import functional as F
 
 from ..errors import require
 from ..messages import Record
 from ..nn.losses import proximal
-from .base import ClientResult, register, weights_of
+from .base import ClientContext, ClientResult, register, weights_of, WeightsState
 from .fedavg import FedAvg, FedAvgHyper
 
 
@@ -56,15 +58,16 @@ class DittoHyper(FedAvgHyper):
 
 
 @register
-class Ditto(FedAvg):
+class Ditto(FedAvg[WeightsState]):
     name = "ditto"
     family = "personalization"
     Hyper = DittoHyper
 
-    def client_init(self, ctx) -> Record:
+    def client_init(self, ctx: ClientContext) -> Record:
         return Record(weights=weights_of(ctx.shared_model()))  # v_k^0 = w^0
 
-    async def client_update(self, msg: Record, state: Optional[Record], ctx) -> ClientResult:
+    async def client_update(self, msg: Record, state: Optional[Record], ctx: ClientContext) -> ClientResult:
+        assert state is not None  # client_init made it (v_k^0)
         w_t = msg.weights
         w_k = await ctx.fit(w_t)  # the global solver's local update (FedAvg)
         reply = Record(weights=w_k.weights)
@@ -73,10 +76,11 @@ class Ditto(FedAvg):
         v_k = await ctx.fit(state.weights, self.personal_loss, extras={"w_t": anchor}, **epochs)  # eq. 2, from v_k
         return ClientResult(reply, state=Record(weights=v_k.weights), personal=ctx.shared_model(v_k.weights))
 
-    def private_fits(self, evaluating: bool, final: bool = False) -> list[dict]:
+    def private_fits(self, evaluating: bool, final: bool = False) -> list[dict[str, Any]]:
         """The global solver's update and the personal model's (eq. 2), every turn."""
         return [{}, {} if self.hp.personal_epochs is None else {"epochs": self.hp.personal_epochs}]
 
-    def personal_loss(self, model, x, y, extras):
+    def personal_loss(self, model: nn.Module, x: torch.Tensor, y: torch.Tensor,
+                      extras: Mapping[str, Any]) -> torch.Tensor:
         """h_k(v; w_t) = CE + (lam / 2) sum ||v - w_t||^2 over the trainable parameters (eq. 2)."""
-        return F.cross_entropy(model(x), y) + 0.5 * self.hp.lam * proximal(model, extras["w_t"])
+        return cast(torch.Tensor, F.cross_entropy(model(x), y) + 0.5 * self.hp.lam * proximal(model, extras["w_t"]))

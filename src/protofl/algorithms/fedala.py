@@ -60,15 +60,16 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Optional
+from typing import Any, cast, Mapping, Optional
 
 import numpy as np
 import torch
+from torch import nn
 
 from ..errors import require
 from ..messages import Record
 from ..nn.inner import loss_grad_and_value, projected_direction, with_gradient
-from .base import ClientResult, register, trainable_names
+from .base import ClientContext, ClientResult, register, trainable_names, WeightsState
 from .fedavg import FedAvg, FedAvgHyper
 
 
@@ -90,13 +91,14 @@ class FedALAHyper(FedAvgHyper):
         require(self.max_init_epochs >= 1, f"{section}.max_init_epochs", self.max_init_epochs, "must be >= 1")
 
 
-def local_aggregation(local: dict, glob: dict, W: dict) -> dict:
+def local_aggregation(local: Mapping[str, torch.Tensor], glob: Mapping[str, torch.Tensor],
+                      W: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
     """Theta_i + (Theta - Theta_i) (.) W_i, entry by entry."""
     return {k: local[k] + (glob[k] - local[k]) * W[k] for k in W}
 
 
 @register
-class FedALA(FedAvg):
+class FedALA(FedAvg[WeightsState]):
     name = "fedala"
     family = "personalization"
     Hyper = FedALAHyper
@@ -104,7 +106,7 @@ class FedALA(FedAvg):
     # clipping and averaging would change it, and noise would push W_i out of [0, 1]
     couples_samples = True
 
-    def ala_loss(self, model, x, y, extras) -> torch.Tensor:
+    def ala_loss(self, model: nn.Module, x: torch.Tensor, y: torch.Tensor, extras: Mapping[str, Any]) -> torch.Tensor:
         """L(Theta^_i) with the gradient that makes one plain SGD step of size eta the
         projected step of the weight learning; the model's top parameter slots hold W_i."""
         local, glob = extras["local"], extras["global"]
@@ -113,7 +115,9 @@ class FedALA(FedAvg):
         g, value = loss_grad_and_value(model, W, x, y, lambda w: local_aggregation(local, glob, w))
         return with_gradient(value, W, projected_direction(W, g, self.hp.eta))
 
-    async def adaptive_local_aggregation(self, theta: dict, local: dict, W: dict, started: bool, ctx) -> dict:
+    async def adaptive_local_aggregation(self, theta: Mapping[str, torch.Tensor], local: Mapping[str, torch.Tensor],
+                                         W: Mapping[str, torch.Tensor], started: bool,
+                                         ctx: ClientContext) -> dict[str, torch.Tensor]:
         """Learn W_i (one epoch, or the start phase) and return it."""
         hp = self.hp
         top = list(W)
@@ -131,13 +135,13 @@ class FedALA(FedAvg):
                 break
         return {k: weights[k] for k in top}
 
-    async def client_update(self, msg: Record, state: Optional[Record], ctx) -> ClientResult:
+    async def client_update(self, msg: Record, state: Optional[Record], ctx: ClientContext) -> ClientResult:
         theta = msg.weights
         top = trainable_names(ctx.architecture)[-self.hp.layer_idx:]
         if state is None:  # first participation: Theta_i = Theta, W_i = 1, no ALA yet
             start, W, started = theta, {k: torch.ones_like(theta[k]) for k in top}, False
         else:
-            local, W = state.weights, state.arrays["W"]
+            local, W = state.weights, cast(dict[str, torch.Tensor], state.arrays["W"])  # a group it stored itself
             W = await self.adaptive_local_aggregation(theta, local, W, bool(state.config["started"]), ctx)
             start, started = {**theta, **local_aggregation(local, theta, W)}, True
         fitted = await ctx.fit(start)  # E epochs of SGD on CE from Theta^_i

@@ -20,14 +20,14 @@ client's local softmax, named ``local``), next to the plain logits (``@logits``)
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Callable, Literal, Optional
+from typing import Any, Callable, ClassVar, Literal, Mapping, Optional
 
 import torch
 from torch import nn
 from torch.nn import functional as F
 
 from ..messages import Record
-from .base import ClientResult, cross_entropy, Fitted, GlobalModel, LossFn, register
+from .base import ClientContext, ClientResult, cross_entropy, Fitted, GlobalModel, LossFn, register, WS
 from .serveropt import ServerOptHyper
 
 
@@ -48,24 +48,26 @@ class AdjustedLogits(nn.Module):
 
 
 @register
-class FedAvg(GlobalModel):
+class FedAvg(GlobalModel[WS]):
+    # generic in its server state WS for the subclasses with fields of their own
+    # (``class FedX(FedAvg[FedXState])``); FedAvg itself keeps a WeightsState
     name = "fedavg"
     family = "baselines"
-    Hyper = FedAvgHyper
-    reply_arrays = ()  # the trained weights only
+    Hyper: ClassVar[type] = FedAvgHyper
+    reply_arrays: ClassVar[Optional[tuple[str, ...]]] = ()  # the trained weights only
 
-    async def client_update(self, msg: Record, state: Optional[Record], ctx) -> ClientResult:
+    async def client_update(self, msg: Record, state: Optional[Record], ctx: ClientContext) -> ClientResult:
         loss, extras = self.objective(msg, ctx)
         fitted = await ctx.fit(msg.weights, loss, extras=extras)  # E epochs of SGD from w_t
         return self.result(fitted, ctx)
 
-    def objective(self, msg: Record, ctx) -> tuple[LossFn, dict[str, Any]]:
+    def objective(self, msg: Record, ctx: ClientContext) -> tuple[LossFn, dict[str, Any]]:
         """The local objective and the client's own tensors it reads: plain cross-entropy, or
         the cross-entropy of the adjusted logits. FedProx and others override this hook only."""
         t = self.logit_adjustment(ctx)
         return (cross_entropy, {}) if t is None else (self.adjusted_cross_entropy, {"adjust": t})
 
-    def result(self, fitted: Fitted, ctx) -> ClientResult:
+    def result(self, fitted: Fitted, ctx: ClientContext) -> ClientResult:
         """The reply (the trained weights) and the personalized model (the trained model)."""
         reply = Record(weights=fitted.weights)
         model = ctx.shared_model(fitted.weights)
@@ -75,7 +77,7 @@ class FedAvg(GlobalModel):
         return ClientResult(reply, personal=personal)
 
     # -- adjusted logits (FedRS, FedLC, BSM-FedAvg) -------------------------------------------
-    def logit_adjustment(self, ctx) -> Optional[torch.Tensor]:
+    def logit_adjustment(self, ctx: ClientContext) -> Optional[torch.Tensor]:
         """The client's own (C,) tensor ``t`` of its adjusted logits (e.g. its label counts);
         None (FedAvg) = plain softmax."""
         return None
@@ -84,5 +86,6 @@ class FedAvg(GlobalModel):
         """(B, C) logits -> the logits of the client's local softmax, given its ``t``."""
         return z
 
-    def adjusted_cross_entropy(self, model, x, y, extras) -> torch.Tensor:
+    def adjusted_cross_entropy(self, model: nn.Module, x: torch.Tensor, y: torch.Tensor,
+                               extras: Mapping[str, Any]) -> torch.Tensor:
         return F.cross_entropy(self.adjust_logits(model(x), extras["adjust"]), y)

@@ -27,11 +27,11 @@ Deviations:
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Optional
+from typing import Any, Optional
 
 from ..errors import require
 from ..messages import Record
-from .base import ClientResult, fine_tune_fits, fine_tuned, register
+from .base import ClientContext, ClientResult, fine_tune_fits, fine_tuned, register, WeightsState
 from .fedavg import FedAvg, FedAvgHyper
 
 
@@ -44,15 +44,15 @@ class FedAvgFTHyper(FedAvgHyper):
 
 
 @register
-class FedAvgFT(FedAvg):
+class FedAvgFT(FedAvg[WeightsState]):
     name = "fedavg_ft"
     family = "personalization"
     Hyper = FedAvgFTHyper
 
-    def private_fits(self, evaluating: bool, final: bool = False) -> list[dict]:
+    def private_fits(self, evaluating: bool, final: bool = False) -> list[dict[str, Any]]:
         return fine_tune_fits(evaluating, self.hp.finetune_epochs)
 
-    async def client_update(self, msg: Record, state: Optional[Record], ctx) -> ClientResult:
+    async def client_update(self, msg: Record, state: Optional[Record], ctx: ClientContext) -> ClientResult:
         fitted = await ctx.fit(msg.weights)  # FedAvg's local update
         result = self.result(fitted, ctx)
         result.personal = await fine_tuned(ctx, msg.weights, self.hp.finetune_epochs)  # v_k from w_t

@@ -42,12 +42,13 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass
+from typing import Mapping, Optional
 
 import torch
 import torch.nn.functional as F
 
 from ..errors import require
-from .base import register
+from .base import register, ServerContext, WeightsState
 from .fedavg import FedAvg, FedAvgHyper
 
 W = "head.weight"  # the classifier rows (C, d) inside the model's state dict
@@ -83,24 +84,25 @@ def spread_out(w: torch.Tensor, margin: float, steps: int, lr: float, momentum: 
     opt = torch.optim.SGD([p], lr=lr, momentum=momentum)
     for _ in range(steps):
         opt.zero_grad(set_to_none=True)
-        spreadout(p, margin).backward()
+        torch.autograd.backward(spreadout(p, margin))
         opt.step()
     with torch.no_grad():
         return p.detach().to(w.dtype), float(spreadout(p, margin))
 
 
 @register
-class FedAwS(FedAvg):
+class FedAwS(FedAvg[WeightsState]):
     name = "fedaws"
     family = "fixed and calibrated heads"
     Hyper = FedAwSHyper
 
-    def server_update(self, state, x_bar, ctx):
+    def server_update(self, state: WeightsState, x_bar: Mapping[str, torch.Tensor],
+                      ctx: ServerContext) -> WeightsState:
         state = super().server_update(state, x_bar, ctx)  # FedAvg's average, then the server optimizer
         hp = self.hp
         w, reg = spread_out(state.weights[W], hp.margin, hp.spread_steps, hp.spread_lr, hp.spread_momentum)
         ctx.log("spreadout", reg)
         return dataclasses.replace(state, weights={**state.weights, W: w})
 
-    def class_vectors(self, state):
+    def class_vectors(self, state: WeightsState) -> Optional[torch.Tensor]:
         return state.weights[W]  # the classifier rows, for the geometry logs

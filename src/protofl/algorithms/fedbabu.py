@@ -37,11 +37,11 @@ Defaults and deviations:
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Optional
+from typing import Any, Optional
 
 from ..errors import require
 from ..messages import Record
-from .base import ClientResult, fine_tune_fits, fine_tuned, register, weights_of
+from .base import ClientContext, ClientResult, fine_tune_fits, fine_tuned, register, weights_of, WeightsState
 from .fedavg import FedAvgHyper
 from .fedper import FedPer
 
@@ -55,18 +55,18 @@ class FedBABUHyper(FedAvgHyper):
 
 
 @register
-class FedBABU(FedPer):
+class FedBABU(FedPer[WeightsState]):
     name = "fedbabu"
     Hyper = FedBABUHyper
     has_global_model = True  # body + the fixed initial head
 
-    def client_init(self, ctx) -> None:
+    def client_init(self, ctx: ClientContext) -> None:
         return None  # no personal state: the head is the same fixed H_0 everywhere
 
-    def private_fits(self, evaluating: bool, final: bool = False) -> list[dict]:
+    def private_fits(self, evaluating: bool, final: bool = False) -> list[dict[str, Any]]:
         return fine_tune_fits(evaluating, self.hp.finetune_epochs)
 
-    async def client_update(self, msg: Record, state: Optional[Record], ctx) -> ClientResult:
+    async def client_update(self, msg: Record, state: Optional[Record], ctx: ClientContext) -> ClientResult:
         head0 = self.personal_part(weights_of(ctx.shared_model()))  # H_0: the run's initial head
         w_t = {**head0, **msg.weights}
         fitted = await ctx.fit(w_t, trainable=("body.",))  # the head stays fixed

@@ -34,7 +34,7 @@ from __future__ import annotations
 from torch import nn
 from torch.nn.modules.batchnorm import _BatchNorm
 
-from .base import register
+from .base import register, WeightsState
 from .fedper import FedPer
 
 
@@ -44,10 +44,10 @@ def batchnorm_prefixes(model: nn.Module) -> tuple[str, ...]:
 
 
 @register
-class FedBN(FedPer):
+class FedBN(FedPer[WeightsState]):
     name = "fedbn"
     has_global_model = False
-    personal_prefixes = ()  # set from the architecture by adapt_model
+    personal_prefixes: tuple[str, ...] = ()  # set from the architecture by adapt_model
 
     def adapt_model(self, model: nn.Module) -> nn.Module:
         # every process builds its model (server and clients alike) before it splits a state

@@ -76,7 +76,7 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass
-from typing import Optional
+from typing import Any, cast, Mapping, Optional
 
 import torch
 import torch.nn.functional as F
@@ -84,7 +84,8 @@ from torch import nn
 
 from ..errors import ConfigError, require, require_size
 from ..messages import expect_shapes, Record
-from .base import ClientResult, register, WeightsState
+from ..models.base import FLModel
+from .base import ClientContext, ClientResult, register, ServerContext, WeightsState
 from .fedavg import FedAvg, FedAvgHyper
 
 PROJ = "proj."
@@ -134,7 +135,7 @@ def projection(d: int) -> nn.Module:
 
 
 @register
-class FedBR(FedAvg):
+class FedBR(FedAvg[FedBRState]):
     name = "fedbr"
     family = "calibrated softmax"
     Hyper = FedBRHyper
@@ -142,22 +143,24 @@ class FedBR(FedAvg):
     couples_samples = True  # L_con pairs the pseudo-data with the samples of the batch
 
     def adapt_model(self, model: nn.Module) -> nn.Module:
-        model.proj = projection(model.feature_dim)
+        model.proj = projection(cast(FLModel, model).feature_dim)
         return model
 
     # -- server ------------------------------------------------------------------------------
-    def server_init(self, ctx) -> FedBRState:
+    def server_init(self, ctx: ServerContext) -> FedBRState:
         if any(isinstance(m, nn.Embedding) for m in ctx.shared_model().modules()):
             raise ConfigError("algorithm.name", self.name, "averages raw inputs into its pseudo-data, which needs "
                               "real-valued inputs; this model reads token ids (an embedding)")
         return FedBRState(ctx.init_weights())
 
-    def configure(self, state: FedBRState, rnd, ctx) -> Record:
+    def configure(self, state: FedBRState, rnd: int, ctx: ServerContext) -> Record:
         return Record(weights=state.weights, arrays={} if state.pseudo is None else {"pseudo": state.pseudo})
 
-    def aggregate(self, state: FedBRState, rnd, replies, ctx) -> FedBRState:
+    def aggregate(self, state: FedBRState, rnd: int, replies: list[tuple[int, Record]],
+                  ctx: ServerContext) -> FedBRState:
         new = super().aggregate(state, rnd, replies, ctx)
-        means = [r.arrays["pseudo"] for _, r in replies if "pseudo" in r.arrays]
+        # check_reply: a reply's "pseudo" is a tensor
+        means = [cast(torch.Tensor, r.arrays["pseudo"]) for _, r in replies if "pseudo" in r.arrays]
         if state.pseudo is None and means:  # the pseudo-data round: slot j from a client drawn uniformly
             pick = ctx.rng(rnd, "fedbr-pseudo").integers(0, len(means), size=self.hp.num_pseudo)
             pseudo = torch.stack([means[int(k)][j] for j, k in enumerate(pick)])
@@ -174,8 +177,8 @@ class FedBR(FedAvg):
         return expect_shapes(reply, pseudo=(self.hp.num_pseudo, *self.info.input_shape))
 
     # -- client ------------------------------------------------------------------------------
-    async def client_update(self, msg: Record, state: Optional[Record], ctx) -> ClientResult:
-        x_p = msg.arrays.get("pseudo")
+    async def client_update(self, msg: Record, state: Optional[Record], ctx: ClientContext) -> ClientResult:
+        x_p = cast(Optional[torch.Tensor], msg.arrays.get("pseudo"))  # configure sends a tensor
         if x_p is None:  # the pseudo-data round: FedAvg, and P random sample means of the local data
             fitted = await ctx.fit(msg.weights, trainable=("body.", "head."))
             x = ctx.data[0]
@@ -192,22 +195,23 @@ class FedBR(FedAvg):
                                trainable=moving, grad=self.ascend_projection if self.hp.mu > 0 else None)
         return self.result(fitted, ctx)
 
-    def fedbr_loss(self, model, x, y, extras) -> torch.Tensor:
+    def fedbr_loss(self, model: nn.Module, x: torch.Tensor, y: torch.Tensor, extras: Mapping[str, Any]) -> torch.Tensor:
         """CE(h(phi(x)), y) + lam CE(h(phi(x_p)), 1/C) + mu L_con."""
-        z = model.body(x)
-        value = F.cross_entropy(model.head(z), y)
+        z = cast(nn.Module, model.body)(x)
+        value: torch.Tensor = F.cross_entropy(cast(nn.Module, model.head)(z), y)
         if self.hp.lam == 0 and self.hp.mu == 0:
             return value
-        z_p = model.body(extras["pseudo"])
-        value = value + self.hp.lam * balancing_loss(model.head(z_p))
+        z_p = cast(nn.Module, model.body)(extras["pseudo"])
+        value = value + self.hp.lam * balancing_loss(cast(nn.Module, model.head)(z_p))
         if self.hp.mu == 0:
             return value
         pair = torch.arange(len(z_p), device=z.device) % len(z)  # pseudo-datum j with local sample j mod B
-        l_con = contrastive_loss(model.proj(z_p), model.proj(extras["glob"]), model.proj(z[pair]),
-                                 self.hp.tau1, self.hp.tau2)
-        return value + self.hp.mu * l_con
+        proj = cast(nn.Module, model.proj)
+        l_con = contrastive_loss(proj(z_p), proj(extras["glob"]), proj(z[pair]), self.hp.tau1, self.hp.tau2)
+        return cast(torch.Tensor, value + self.hp.mu * l_con)
 
-    def ascend_projection(self, grads: dict, extras, params: dict) -> dict:
+    def ascend_projection(self, grads: dict[str, torch.Tensor], extras: Mapping[str, Any],
+                          params: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
         """psi's gradient mu dL_con/dpsi becomes -dL_con/dpsi: the optimizer's descent step is
         psi's ascent on L_con (the max step); the model's gradients pass unchanged."""
         return {k: (-g / self.hp.mu if k.startswith(PROJ) else g) for k, g in grads.items()}

@@ -46,7 +46,7 @@ from __future__ import annotations
 
 import copy
 from dataclasses import dataclass
-from typing import Optional
+from typing import Any, Callable, cast, Mapping, Optional, Sequence, TYPE_CHECKING
 
 import torch
 from torch import nn
@@ -54,9 +54,20 @@ from torch.nn import functional as F
 
 from ..errors import require
 from ..messages import Record
-from .base import ClientResult, register, weights_of
+from .base import ClientContext, ClientResult, register, weights_of, WeightsState
 from .fedavg import FedAvgHyper
 from .fedper import FedPer
+
+if TYPE_CHECKING:
+    from ..models.base import FLModel
+
+    class CPModel(FLModel):
+        """The model :meth:`FedCP.adapt_model` makes: the FLModel with the CPN and the global
+        head and body."""
+
+        cpn: nn.Module
+        ghead: nn.Module
+        gbody: nn.Module
 
 BANDWIDTHS = (10.0, 15.0, 20.0, 50.0)
 
@@ -71,16 +82,16 @@ class FedCPHyper(FedAvgHyper):
         require(self.tau > 0, f"{section}.tau", self.tau, "must be > 0")
 
 
-def mmd_rbf(a: torch.Tensor, b: torch.Tensor, bandwidths=BANDWIDTHS) -> torch.Tensor:
+def mmd_rbf(a: torch.Tensor, b: torch.Tensor, bandwidths: Sequence[float] = BANDWIDTHS) -> torch.Tensor:
     """Biased MMD^2 of the samples a (B, d) and b (B, d): mean(K_aa + K_bb - 2 K_ab) with the
     sum of RBF kernels exp(-||u - v||^2 / (2 s)) over the bandwidths s."""
-    def sq_dists(u, v):
+    def sq_dists(u: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
         return (u * u).sum(1)[:, None] + (v * v).sum(1)[None, :] - 2 * u @ v.T
 
     daa, dbb, dab = sq_dists(a, a), sq_dists(b, b), sq_dists(a, b)
     k = sum(torch.exp(-0.5 * daa / s) + torch.exp(-0.5 * dbb / s) - 2 * torch.exp(-0.5 * dab / s)
             for s in bandwidths)
-    return k.mean()
+    return cast(torch.Tensor, k).mean()  # a tensor: there is at least one bandwidth
 
 
 def context_of(head_weight: torch.Tensor) -> torch.Tensor:
@@ -92,14 +103,16 @@ def masks(model: nn.Module, z: torch.Tensor, c: torch.Tensor, tau: float,
           gumbel: Optional[torch.Tensor] = None) -> torch.Tensor:
     """s (B, d): the personalized share of each feature, the first of the CPN's pair of
     (Gumbel-)softmax outputs; ``gumbel`` (B, 2, d) noise, or None for the noise-free mask."""
-    logits = model.cpn(z * c).view(len(z), 2, -1)
+    logits = cast("CPModel", model).cpn(z * c).view(len(z), 2, -1)
     if gumbel is not None:
         logits = logits + gumbel
     return F.softmax(logits / tau, dim=1)[:, 0]
 
 
 def split_logits(model: nn.Module, z: torch.Tensor, s: torch.Tensor) -> torch.Tensor:
-    return model.head(z * s) + model.ghead(z * (1 - s))
+    net = cast("CPModel", model)
+    out: torch.Tensor = net.head(z * s) + net.ghead(z * (1 - s))
+    return out
 
 
 class ConditionalPolicy(nn.Module):
@@ -110,48 +123,55 @@ class ConditionalPolicy(nn.Module):
         self.model, self.tau = model, tau
         self.register_buffer("c", c)
 
+    if TYPE_CHECKING:
+        c: torch.Tensor  # the buffer registered above
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        z = self.model.body(x)
+        z: torch.Tensor = cast("CPModel", self.model).body(x)
         return split_logits(self.model, z, masks(self.model, z, self.c, self.tau))
 
 
 @register
-class FedCP(FedPer):
+class FedCP(FedPer[WeightsState]):
     name = "fedcp"
     Hyper = FedCPHyper
     couples_samples = True  # the MMD compares the batch's features as a set
     personal_prefixes = ("head.", "gbody.")  # gbody: set from the received body, never sent
 
     def adapt_model(self, model: nn.Module) -> nn.Module:
-        d = model.feature_dim
+        net = cast("FLModel", model)
+        d = net.feature_dim
         model.cpn = nn.Sequential(nn.Linear(d, 2 * d), nn.LayerNorm(2 * d), nn.ReLU())
-        model.ghead = copy.deepcopy(model.head)
-        model.gbody = copy.deepcopy(model.body)
+        model.ghead = copy.deepcopy(net.head)
+        model.gbody = copy.deepcopy(net.body)
         return model
 
-    def client_init(self, ctx) -> Record:
+    def client_init(self, ctx: ClientContext) -> Record:
         w0 = weights_of(ctx.shared_model())
         return Record(weights={k: v for k, v in w0.items() if k.startswith("head.")})  # the initial h_i
 
-    def cp_loss(self, model, x, y, extras) -> torch.Tensor:
-        z = model.body(x)
+    def cp_loss(self, model: nn.Module, x: torch.Tensor, y: torch.Tensor,
+                extras: Mapping[str, Any]) -> torch.Tensor:
+        net = cast("CPModel", model)
+        z: torch.Tensor = net.body(x)
         s = masks(model, z, extras["c"], self.hp.tau, extras["gumbel"])
         with torch.no_grad():
-            z_g = model.gbody(x)
-        return F.cross_entropy(split_logits(model, z, s), y) + self.hp.lam * mmd_rbf(z, z_g)
+            z_g: torch.Tensor = net.gbody(x)
+        return cast(torch.Tensor, F.cross_entropy(split_logits(model, z, s), y) + self.hp.lam * mmd_rbf(z, z_g))
 
-    def gumbel_noise(self, ctx):
+    def gumbel_noise(self, ctx: ClientContext) -> Callable[[Sequence[int]], dict[str, torch.Tensor]]:
         """Per step, -log(-log U) for (batch, 2, d), drawn from the client's own stream."""
         g = torch.Generator().manual_seed(int(ctx.rng("fedcp-gumbel").integers(2**62)))
-        d, dev = ctx.architecture.feature_dim, ctx.data[1].device
+        d, dev = cast(int, ctx.architecture.feature_dim), ctx.data[1].device
 
-        def draw(sizes) -> dict[str, torch.Tensor]:
+        def draw(sizes: Sequence[int]) -> dict[str, torch.Tensor]:
             u = torch.rand(len(sizes), max(sizes, default=0), 2, d, generator=g).clamp_(1e-20, 1.0)
             return {"gumbel": (-torch.log(-torch.log(u))).to(dev)}
 
         return draw
 
-    async def client_update(self, msg: Record, state: Optional[Record], ctx) -> ClientResult:
+    async def client_update(self, msg: Record, state: Optional[Record], ctx: ClientContext) -> ClientResult:
+        assert state is not None  # client_init made it (the initial h_i)
         w_t = msg.weights
         head = {k: v for k, v in state.weights.items() if k.startswith("head.")}
         gbody = {"g" + k: v for k, v in w_t.items() if k.startswith("body.")}  # f_g = the received f

@@ -48,17 +48,20 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass
-from typing import Optional
+from typing import Any, cast, Mapping, Optional, TYPE_CHECKING
 
 import torch
 from torch import nn
 from torch.nn import functional as F
 
 from ..errors import require
-from ..messages import expect_shapes, Record
-from .base import average, ClientResult, register, WeightsState
+from ..messages import Arrays, expect_shapes, Record
+from .base import average, ClientContext, ClientResult, register, ServerContext, WeightsState
 from .fedavg import FedAvgHyper
 from .fedper import FedPer
+
+if TYPE_CHECKING:
+    from ..models.base import FLModel
 
 DBE = "dbe."
 
@@ -86,6 +89,16 @@ class DomainBias(nn.Module):
         self.bias = nn.Parameter(torch.zeros(d))
         self.register_buffer("running_mean", torch.zeros(d))
 
+    if TYPE_CHECKING:
+        running_mean: torch.Tensor  # the buffer registered above
+
+
+if TYPE_CHECKING:
+    class DBEModel(FLModel):
+        """The model :meth:`FedDBE.adapt_model` makes: the FLModel with the module ``dbe``."""
+
+        dbe: DomainBias
+
 
 class BiasedHead(nn.Module):
     """FedDBE's personalized predictor: h(f(x) + z-bar_i^p)."""
@@ -95,20 +108,23 @@ class BiasedHead(nn.Module):
         self.model = model
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.model.head(self.model.body(x) + self.model.dbe.bias)
+        model = cast("DBEModel", self.model)
+        out: torch.Tensor = model.head(model.body(x) + model.dbe.bias)
+        return out
 
 
 def tracked_mean(model: nn.Module, z: torch.Tensor, mu: float) -> torch.Tensor:
     """z-bar_i <- (1 - mu) z-bar_i + mu mean(z): stored in the buffer, returned with the
     gradient of the batch's part."""
-    rm = (1 - mu) * model.dbe.running_mean + mu * z.mean(0)
+    dbe = cast("DBEModel", model).dbe
+    rm = (1 - mu) * dbe.running_mean + mu * z.mean(0)
     with torch.no_grad():
-        model.dbe.running_mean.copy_(rm.detach())
+        dbe.running_mean.copy_(rm.detach())
     return rm
 
 
 @register
-class FedDBE(FedPer):
+class FedDBE(FedPer[FedDBEState]):
     name = "feddbe"
     Hyper = FedDBEHyper
     has_global_model = True
@@ -116,21 +132,23 @@ class FedDBE(FedPer):
     reply_arrays = ("mean",)  # z-bar_i, in the initialization period only
 
     def adapt_model(self, model: nn.Module) -> nn.Module:
-        model.dbe = DomainBias(model.feature_dim)
+        model.dbe = DomainBias(cast("FLModel", model).feature_dim)
         return model
 
     # -- server ------------------------------------------------------------------------------
-    def server_init(self, ctx) -> FedDBEState:
+    def server_init(self, ctx: ServerContext) -> FedDBEState:
         return FedDBEState(ctx.init_weights())
 
-    def configure(self, state: FedDBEState, rnd, ctx) -> Record:
-        arrays = {} if state.global_mean is None else {"global_mean": state.global_mean}
+    def configure(self, state: FedDBEState, rnd: int, ctx: ServerContext) -> Record:
+        arrays: Arrays = {} if state.global_mean is None else {"global_mean": state.global_mean}
         return Record(weights=self.shared_part(state.weights), arrays=arrays)
 
-    def aggregate(self, state: FedDBEState, rnd, replies, ctx) -> FedDBEState:
+    def aggregate(self, state: FedDBEState, rnd: int, replies: list[tuple[int, Record]],
+                  ctx: ServerContext) -> FedDBEState:
         new = super().aggregate(state, rnd, replies, ctx)
         if state.global_mean is None and replies:  # the initialization period: fix z-bar^g
-            g = average((r for _, r in replies), self.hp.weighting, part=lambda r: {"m": r.arrays["mean"]})
+            g = average((r for _, r in replies), self.hp.weighting,
+                        part=lambda r: {"m": cast(torch.Tensor, r.arrays["mean"])})
             if g:
                 new = dataclasses.replace(new, global_mean=g["m"])
         return new
@@ -143,27 +161,32 @@ class FedDBE(FedPer):
         return expect_shapes(reply, mean=(self.info.feature_dim,))
 
     # -- client ------------------------------------------------------------------------------
-    def init_loss(self, model, x, y, extras) -> torch.Tensor:
+    def init_loss(self, model: nn.Module, x: torch.Tensor, y: torch.Tensor,
+                  extras: Mapping[str, Any]) -> torch.Tensor:
         """The initialization period: plain CE, z-bar_i tracked."""
-        z = model.body(x)
+        net = cast("DBEModel", model)
+        z: torch.Tensor = net.body(x)
         tracked_mean(model, z, self.hp.momentum)
-        return F.cross_entropy(model.head(z), y)
+        return F.cross_entropy(net.head(z), y)
 
-    def dbe_loss(self, model, x, y, extras) -> torch.Tensor:
+    def dbe_loss(self, model: nn.Module, x: torch.Tensor, y: torch.Tensor,
+                 extras: Mapping[str, Any]) -> torch.Tensor:
         """CE(h(z + z-bar_i^p), y) + kappa mean_d (z-bar_i - z-bar^g)^2 / 2."""
-        z = model.body(x)
+        net = cast("DBEModel", model)
+        z: torch.Tensor = net.body(x)
         rm = tracked_mean(model, z, self.hp.momentum)
         reg = (0.5 * (rm - extras["global_mean"]) ** 2).mean()
-        return F.cross_entropy(model.head(z + model.dbe.bias), y) + self.hp.kappa * reg
+        return cast(torch.Tensor, F.cross_entropy(net.head(z + net.dbe.bias), y) + self.hp.kappa * reg)
 
-    async def client_update(self, msg: Record, state: Optional[Record], ctx) -> ClientResult:
+    async def client_update(self, msg: Record, state: Optional[Record], ctx: ClientContext) -> ClientResult:
+        assert state is not None  # client_init made it (the initial personal entries)
         personal = dict(state.weights)
         personal[DBE + "running_mean"] = torch.zeros_like(personal[DBE + "running_mean"])  # reset per round
         weights = {**msg.weights, **personal}
         g = msg.arrays.get("global_mean")
         if g is None:
             fitted = await ctx.fit(weights, self.init_loss, trainable=("body.", "head."))
-            arrays = {"mean": fitted.weights[DBE + "running_mean"]}
+            arrays: Arrays = {"mean": fitted.weights[DBE + "running_mean"]}
         else:
             fitted = await ctx.fit(weights, self.dbe_loss, extras={"global_mean": g})
             arrays = {}

@@ -19,13 +19,16 @@ above (the diagonal of K is constant). Its beta = 0.1 at batch size 64 is beta =
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any, Mapping
 
 import torch
 import torch.nn.functional as F
 
-from protofl.algorithms.base import register
+from protofl.algorithms.base import ClientContext, LossFn, register, WeightsState
 from protofl.algorithms.fedavg import FedAvg, FedAvgHyper
 from protofl.errors import require
+from protofl.messages import Record
+from protofl.models.base import FLModel
 
 
 @dataclass
@@ -44,16 +47,18 @@ def decorrelation(z: torch.Tensor) -> torch.Tensor:
 
 
 @register
-class FedDecorr(FedAvg):
+class FedDecorr(FedAvg[WeightsState]):  # FedAvg's server state: the global weights
     name = "feddecorr"
     family = "global-model baselines"
     couples_samples = True  # ||K||_F^2 of the batch's features: no per-sample DP-SGD
     Hyper = FedDecorrHyper
+    hp: FedDecorrHyper
 
-    def objective(self, msg, ctx):
+    def objective(self, msg: Record, ctx: ClientContext) -> tuple[LossFn, dict[str, Any]]:
         """The local objective and the client's own tensors it reads (none here)."""
         return self.decorrelated_loss, {}
 
-    def decorrelated_loss(self, model, x, y, extras):
+    def decorrelated_loss(self, model: FLModel, x: torch.Tensor, y: torch.Tensor,
+                          extras: Mapping[str, Any]) -> torch.Tensor:
         z = model.body(x)  # (N, d)
         return F.cross_entropy(model.head(z), y) + self.hp.beta * decorrelation(z)

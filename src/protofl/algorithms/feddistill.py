@@ -67,16 +67,17 @@ post-processing of it.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Literal, Optional
+from typing import Any, cast, Literal, Mapping, Optional
 
 import torch
 import torch.nn.functional as F
+from torch import nn
 
 from ..errors import require
 from ..messages import expect_indices, expect_shapes, Record
 from ..nn.privacy import release_class_means
 from ..nn.prototypes import class_means
-from .base import Algorithm, ClientResult, register, weights_of
+from .base import Algorithm, ClientContext, ClientResult, register, ServerContext, weights_of
 from .fedproto import dense, sparse
 
 
@@ -132,7 +133,7 @@ def distillation(scores: torch.Tensor, teacher: torch.Tensor, kind: str) -> torc
 
 
 @register
-class FedDistill(Algorithm):
+class FedDistill(Algorithm[DistillState]):
     name = "feddistill"
     family = "prototype exchange"
     Hyper = FedDistillHyper
@@ -141,15 +142,15 @@ class FedDistill(Algorithm):
     reply_arrays = ("protos", "classes", "counts")
 
     # -- server ------------------------------------------------------------------------------
-    def server_init(self, ctx) -> DistillState:
+    def server_init(self, ctx: ServerContext) -> DistillState:
         C = self.info.num_classes
         none = torch.zeros(0, dtype=torch.int64)
         return DistillState(torch.zeros(0, C), none, none.clone())
 
-    def configure(self, state: DistillState, rnd, ctx) -> Record:
+    def configure(self, state: DistillState, rnd: int, ctx: ServerContext) -> Record:
         return Record()  # every client's teachers differ: configure_client
 
-    def configure_client(self, state: DistillState, rnd, cid, ctx) -> Record:
+    def configure_client(self, state: DistillState, rnd: int, cid: int, ctx: ServerContext) -> Record:
         return Record(arrays=sparse(*teachers(state, cid, self.info.num_classes)))
 
     def check_reply(self, reply: Record, sent: Record) -> Optional[str]:
@@ -157,10 +158,13 @@ class FedDistill(Algorithm):
         return (expect_shapes(reply, protos=(n, self.info.num_classes), classes=(n,), counts=(n,))
                 or expect_indices(reply, "classes", self.info.num_classes, unique=True))
 
-    def aggregate(self, state: DistillState, rnd, replies, ctx) -> DistillState:
+    def aggregate(self, state: DistillState, rnd: int, replies: list[tuple[int, Record]],
+                  ctx: ServerContext) -> DistillState:
         if not replies:
             return state
-        rows = [(cid, r.arrays["protos"].detach().cpu().float(), r.arrays["classes"].cpu()) for cid, r in replies]
+        # "protos" and "classes": tensors, as the clients send them (check_reply checks their shapes)
+        rows = [(cid, cast(torch.Tensor, r.arrays["protos"]).detach().cpu().float(),
+                 cast(torch.Tensor, r.arrays["classes"]).cpu()) for cid, r in replies]
         averages = torch.cat([p for _, p, _ in rows])
         classes = torch.cat([c for _, _, c in rows])
         owner = torch.cat([torch.full((len(c),), cid, dtype=torch.int64) for cid, _, c in rows])
@@ -169,22 +173,23 @@ class FedDistill(Algorithm):
         return DistillState(torch.cat([state.averages[kept], averages]), torch.cat([state.owner[kept], owner]),
                             torch.cat([state.classes[kept], classes]))
 
-    def prototype_releases(self, privacy) -> int:
+    def prototype_releases(self, privacy: Any) -> int:
         return 1  # the averages and counts, once per round
 
     # -- client ------------------------------------------------------------------------------
-    def client_init(self, ctx) -> Record:
+    def client_init(self, ctx: ClientContext) -> Record:
         return Record(weights=weights_of(ctx.shared_model()))
 
-    def distill_loss(self, model, x, y, extras):
+    def distill_loss(self, model: nn.Module, x: torch.Tensor, y: torch.Tensor,
+                     extras: Mapping[str, Any]) -> torch.Tensor:
         teacher, has = extras["teacher"], extras["has"]
         scores = model(x)  # (B, C) raw outputs
         m = has[y]  # (B,) samples whose label has a teacher
         target = torch.where(m.unsqueeze(1), teacher[y], outputs(scores.detach(), self.hp.distill))
         term = torch.where(m, distillation(scores, target, self.hp.distill), torch.zeros_like(scores[:, 0]))
-        return F.cross_entropy(scores, y) + self.hp.lam * term.mean()
+        return cast(torch.Tensor, F.cross_entropy(scores, y) + self.hp.lam * term.mean())
 
-    async def client_update(self, msg: Record, state: Optional[Record], ctx) -> ClientResult:
+    async def client_update(self, msg: Record, state: Optional[Record], ctx: ClientContext) -> ClientResult:
         C = self.info.num_classes
         _, y = ctx.data
         teacher, n = dense(msg, C, C)
@@ -195,11 +200,12 @@ class FedDistill(Algorithm):
         extras = {"teacher": teacher.to(y.device), "has": has.to(y.device)}
         # one loss for every client of a round (the batched executor stacks them); without a
         # teacher the second term is 0
+        assert state is not None  # client_init made it (the initial model)
         fitted = await ctx.fit(state.weights, self.distill_loss, extras=extras)
         z = await ctx.features(fitted.weights)
         model = ctx.shared_model(fitted.weights)
         with torch.no_grad():  # (N, C) after training, eval mode
-            out = outputs(model.head(z), self.hp.distill)
+            out = outputs(cast(nn.Module, model.head)(z), self.hp.distill)
         means, counts = release_class_means(ctx, out, y, C)  # F_bar_i; private under privacy.mode: sample
         reply = Record(arrays=sparse(means.detach().cpu(), counts.cpu()))
         return ClientResult(reply, state=Record(weights=fitted.weights), personal=model)

@@ -44,13 +44,15 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass
-from typing import Literal, Optional
+from typing import Any, cast, Literal, Mapping, Optional
 
 import torch
+from torch import nn
 
 from ..errors import require
 from ..messages import Record
-from .base import average, ClientResult, cross_entropy, GlobalModel, register, trainable_names, WeightsState
+from .base import (average, ClientContext, ClientResult, cross_entropy, GlobalModel, register, ServerContext,
+                   trainable_names, WeightsState)
 from .serveropt import ServerOptHyper
 
 
@@ -89,18 +91,19 @@ def server_update(theta_prev: dict[str, torch.Tensor], h: dict[str, torch.Tensor
 
 
 @register
-class FedDyn(GlobalModel):
+class FedDyn(GlobalModel[FedDynState]):
     name = "feddyn"
     family = "global-model baselines"
     reply_arrays = ()  # theta_k only
     Hyper = FedDynHyper
 
     # -- server ------------------------------------------------------------------------------
-    def server_init(self, ctx) -> FedDynState:
+    def server_init(self, ctx: ServerContext) -> FedDynState:
         w = ctx.init_weights()
         return FedDynState(w, {k: torch.zeros_like(w[k]) for k in trainable_names(ctx.shared_model())})
 
-    def aggregate(self, state: FedDynState, rnd, replies, ctx) -> FedDynState:
+    def aggregate(self, state: FedDynState, rnd: int, replies: list[tuple[int, Record]],
+                  ctx: ServerContext) -> FedDynState:
         if not replies:
             return state
         mean = average((r for _, r in replies), self.hp.weighting)
@@ -109,10 +112,11 @@ class FedDyn(GlobalModel):
         return dataclasses.replace(self.server_update(state, theta, ctx), h=h)  # server_opt: none -> theta
 
     # -- client ------------------------------------------------------------------------------
-    async def client_update(self, msg: Record, state: Optional[Record], ctx) -> ClientResult:
+    async def client_update(self, msg: Record, state: Optional[Record], ctx: ClientContext) -> ClientResult:
         anchor = ctx.like_model(msg.weights)  # theta^{t-1}
         keys = list(ctx.trainable(anchor))
-        grad_k = state.arrays["grad"] if state is not None else {k: torch.zeros_like(anchor[k]) for k in keys}
+        grad_k = (cast(dict[str, torch.Tensor], state.arrays["grad"]) if state is not None
+                  else {k: torch.zeros_like(anchor[k]) for k in keys})
         fitted = await ctx.fit(anchor, self.regularized_loss, trainable=tuple(keys),
                                extras={"grad_k": grad_k, "anchor": {k: anchor[k] for k in keys}})
         theta = fitted.weights
@@ -122,7 +126,8 @@ class FedDyn(GlobalModel):
 
     task_loss = staticmethod(cross_entropy)  # L_k, the client's own objective
 
-    def regularized_loss(self, model, x, y, extras):
+    def regularized_loss(self, model: nn.Module, x: torch.Tensor, y: torch.Tensor,
+                         extras: Mapping[str, Any]) -> torch.Tensor:
         """L_k(theta) - <grad_k, theta - theta^{t-1}> + alpha/2 ||theta - theta^{t-1}||^2."""
         task = self.task_loss(model, x, y, extras)  # first: the order of the terms is the order the
         params = dict(model.named_parameters())  # gradient contributions are summed in

@@ -52,7 +52,7 @@ Choices and deviations:
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Literal, Optional
+from typing import Any, cast, Literal, Mapping, Optional, TYPE_CHECKING
 
 import torch
 from torch import nn
@@ -61,8 +61,11 @@ from ..errors import ConfigError, require, require_size
 from ..messages import Record
 from ..nn.heads import FixedHead, simplex_etf
 from ..nn.losses import balanced_softmax_loss, relaxed_prior
-from .base import ClientResult, register
+from .base import ClientContext, ClientResult, register, TaskInfo, WeightsState
 from .fedavg import FedAvg, FedAvgHyper
+
+if TYPE_CHECKING:
+    from ..models.base import FLModel
 
 ETF, PROJECTION = "head.weight", "body.1."  # V (C, p) and P inside the model's state dict
 
@@ -96,7 +99,7 @@ class ETFHead(FixedHead):
 
 
 @register
-class FedETF(FedAvg):
+class FedETF(FedAvg[WeightsState]):
     name = "fedetf"
     family = "fixed and calibrated heads"
     Hyper = FedETFHyper
@@ -105,7 +108,7 @@ class FedETF(FedAvg):
     # but runs are kept per number of rounds (the reuse rule's safe side, api.py)
     uses_total_rounds = True
 
-    def __init__(self, hp, info) -> None:
+    def __init__(self, hp: Any, info: TaskInfo) -> None:
         super().__init__(hp, info)
         C, p = info.num_classes, self.proj_dim(info.feature_dim)
         if p < C - 1:
@@ -117,16 +120,17 @@ class FedETF(FedAvg):
         return d if self.hp.proj_dim is None else self.hp.proj_dim
 
     # -- model: projection, normalization, the fixed ETF ---------------------------------------
-    def adapt_model(self, model):
-        d, C = model.feature_dim, model.num_classes
+    def adapt_model(self, model: nn.Module) -> nn.Module:
+        flm = cast("FLModel", model)  # a protofl model: a body and a head
+        d, C = flm.feature_dim, flm.num_classes
         p = self.proj_dim(d)
-        model.body = nn.Sequential(model.body, nn.Linear(d, p))  # P: body.1 (the normalization is the head's)
-        model.feature_dim = p
-        model.head = ETFHead(simplex_etf(C, p, self.info.seed).T, self.hp.scale)  # V^T (C, p), unit rows
+        flm.body = nn.Sequential(flm.body, nn.Linear(d, p))  # P: body.1 (the normalization is the head's)
+        flm.feature_dim = p
+        flm.head = ETFHead(simplex_etf(C, p, self.info.seed).T, self.hp.scale)  # V^T (C, p), unit rows
         return model
 
     # -- client -------------------------------------------------------------------------------
-    async def client_update(self, msg: Record, state: Optional[Record], ctx) -> ClientResult:
+    async def client_update(self, msg: Record, state: Optional[Record], ctx: ClientContext) -> ClientResult:
         n = ctx.class_counts.clamp(min=1)  # an absent class counts as one sample (the authors' code)
         prior = relaxed_prior(n, 0.0).to(ctx.data[1].device)  # n_{k,c} / n_k
         fitted = await ctx.fit(msg.weights, self.balanced_feature_loss, extras={"prior": prior},
@@ -135,10 +139,11 @@ class FedETF(FedAvg):
         return ClientResult(reply, personal=await self.fine_tuned(ctx, fitted.weights))
 
     @staticmethod
-    def balanced_feature_loss(model, x, y, extras):
+    def balanced_feature_loss(model: nn.Module, x: torch.Tensor, y: torch.Tensor,
+                              extras: Mapping[str, Any]) -> torch.Tensor:
         return balanced_softmax_loss(model(x), y, extras["prior"])  # logits beta V^T mu, + log n_{k,c}
 
-    def private_fits(self, evaluating: bool, final: bool = False) -> list[dict]:
+    def private_fits(self, evaluating: bool, final: bool = False) -> list[dict[str, Any]]:
         """The local update, and when the personalized model is fine-tuned, V's and P's
         ``finetune_rounds`` alternating fits."""
         hp = self.hp
@@ -146,7 +151,7 @@ class FedETF(FedAvg):
             return [{}]
         return [{}] + [{"epochs": hp.finetune_epochs}] * (2 * hp.finetune_rounds)
 
-    async def fine_tuned(self, ctx, weights: dict) -> Optional[nn.Module]:
+    async def fine_tuned(self, ctx: ClientContext, weights: dict[str, torch.Tensor]) -> Optional[nn.Module]:
         """The personalized model: V and P fine-tuned alternately on cross-entropy, after
         training (``ctx.rnd`` past the last round: the final evaluation of every client) or
         in every evaluation; else the locally updated model."""
@@ -161,5 +166,5 @@ class FedETF(FedAvg):
         return ctx.shared_model(weights)
 
     # -- server: FedAvg's average of f, P and beta (V, in no reply, keeps its value) ----------------
-    def class_vectors(self, state):
+    def class_vectors(self, state: WeightsState) -> Optional[torch.Tensor]:
         return state.weights[ETF]  # the ETF's columns, one row per class (C, p)

@@ -73,16 +73,17 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass
-from typing import Optional
+from typing import Any, cast, Mapping, Optional
 
 import numpy as np
 import torch
 import torch.nn.functional as F
+from torch import nn
 
 from ..errors import require
 from ..messages import Record, expect_arrays, expect_shapes
 from ..nn.privacy import release_class_means
-from .base import ClientResult, average, register, WeightsState
+from .base import ClientContext, ClientResult, average, register, ServerContext, WeightsState
 from .fedavg import FedAvg, FedAvgHyper
 
 
@@ -132,7 +133,7 @@ def local_anchors(anchors: torch.Tensor, means: torch.Tensor, counts: torch.Tens
 
 
 @register
-class FedFA(FedAvg):
+class FedFA(FedAvg[FedFAState]):
     name = "fedfa"
     family = "prototype exchange"
     Hyper = FedFAHyper
@@ -140,42 +141,47 @@ class FedFA(FedAvg):
     couples_samples = True  # the anchor loss averages each class over the batch's samples of it
 
     # -- server ------------------------------------------------------------------------------
-    def server_init(self, ctx) -> FedFAState:
+    def server_init(self, ctx: ServerContext) -> FedFAState:
         rng = ctx.rng(0, "fedfa-anchors")
         return FedFAState(ctx.init_weights(), initial_anchors(self.info.num_classes, self.info.feature_dim, rng))
 
-    def configure(self, state: FedFAState, rnd, ctx) -> Record:
+    def configure(self, state: FedFAState, rnd: int, ctx: ServerContext) -> Record:
         return Record(weights=state.weights, arrays={"anchors": state.anchors})
 
     def check_reply(self, reply: Record, sent: Record) -> Optional[str]:
         return expect_arrays(reply, "anchors") or expect_shapes(
             reply, anchors=(self.info.num_classes, self.info.feature_dim))
 
-    def aggregate(self, state: FedFAState, rnd, replies, ctx) -> FedFAState:
+    def aggregate(self, state: FedFAState, rnd: int, replies: list[tuple[int, Record]],
+                  ctx: ServerContext) -> FedFAState:
         new = super().aggregate(state, rnd, replies, ctx)  # FedAvg (and the server optimizer's moments)
-        avg = average((r for _, r in replies), self.hp.weighting, part=lambda r: {"a": r.arrays["anchors"]})
+        # check_reply: every reply's "anchors" is a tensor
+        avg = average((r for _, r in replies), self.hp.weighting,
+                      part=lambda r: {"a": cast(torch.Tensor, r.arrays["anchors"])})
         if not avg:
             return new  # nobody arrived: the anchors stay
         return dataclasses.replace(new, anchors=avg["a"].to(state.anchors))
 
-    def class_vectors(self, state: FedFAState):
+    def class_vectors(self, state: FedFAState) -> Optional[torch.Tensor]:
         return state.anchors
 
-    def prototype_releases(self, privacy) -> int:
+    def prototype_releases(self, privacy: Any) -> int:
         return 1  # the class means and counts behind the local anchors
 
     # -- client ------------------------------------------------------------------------------
-    def anchored_loss(self, model, x, y, extras):
+    def anchored_loss(self, model: nn.Module, x: torch.Tensor, y: torch.Tensor,
+                      extras: Mapping[str, Any]) -> torch.Tensor:
         a = extras["anchors"]  # (C, d)
-        z = model.body(x)
-        value = F.cross_entropy(model.head(z), y) + self.hp.lam * anchor_loss(z, y, a)
+        z = cast(nn.Module, model.body)(x)
+        value: torch.Tensor = F.cross_entropy(cast(nn.Module, model.head)(z), y) + self.hp.lam * anchor_loss(z, y, a)
         if self.hp.calibration:  # every anchor labelled with its class by the classifier
-            value = value + self.hp.calibration * F.cross_entropy(model.head(a), torch.arange(len(a), device=a.device))
+            value = value + self.hp.calibration * F.cross_entropy(cast(nn.Module, model.head)(a),
+                                                                  torch.arange(len(a), device=a.device))
         return value
 
-    async def client_update(self, msg: Record, state: Optional[Record], ctx) -> ClientResult:
+    async def client_update(self, msg: Record, state: Optional[Record], ctx: ClientContext) -> ClientResult:
         _, y = ctx.data
-        a = msg.arrays["anchors"].to(y.device)
+        a = cast(torch.Tensor, msg.arrays["anchors"]).to(y.device)  # configure sends a tensor
         fitted = await ctx.fit(msg.weights, self.anchored_loss, extras={"anchors": a})
         z = await ctx.features(fitted.weights)
         means, counts = release_class_means(ctx, z, y, self.info.num_classes)  # private under privacy.*

@@ -78,7 +78,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Literal, Optional
+from typing import Any, cast, ClassVar, Literal, Mapping, Optional, TYPE_CHECKING
 
 import torch
 from torch import nn
@@ -87,8 +87,11 @@ from torch.nn import functional as F
 from ..errors import ConfigError, require
 from ..messages import Record
 from ..nn.heads import FixedHead, add_projection, simplex_etf
-from .base import ClientResult, GlobalModel, register, WeightsState
+from .base import ClientContext, ClientResult, GlobalModel, register, ServerContext, TaskInfo, WeightsState
 from .serveropt import ServerOptHyper
+
+if TYPE_CHECKING:
+    from ..models.base import FLModel
 
 
 E_W_DEFAULT = 1000.0  # the low end of the paper's sweep (read as 10^3 .. 10^6); see the docstring
@@ -149,18 +152,18 @@ class AdaptedETF(nn.Module):
         self.register_buffer("phi", phi)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.model(x) * self.phi  # (B, C)
+        return cast(torch.Tensor, self.model(x) * self.phi)  # (B, C)
 
 
 @register
-class FedGELA(GlobalModel):
+class FedGELA(GlobalModel[FedGELAState]):
     name = "fedgela"
     family = "fixed and calibrated heads"
     reply_arrays = ()  # the backbone theta only
-    Hyper = FedGELAHyper
+    Hyper: ClassVar[type[FedGEHyper]] = FedGELAHyper  # FedGE: FedGEHyper
     adapt_locally = True  # False: FedGE
 
-    def __init__(self, hp, info) -> None:
+    def __init__(self, hp: Any, info: TaskInfo) -> None:
         super().__init__(hp, info)
         C, d = info.num_classes, info.feature_dim
         if d < C - 1:
@@ -170,8 +173,9 @@ class FedGELA(GlobalModel):
                               f"features (a simplex ETF does not exist in fewer dimensions)")
 
     # -- model: the fixed ETF head ------------------------------------------------------------
-    def adapt_model(self, model):
-        M = simplex_etf(model.num_classes, model.feature_dim, self.info.seed)  # (d, C)
+    def adapt_model(self, model: nn.Module) -> nn.Module:
+        flm = cast("FLModel", model)  # a protofl model
+        M = simplex_etf(flm.num_classes, flm.feature_dim, self.info.seed)  # (d, C)
         if self.hp.projection:
             model = add_projection(model)  # signed features (the authors' projection layer)
         W = math.sqrt(self.hp.E_W) * M  # (d, C), columns of norm sqrt(E_W)
@@ -179,11 +183,11 @@ class FedGELA(GlobalModel):
         return model
 
     # -- server -------------------------------------------------------------------------------
-    def server_init(self, ctx) -> FedGELAState:
+    def server_init(self, ctx: ServerContext) -> FedGELAState:
         return FedGELAState(ctx.init_weights())  # theta_0 and the ETF; aggregate: the backbone only
 
     # -- client -------------------------------------------------------------------------------
-    async def client_update(self, msg: Record, state: Optional[Record], ctx) -> ClientResult:
+    async def client_update(self, msg: Record, state: Optional[Record], ctx: ClientContext) -> ClientResult:
         clip = self.train_overrides()
         if self.adapt_locally:
             phi = local_adaptation(ctx.class_counts, self.hp.gamma).to(ctx.data[1].device)  # (C,) Phi_k
@@ -196,16 +200,16 @@ class FedGELA(GlobalModel):
         return ClientResult(reply, personal=AdaptedETF(model, phi) if self.adapt_locally else model)
 
     @staticmethod
-    def adapted_loss(model, x, y, extras):
+    def adapted_loss(model: nn.Module, x: torch.Tensor, y: torch.Tensor, extras: Mapping[str, Any]) -> torch.Tensor:
         return gela_loss(model(x), y, extras["phi"])  # eq. (5)
 
-    def train_overrides(self) -> dict:
+    def train_overrides(self) -> dict[str, Any]:
         return {} if self.hp.clip_grad is None else {"clip_grad": self.hp.clip_grad}
 
     # the server: GlobalModel's average of the backbones (the ETF head, in no reply, is kept as
     # is); GA: the global backbone with the plain ETF
 
-    def class_vectors(self, state: FedGELAState):
+    def class_vectors(self, state: FedGELAState) -> Optional[torch.Tensor]:
         return state.weights["head.weight"]  # the ETF's columns, one row per class (C, d)
 
 

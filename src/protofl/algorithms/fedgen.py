@@ -63,7 +63,7 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass, field
-from typing import Literal, Optional
+from typing import Any, Callable, cast, Literal, Mapping, Optional, Sequence, Union
 
 import torch
 import torch.nn.functional as F
@@ -71,8 +71,8 @@ from torch import nn
 from torch.func import functional_call
 
 from ..errors import require, require_size
-from ..messages import Record, expect_shapes
-from .base import ClientResult, register, WeightsState
+from ..messages import Arrays, Record, expect_shapes
+from .base import ClientContext, ClientResult, register, ServerContext, WeightsState
 from .fedavg import FedAvg
 from .serveropt import ServerOptHyper
 
@@ -102,7 +102,7 @@ class FedGenState(WeightsState):
     generator: dict[str, torch.Tensor]
     counts: torch.Tensor  # (N, C) label counts of each client seen so far
     trained: bool = False
-    optimizer: dict = field(default_factory=dict)  # the generator's Adam state
+    optimizer: dict[str, Any] = field(default_factory=dict)  # the generator's Adam state
 
 
 class Generator(nn.Module):
@@ -114,7 +114,8 @@ class Generator(nn.Module):
         self.net = nn.Sequential(nn.Linear(noise_dim + num_classes, hidden), nn.ReLU(), nn.Linear(hidden, out_dim))
 
     def forward(self, eps: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
-        return self.net(torch.cat([eps, F.one_hot(y, self.num_classes).to(eps.dtype)], dim=1))
+        out: torch.Tensor = self.net(torch.cat([eps, F.one_hot(y, self.num_classes).to(eps.dtype)], dim=1))
+        return out
 
 
 # ---------------------------------------------------------------------------------------
@@ -123,11 +124,11 @@ class Generator(nn.Module):
 def ensemble_logits(head: nn.Module, heads: list[dict[str, torch.Tensor]], z: torch.Tensor, y: torch.Tensor,
                     label_weights: Optional[torch.Tensor] = None) -> torch.Tensor:
     """sum_k a_k(y) g(z; theta_k^p); a_k = 1/K (the paper) or label_weights[k, y] (K, C)."""
-    out = 0.0
+    out: Union[torch.Tensor, float] = 0.0
     for k, params in enumerate(heads):
         a = (1.0 / len(heads)) if label_weights is None else label_weights[k, y].unsqueeze(1)
         out = out + a * functional_call(head, params, (z,))
-    return out
+    return cast(torch.Tensor, out)  # a tensor after the first head (there is at least one)
 
 
 def diversity_loss(eps: torch.Tensor, z: torch.Tensor) -> torch.Tensor:
@@ -144,7 +145,7 @@ def generator_objective(head: nn.Module, heads: list[dict[str, torch.Tensor]], z
 
 
 @register
-class FedGen(FedAvg):
+class FedGen(FedAvg[FedGenState]):
     name = "fedgen"
     family = "global-model baselines"
     reply_arrays = ("counts",)  # besides theta_k
@@ -154,9 +155,9 @@ class FedGen(FedAvg):
         return Generator(self.hp.noise_dim, self.info.num_classes, self.hp.hidden, feature_dim)
 
     # -- server ------------------------------------------------------------------------------
-    def server_init(self, ctx) -> FedGenState:
+    def server_init(self, ctx: ServerContext) -> FedGenState:
         w = ctx.init_weights()
-        d = ctx.shared_model(w).feature_dim
+        d = cast(int, ctx.shared_model(w).feature_dim)
         with torch.random.fork_rng(devices=[]):
             torch.manual_seed(int(ctx.rng(0, "fedgen-init").integers(2**62)))
             gen = {k: v.to(ctx.device) for k, v in self.generator(d).state_dict().items()}
@@ -168,8 +169,8 @@ class FedGen(FedAvg):
         total = counts.sum(0).to(torch.float32)
         return total / total.sum() if total.sum() > 0 else torch.full_like(total, 1.0 / len(total))
 
-    def configure(self, state: FedGenState, rnd, ctx) -> Record:
-        arrays = {}
+    def configure(self, state: FedGenState, rnd: int, ctx: ServerContext) -> Record:
+        arrays: Arrays = {}
         if state.trained and self.hp.alpha > 0:
             arrays = {"generator": state.generator, "prior": self.prior(state.counts)}
         return Record(weights=state.weights, arrays=arrays)
@@ -182,21 +183,23 @@ class FedGen(FedAvg):
             return "counts must be >= 0"
         return expect_shapes(reply, counts=(self.info.num_classes,))
 
-    def aggregate(self, state: FedGenState, rnd, replies, ctx) -> FedGenState:
+    def aggregate(self, state: FedGenState, rnd: int, replies: list[tuple[int, Record]],
+                  ctx: ServerContext) -> FedGenState:
         if not replies:
             return state
         avg = super().aggregate(state, rnd, replies, ctx)
         counts = state.counts.clone()
         for cid, r in replies:
-            counts[cid] = r.arrays["counts"].to(torch.int64).cpu()
+            counts[cid] = cast(torch.Tensor, r.arrays["counts"]).to(torch.int64).cpu()
         prior = self.prior(counts).to(ctx.device)
-        head = ctx.shared_model().head
+        head = cast(nn.Module, ctx.shared_model().head)
         heads = [{k[len("head."):]: v for k, v in r.weights.items() if k.startswith("head.")} for _, r in replies]
         label_weights = None
         if self.hp.ensemble == "counts":
-            n = torch.stack([r.arrays["counts"].to(torch.float32) for _, r in replies]).to(ctx.device)  # (K, C)
+            n = torch.stack([cast(torch.Tensor, r.arrays["counts"]).to(torch.float32)
+                             for _, r in replies]).to(ctx.device)  # (K, C)
             label_weights = n / n.sum(0).clamp_min(1.0)
-        gen = self.generator(ctx.shared_model().feature_dim).to(ctx.device)
+        gen = self.generator(cast(int, ctx.shared_model().feature_dim)).to(ctx.device)
         gen.load_state_dict(state.generator)
         opt = torch.optim.Adam(gen.parameters(), lr=self.hp.gen_lr)
         if state.optimizer:
@@ -221,7 +224,7 @@ class FedGen(FedAvg):
                                    optimizer=opt.state_dict())
 
     # -- client ------------------------------------------------------------------------------
-    async def client_update(self, msg: Record, state: Optional[Record], ctx) -> ClientResult:
+    async def client_update(self, msg: Record, state: Optional[Record], ctx: ClientContext) -> ClientResult:
         w_t = msg.weights
         if "prior" not in msg.arrays:  # round 1 (no trained generator yet) or alpha = 0: FedAvg
             fitted = await ctx.fit(w_t)
@@ -230,21 +233,21 @@ class FedGen(FedAvg):
         reply = Record(weights=fitted.weights, arrays={"counts": ctx.class_counts})
         return ClientResult(reply, personal=ctx.shared_model(fitted.weights))
 
-    def generated(self, msg: Record, ctx):
+    def generated(self, msg: Record, ctx: ClientContext) -> Callable[[Sequence[int]], dict[str, torch.Tensor]]:
         """The features G_w(z | y) the client's steps distill from: per step, as many labels
         y ~ p^(y) and noise draws as the step has samples, from the client's own stream, then
         G's features (G fixed, no gradient)."""
-        prior, nd = msg.arrays["prior"], self.hp.noise_dim
-        gen = self.generator(ctx.architecture.feature_dim).to(prior.device)
-        gen.load_state_dict(msg.arrays["generator"])
+        prior, nd = cast(torch.Tensor, msg.arrays["prior"]), self.hp.noise_dim
+        gen = self.generator(cast(int, ctx.architecture.feature_dim)).to(prior.device)
+        gen.load_state_dict(cast(dict[str, torch.Tensor], msg.arrays["generator"]))
         gen.eval()
         g = torch.Generator(device=prior.device)
         g.manual_seed(int(ctx.rng("fedgen").integers(2**62)))
 
-        def draw(sizes) -> dict[str, torch.Tensor]:
+        def draw(sizes: Sequence[int]) -> dict[str, torch.Tensor]:
             B = max(sizes, default=0)
             y_gen = torch.zeros(len(sizes), B, dtype=torch.int64, device=prior.device)
-            z = torch.zeros(len(sizes), B, gen.net[-1].out_features, device=prior.device)
+            z = torch.zeros(len(sizes), B, cast(nn.Linear, gen.net[-1]).out_features, device=prior.device)
             with torch.no_grad():
                 for s, b in enumerate(sizes):  # one step after another, as the loss would draw them
                     y_gen[s, :b] = torch.multinomial(prior, b, replacement=True, generator=g)
@@ -253,8 +256,10 @@ class FedGen(FedAvg):
 
         return draw
 
-    def distilled_loss(self, model, x, y, extras):
+    def distilled_loss(self, model: nn.Module, x: torch.Tensor, y: torch.Tensor,
+                       extras: Mapping[str, Any]) -> torch.Tensor:
         """L_k + alpha * CE(g(z; theta^p), y) on the step's generated features."""
         value = F.cross_entropy(model(x), y)
         z, y_gen = extras["z"], extras["y_gen"]
-        return value + self.hp.alpha * F.cross_entropy(model.head(z.to(x.device)), y_gen.to(y.device))
+        head = cast(nn.Module, model.head)
+        return cast(torch.Tensor, value + self.hp.alpha * F.cross_entropy(head(z.to(x.device)), y_gen.to(y.device)))

@@ -49,16 +49,17 @@ from __future__ import annotations
 
 import copy
 from dataclasses import dataclass
-from typing import Optional
+from typing import cast, Optional
 
 import torch
 import torch.nn.functional as F
+from torch import nn
 
 from ..errors import require, require_size
 from ..messages import Record
 from ..nn.privacy import release_class_means
 from ..nn.prototypes import prototype_rows
-from .base import ClientResult, register
+from .base import ClientContext, ClientResult, register, ServerContext
 from .fedproto import dense, FedProto, sparse
 
 HEAD = "head."  # the header's entries in the model's state dict
@@ -78,7 +79,7 @@ class FedGHHyper:
 
 @dataclass
 class HeaderState:
-    header: dict  # the global header's entries (``head.weight``, ``head.bias``, ...)
+    header: dict[str, torch.Tensor]  # the global header's entries (``head.weight``, ``head.bias``, ...)
 
 
 def train_header(head: torch.nn.Module, reps: torch.Tensor, labels: torch.Tensor, epochs: int, lr: float,
@@ -100,24 +101,27 @@ def train_header(head: torch.nn.Module, reps: torch.Tensor, labels: torch.Tensor
 
 
 @register
-class FedGH(FedProto):
+class FedGH(FedProto[HeaderState]):
     name = "fedgh"
     Hyper = FedGHHyper
 
     # -- server ------------------------------------------------------------------------------
-    def server_init(self, ctx) -> HeaderState:
+    def server_init(self, ctx: ServerContext) -> HeaderState:
         return HeaderState({k: v for k, v in ctx.init_weights().items() if k.startswith(HEAD)})
 
-    def configure(self, state: HeaderState, rnd, ctx) -> Record:
+    def configure(self, state: HeaderState, rnd: int, ctx: ServerContext) -> Record:
         return Record(weights=state.header)
 
-    def aggregate(self, state: HeaderState, rnd, replies, ctx) -> HeaderState:
+    def aggregate(self, state: HeaderState, rnd: int, replies: list[tuple[int, Record]],
+                  ctx: ServerContext) -> HeaderState:
         if not replies:
             return state
         C, d, dev = self.info.num_classes, self.info.feature_dim, ctx.device
-        reps, labels = prototype_rows(*zip(*(dense(r, C, d) for _, r in replies)))
+        tables = [dense(r, C, d) for _, r in replies]
+        reps, labels = prototype_rows([p for p, _ in tables], [c for _, c in tables])
         reps, labels = reps.to(dev), labels.to(dev)  # the round's class representations R_i^s and classes s
-        head = copy.deepcopy(ctx.shared_model().head).to(dev)  # a private copy: the shared model stays as it is
+        # a private copy: the shared model stays as it is
+        head = copy.deepcopy(cast(nn.Module, ctx.shared_model().head)).to(dev)
         head.load_state_dict({k[len(HEAD):]: v for k, v in state.header.items()})
         g = torch.Generator()
         g.manual_seed(int(ctx.rng(rnd, "fedgh").integers(2**62)))
@@ -126,13 +130,14 @@ class FedGH(FedProto):
             ctx.log("header_loss", loss)
         return HeaderState({HEAD + k: v.detach().clone() for k, v in head.state_dict().items()})
 
-    def class_vectors(self, state: HeaderState):
+    def class_vectors(self, state: HeaderState) -> Optional[torch.Tensor]:
         return state.header.get(HEAD + "weight")  # the header's class rows (C, d) for a linear head
 
     # -- client ------------------------------------------------------------------------------
-    async def client_update(self, msg: Record, state: Optional[Record], ctx) -> ClientResult:
+    async def client_update(self, msg: Record, state: Optional[Record], ctx: ClientContext) -> ClientResult:
         C = self.info.num_classes
         _, y = ctx.data
+        assert state is not None  # client_init made it (the client's own model)
         fitted = await ctx.fit({**state.weights, **msg.weights})  # own extractor, the global header
         z = await ctx.features(fitted.weights)
         protos, counts = release_class_means(ctx, z, y, C)  # R_i^s, after training (private under privacy.*)

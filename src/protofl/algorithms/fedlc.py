@@ -27,9 +27,12 @@ client lacks are excluded); the plain logits are reported as ``@logits``.
 from __future__ import annotations
 
 from dataclasses import dataclass
+
+import torch
+
 from ..errors import require
 from ..nn.losses import calibrated_logits
-from .base import register
+from .base import ClientContext, register, WeightsState
 from .fedavg import FedAvg, FedAvgHyper
 
 
@@ -42,13 +45,13 @@ class FedLCHyper(FedAvgHyper):
 
 
 @register
-class FedLC(FedAvg):
+class FedLC(FedAvg[WeightsState]):
     name = "fedlc"
     family = "calibrated softmax"
     Hyper = FedLCHyper
 
-    def logit_adjustment(self, ctx):
+    def logit_adjustment(self, ctx: ClientContext) -> torch.Tensor:
         return ctx.class_counts.to(ctx.data[1].device)  # (C,) n_kc
 
-    def adjust_logits(self, z, counts):
+    def adjust_logits(self, z: torch.Tensor, counts: torch.Tensor) -> torch.Tensor:
         return calibrated_logits(z, counts, tau=self.hp.tau)  # the calibrated softmax

@@ -75,16 +75,18 @@ together (docs/privacy.md).
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Literal, Optional
+from typing import Any, cast, ClassVar, Literal, Optional
 
 import torch
+from torch import nn
 from torch.nn import functional as F
 
 from ..errors import require
-from ..messages import Record, expect_shapes
+from ..messages import Arrays, Record, expect_shapes
+from ..models.base import FLModel
 from ..nn.heads import FixedHead, add_projection, max_separated_prototypes, min_pairwise_distance
 from ..nn.privacy import release_class_means
-from .base import ClientResult, GlobalModel, register, WeightsState
+from .base import ClientContext, ClientResult, GlobalModel, register, ServerContext, WeightsState
 from .serveropt import ServerOptHyper
 
 HEAD_W = "head.weight"  # the prototypes W (C, d) inside the model's state dict
@@ -149,30 +151,31 @@ def prototype_update(W: torch.Tensor, mu: torch.Tensor, counts: torch.Tensor, rh
 
 
 @register
-class FedNH(GlobalModel):
+class FedNH(GlobalModel[FedNHState]):
     name = "fednh"
     family = "fixed and calibrated heads"
     reply_arrays = ("proto", "counts")  # besides theta and s
-    Hyper = FedNHHyper
+    Hyper: ClassVar[type] = FedNHHyper
 
     @property
     def rho(self) -> float:
-        return self.hp.rho
+        return cast(float, self.hp.rho)
 
     @property
     def updates_head(self) -> bool:
         return self.rho < 1.0
 
     # -- model: fixed prototype head, problem (1) ---------------------------------------------
-    def adapt_model(self, model):
-        W = max_separated_prototypes(model.num_classes, model.feature_dim, self.info.seed)  # (C, d)
+    def adapt_model(self, model: nn.Module) -> nn.Module:
+        base = cast(FLModel, model)  # the zoo's models
+        W = max_separated_prototypes(base.num_classes, base.feature_dim, self.info.seed)  # (C, d)
         if self.hp.projection:
             model = add_projection(model)
         model.head = FixedHead(W, scale=self.hp.scale, learn_scale=self.hp.learn_scale)
         return model
 
     # -- server -------------------------------------------------------------------------------
-    def server_init(self, ctx) -> FedNHState:
+    def server_init(self, ctx: ServerContext) -> FedNHState:
         return FedNHState(ctx.init_weights())
 
     def check_reply(self, reply: Record, sent: Record) -> Optional[str]:
@@ -180,9 +183,9 @@ class FedNH(GlobalModel):
         return expect_shapes(reply, proto=(C, d), counts=(C,))
 
     # -- client -------------------------------------------------------------------------------
-    async def client_update(self, msg: Record, state: Optional[Record], ctx) -> ClientResult:
+    async def client_update(self, msg: Record, state: Optional[Record], ctx: ClientContext) -> ClientResult:
         fitted = await ctx.fit(msg.weights)  # theta and s move; W is a buffer and stays fixed
-        arrays = {}
+        arrays: Arrays = {}
         if self.updates_head:  # eq. (3): class means of the normalized features after training
             f = F.normalize(await ctx.features(fitted.weights, "body"), dim=1)  # (n_k, d)
             # (C, d), (C,); private under privacy.mode: sample
@@ -191,21 +194,23 @@ class FedNH(GlobalModel):
         return ClientResult(reply, personal=ctx.shared_model(fitted.weights))
 
     # -- server -------------------------------------------------------------------------------
-    def aggregate(self, state: FedNHState, rnd, replies, ctx) -> FedNHState:
+    def aggregate(self, state: FedNHState, rnd: int, replies: list[tuple[int, Record]],
+                  ctx: ServerContext) -> FedNHState:
         new = super().aggregate(state, rnd, replies, ctx)  # theta, s: line 9 (W is not in replies)
         if new is state or not self.updates_head:
             return new  # nobody arrived: keep theta_t, s_t, W_t
         W = state.weights[HEAD_W]
-        mu = torch.stack([r.arrays["proto"] for _, r in replies]).to(W)  # (K, C, d)
-        counts = torch.stack([r.arrays["counts"] for _, r in replies]).to(W.device)  # (K, C)
+        # "proto" and "counts": tensors, as the clients send them (check_reply checks their shapes)
+        mu = torch.stack([cast(torch.Tensor, r.arrays["proto"]) for _, r in replies]).to(W)  # (K, C, d)
+        counts = torch.stack([cast(torch.Tensor, r.arrays["counts"]) for _, r in replies]).to(W.device)  # (K, C)
         new.weights[HEAD_W] = prototype_update(W, mu, counts, self.rho, self.hp.proto_weighting)  # eq. (4)
         ctx.log("head_min_dist", min_pairwise_distance(new.weights[HEAD_W]))
         return new
 
-    def class_vectors(self, state: FedNHState):
+    def class_vectors(self, state: FedNHState) -> Optional[torch.Tensor]:
         return state.weights[HEAD_W]  # the prototypes W (C, d)
 
-    def prototype_releases(self, privacy) -> int:
+    def prototype_releases(self, privacy: Any) -> int:
         return 1 if self.updates_head else 0  # eq. (3)'s means and counts, once per round
 
 

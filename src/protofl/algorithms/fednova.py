@@ -54,13 +54,14 @@ from __future__ import annotations
 import logging
 from collections import Counter
 from dataclasses import dataclass
-from typing import Literal, Optional
+from typing import cast, Literal, Optional
 
 import torch
 
 from ..errors import ConfigError
-from ..messages import Record
-from .base import average, ClientResult, GlobalModel, register, reply_weight
+from ..messages import Arrays, Record
+from .base import (average, ClientContext, ClientResult, GlobalModel, register, reply_weight, ServerContext,
+                   WeightsState)
 from .serveropt import ServerOptHyper
 
 log = logging.getLogger(__name__)
@@ -86,13 +87,13 @@ def normalized_average(x: dict[str, torch.Tensor], d: list[dict[str, torch.Tenso
     tau_eff = sum(pi * ai for pi, ai in zip(p, a))
     out = {}
     for k in d[0]:
-        step = sum(pi * di[k] for pi, di in zip(p, d))
+        step = cast(torch.Tensor, sum(pi * di[k] for pi, di in zip(p, d)))  # d is not empty
         out[k] = x[k] - tau_eff * step.to(x[k].dtype)
     return out
 
 
 @register
-class FedNova(GlobalModel):
+class FedNova(GlobalModel[WeightsState]):
     name = "fednova"
     family = "global-model baselines"
     Hyper = FedNovaHyper
@@ -104,7 +105,8 @@ class FedNova(GlobalModel):
         a = reply.metrics.get("a")
         if a is None or a < 0:
             return "no ||a_i||_1 >= 0 (metric 'a')"
-        d, rest = reply.arrays.get("d"), reply.arrays.get("rest", {})
+        # rest taken for a group: a reply whose rest is one tensor fails in .items() below, unrejected
+        d, rest = reply.arrays.get("d"), cast(dict[str, torch.Tensor], reply.arrays.get("rest", {}))
         if not isinstance(d, dict) or not d:
             return "no normalized update d"
         for group, part in (("d", d), ("rest", rest)):
@@ -117,28 +119,31 @@ class FedNova(GlobalModel):
             return "d and rest do not split the model's weights between them"
         return None
 
-    def aggregate(self, state, rnd, replies, ctx):
-        replies = [r for _, r in replies if reply_weight(r, self.hp.weighting) > 0]
-        if not replies:
+    def aggregate(self, state: WeightsState, rnd: int, replies: list[tuple[int, Record]],
+                  ctx: ServerContext) -> WeightsState:
+        arrived = [r for _, r in replies if reply_weight(r, self.hp.weighting) > 0]
+        if not arrived:
             return state  # nobody arrived: keep x_t
         # check_reply let through only replies that hold every weight once, in d or in rest;
         # every client puts its trainable parameters in d, so the d's agree unless a client
         # misbehaves: one whose d differs from the most common one is left out (the sum over
         # the clients would otherwise lack a term)
-        names = Counter(frozenset(r.arrays["d"]) for r in replies).most_common(1)[0][0]
-        if any(frozenset(r.arrays["d"]) != names for r in replies):
+        names = Counter(frozenset(r.arrays["d"]) for r in arrived).most_common(1)[0][0]
+        if any(frozenset(r.arrays["d"]) != names for r in arrived):
             log.warning("FedNova: left out %d replies whose d holds other weights than the others'",
-                        sum(frozenset(r.arrays["d"]) != names for r in replies))
-            replies = [r for r in replies if frozenset(r.arrays["d"]) == names]
-        weights = [reply_weight(r, self.hp.weighting) for r in replies]
+                        sum(frozenset(r.arrays["d"]) != names for r in arrived))
+            arrived = [r for r in arrived if frozenset(r.arrays["d"]) == names]
+        weights = [reply_weight(r, self.hp.weighting) for r in arrived]
         p = [w / sum(weights) for w in weights]
-        x_bar = normalized_average(state.weights, [r.arrays["d"] for r in replies],
-                                   [float(r.metrics["a"]) for r in replies], p)
-        x_bar.update(average(replies, self.hp.weighting, part=lambda r: r.arrays.get("rest", {})))
+        # check_reply let through only replies whose d and rest are groups (dicts of tensors)
+        x_bar = normalized_average(state.weights, [cast(dict[str, torch.Tensor], r.arrays["d"]) for r in arrived],
+                                   [float(r.metrics["a"]) for r in arrived], p)
+        x_bar.update(average(arrived, self.hp.weighting,
+                             part=lambda r: cast(dict[str, torch.Tensor], r.arrays.get("rest", {}))))
         return self.server_update(state, x_bar, ctx)
 
     # -- client ------------------------------------------------------------------------------
-    async def client_update(self, msg: Record, state, ctx) -> ClientResult:
+    async def client_update(self, msg: Record, state: Optional[Record], ctx: ClientContext) -> ClientResult:
         settings = ctx.training_settings()
         if settings.optimizer != "sgd":
             raise ConfigError("training.optimizer", settings.optimizer,
@@ -150,7 +155,7 @@ class FedNova(GlobalModel):
         a = a_norm(tau, settings.momentum)
         params = ctx.trainable(x)
         d = {k: (x[k] - y[k]) / a if a > 0 else torch.zeros_like(x[k]) for k in params}
-        arrays = {"d": d}
+        arrays: Arrays = {"d": d}
         rest = {k: v for k, v in y.items() if k not in params}
         if rest:
             arrays["rest"] = rest

@@ -38,6 +38,7 @@ Choices and details:
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any, cast, Mapping
 
 import torch
 import torch.nn.functional as F
@@ -45,8 +46,9 @@ from torch import nn
 from torch.func import functional_call
 
 from ..errors import require
+from ..messages import Record
 from ..nn.modes import eval_mode
-from .base import register
+from .base import ClientContext, LossFn, register, WeightsState
 from .fedavg import FedAvg, FedAvgHyper
 
 
@@ -79,23 +81,24 @@ def not_true_distillation(z: torch.Tensor, z_g: torch.Tensor, y: torch.Tensor, t
 def frozen_logits(model: nn.Module, weights: dict[str, torch.Tensor], x: torch.Tensor) -> torch.Tensor:
     """f_{w_t}(x): the model with the global weights, in eval mode, no gradient."""
     with eval_mode(model), torch.no_grad():
-        return functional_call(model, weights, (x,))
+        return cast(torch.Tensor, functional_call(model, weights, (x,)))
 
 
 @register
-class FedNTD(FedAvg):
+class FedNTD(FedAvg[WeightsState]):
     name = "fedntd"
     family = "calibrated softmax"
     Hyper = FedNTDHyper
 
-    def objective(self, msg, ctx):
+    def objective(self, msg: Record, ctx: ClientContext) -> tuple[LossFn, dict[str, Any]]:
         """CE + beta L_NTD against the received global model (its weights are the client's extras)."""
         return self.ntd_loss, {"glob": ctx.like_model(msg.weights)}
 
-    def ntd_loss(self, model, x, y, extras):
+    def ntd_loss(self, model: nn.Module, x: torch.Tensor, y: torch.Tensor,
+                 extras: Mapping[str, Any]) -> torch.Tensor:
         z = model(x)
         value = F.cross_entropy(z, y)
         if self.hp.beta == 0:
             return value
         z_g = frozen_logits(model, extras["glob"], x)
-        return value + self.hp.beta * not_true_distillation(z, z_g, y, self.hp.tau)
+        return cast(torch.Tensor, value + self.hp.beta * not_true_distillation(z, z_g, y, self.hp.tau))

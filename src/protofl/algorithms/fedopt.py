@@ -24,10 +24,12 @@ examples) do; ``weighting: uniform`` gives the printed mean.
 """
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
+from typing import Any, ClassVar, TYPE_CHECKING
 
 from ..errors import require
-from .base import register
+from .base import register, WeightsState
 from .fedavg import FedAvg, FedAvgHyper
 from .serveropt import ServerOpt
 
@@ -35,6 +37,10 @@ from .serveropt import ServerOpt
 class FixedServerOpt:
     """The check of a named method's Hyper: its server optimizer stays the one its name
     says (the default of its ``server_opt``)."""
+
+    if TYPE_CHECKING:  # the Hyper dataclass it is mixed into has them
+        __dataclass_fields__: ClassVar[dict[str, dataclasses.Field[Any]]]
+        server_opt: ServerOpt
 
     def validate(self, section: str) -> None:
         own = type(self).__dataclass_fields__["server_opt"].default
@@ -64,7 +70,7 @@ class FedAdagradHyper(FixedServerOpt, FedAvgHyper):
 
 
 @register
-class FedAvgM(FedAvg):
+class FedAvgM(FedAvg[WeightsState]):
     """FedAvg with server momentum: m_t = beta m_{t-1} + Delta_t, x_{t+1} = x_t + eta m_t."""
 
     name = "fedavgm"
@@ -73,7 +79,7 @@ class FedAvgM(FedAvg):
 
 
 @register
-class FedAdam(FedAvg):
+class FedAdam(FedAvg[WeightsState]):
     """FedAvg with the server's Adam step (Algorithm 2, v_t = beta_2 v_{t-1} + (1 - beta_2) Delta_t^2)."""
 
     name = "fedadam"
@@ -82,7 +88,7 @@ class FedAdam(FedAvg):
 
 
 @register
-class FedYogi(FedAvg):
+class FedYogi(FedAvg[WeightsState]):
     """FedAvg with the server's Yogi step (Algorithm 2, v_t = v_{t-1} - (1 - beta_2) Delta_t^2
     sign(v_{t-1} - Delta_t^2))."""
 
@@ -92,7 +98,7 @@ class FedYogi(FedAvg):
 
 
 @register
-class FedAdagrad(FedAvg):
+class FedAdagrad(FedAvg[WeightsState]):
     """FedAvg with the server's Adagrad step (Algorithm 2, v_t = v_{t-1} + Delta_t^2)."""
 
     name = "fedadagrad"

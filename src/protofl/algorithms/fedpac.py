@@ -62,17 +62,20 @@ from __future__ import annotations
 import dataclasses
 import logging
 from dataclasses import dataclass
-from typing import Optional
+from typing import Any, cast, Mapping, Optional
 
 import numpy as np
+import numpy.typing as npt
 import torch
 import torch.nn.functional as F
+from torch import nn
 
 from ..errors import require
 from ..messages import Record, expect_arrays, expect_shapes
+from ..models.base import FLModel
 from ..nn.prototypes import aggregate_prototypes, class_means
 from ..nn.qp import simplex_qp
-from .base import ClientResult, cross_entropy, register, reply_weight, WeightsState
+from .base import ClientContext, ClientResult, cross_entropy, register, reply_weight, ServerContext, WeightsState
 from .fedavg import FedAvgHyper
 from .fedper import FedPer
 
@@ -96,7 +99,7 @@ class FedPACHyper(FedAvgHyper):
 class FedPACState(WeightsState):  # weights: the extractor f (and the initial classifier)
     protos: torch.Tensor  # (C, d) global prototypes c_k
     counts: torch.Tensor  # (C,) samples behind c_k; 0 = none yet
-    heads: dict  # head entry -> (N, ...) each client's combined classifier
+    heads: dict[str, torch.Tensor]  # head entry -> (N, ...) each client's combined classifier
     combined: torch.Tensor  # (N,) bool: the client has one
 
 
@@ -111,7 +114,7 @@ def feature_statistics(z: torch.Tensor, y: torch.Tensor, num_classes: int) -> tu
     return ((p * sq.squeeze(1)).sum() - (h ** 2).sum()) / n, h
 
 
-def combination_weights(V: torch.Tensor, H: torch.Tensor, i: int, floor: float = 1e-3) -> np.ndarray:
+def combination_weights(V: torch.Tensor, H: torch.Tensor, i: int, floor: float = 1e-3) -> npt.NDArray[np.float64]:
     """alpha_i (K,): argmin over the simplex of alpha^T (diag(V) + D) alpha, D_jl = sum_k <h_ik - h_jk,
     h_ik - h_lk>, for the K clients' V (K,) and h (K, C, d); one-hot at i if the solver fails."""
     A = (H[i] - H).reshape(len(H), -1).double()  # (K, C d) rows h_i - h_j
@@ -122,7 +125,7 @@ def combination_weights(V: torch.Tensor, H: torch.Tensor, i: int, floor: float =
     return alpha
 
 
-def head_problem(algo: FedPer, reply: Record, sent: Record) -> Optional[str]:
+def head_problem(algo: FedPer[Any], reply: Record, sent: Record) -> Optional[str]:
     """Why the reply's group 'head' is not a linear classifier d -> C of the model (None: it is).
     Against the sent classifier when one was sent, else any linear one, with or without a bias."""
     C, d = algo.info.num_classes, algo.info.feature_dim
@@ -141,12 +144,14 @@ def head_problem(algo: FedPer, reply: Record, sent: Record) -> Optional[str]:
     return None
 
 
-def model_heads_only(replies: list, heads: dict, method: str) -> list:
+def model_heads_only(replies: list[tuple[int, Record]], heads: Mapping[str, torch.Tensor],
+                     method: str) -> list[tuple[int, Record]]:
     """The replies whose classifier has the model's entries (check_reply let through any linear
     one; a bias the model lacks, or no bias where it has one, cannot enter a combination).
     The warning names ``method`` and goes to its module's logger (``protofl.algorithms.<method>``)."""
     shapes = {k: v.shape[1:] for k, v in heads.items()}
-    odd = [cid for cid, r in replies if {k: t.shape for k, t in r.arrays["head"].items()} != shapes]
+    odd = [cid for cid, r in replies
+           if {k: t.shape for k, t in cast(dict[str, torch.Tensor], r.arrays["head"]).items()} != shapes]
     if odd:
         logging.getLogger(f"{__package__}.{method.lower()}").warning(
             "%s: left out the replies of clients %s, whose classifier entries are not the model's", method, odd)
@@ -154,24 +159,24 @@ def model_heads_only(replies: list, heads: dict, method: str) -> list:
 
 
 @register
-class FedPAC(FedPer):
+class FedPAC(FedPer[FedPACState]):
     name = "fedpac"
     Hyper = FedPACHyper
     reply_arrays = ("proto", "counts", "v", "h", "head")  # besides f_i
 
     # -- server ------------------------------------------------------------------------------
-    def server_init(self, ctx) -> FedPACState:
+    def server_init(self, ctx: ServerContext) -> FedPACState:
         w = ctx.init_weights()
         C, d, N = self.info.num_classes, self.info.feature_dim, self.info.num_clients
         heads = {k: torch.zeros(N, *v.shape, dtype=v.dtype) for k, v in self.personal_part(w).items()}
         return FedPACState(w, torch.zeros(C, d), torch.zeros(C, dtype=torch.int64), heads,
                            torch.zeros(N, dtype=torch.bool))
 
-    def configure(self, state: FedPACState, rnd, ctx) -> Record:
+    def configure(self, state: FedPACState, rnd: int, ctx: ServerContext) -> Record:
         return Record(weights=self.shared_part(state.weights),
                       arrays={"protos": state.protos, "proto_counts": state.counts})
 
-    def configure_client(self, state: FedPACState, rnd, cid, ctx) -> Optional[Record]:
+    def configure_client(self, state: FedPACState, rnd: int, cid: int, ctx: ServerContext) -> Optional[Record]:
         if not bool(state.combined[cid]):
             return None
         return Record(weights={k: v[cid] for k, v in state.heads.items()})
@@ -184,24 +189,26 @@ class FedPAC(FedPer):
             return missing
         return head_problem(self, reply, sent) or expect_shapes(reply, proto=(C, d), counts=(C,), h=(C, d), v=(1,))
 
-    def aggregate(self, state: FedPACState, rnd, replies, ctx) -> FedPACState:
+    def aggregate(self, state: FedPACState, rnd: int, replies: list[tuple[int, Record]],
+                  ctx: ServerContext) -> FedPACState:
         replies = model_heads_only([(cid, r) for cid, r in replies if reply_weight(r, self.hp.weighting) > 0],
                                    state.heads, "FedPAC")
         if not replies:
             return state
         new = super().aggregate(state, rnd, replies, ctx)  # f: FedAvg over the shared entries
-        fresh, n = aggregate_prototypes([r.arrays["proto"] for _, r in replies],
-                                        [r.arrays["counts"] for _, r in replies], "counts")
+        fresh, n = aggregate_prototypes([cast(torch.Tensor, r.arrays["proto"]) for _, r in replies],
+                                        [cast(torch.Tensor, r.arrays["counts"]) for _, r in replies], "counts")
         seen = n > 0
         protos = torch.where(seen.unsqueeze(1), fresh.to(state.protos), state.protos)
         counts = torch.where(seen, n, state.counts)
         # classifier collaboration among the round's clients
-        V = torch.cat([r.arrays["v"].detach().cpu().reshape(1) for _, r in replies])  # (K,)
-        H = torch.stack([r.arrays["h"].detach().cpu() for _, r in replies])  # (K, C, d)
-        phis = {k: torch.stack([r.arrays["head"][k].detach().cpu() for _, r in replies]) for k in state.heads}
+        V = torch.cat([cast(torch.Tensor, r.arrays["v"]).detach().cpu().reshape(1) for _, r in replies])  # (K,)
+        H = torch.stack([cast(torch.Tensor, r.arrays["h"]).detach().cpu() for _, r in replies])  # (K, C, d)
+        phis = {k: torch.stack([cast(dict[str, torch.Tensor], r.arrays["head"])[k].detach().cpu() for _, r in replies])
+                for k in state.heads}
         heads = {k: v.clone() for k, v in state.heads.items()}
         combined = state.combined.clone()
-        self_weight = []
+        self_weight: list[float] = []
         for i, (cid, _) in enumerate(replies):
             alpha = torch.from_numpy(combination_weights(V, H, i, self.hp.floor))  # (K,)
             self_weight.append(float(alpha[i]))
@@ -211,26 +218,29 @@ class FedPAC(FedPer):
         ctx.log("pac_self_weight", float(np.mean(self_weight)))
         return dataclasses.replace(new, protos=protos, counts=counts, heads=heads, combined=combined)
 
-    def class_vectors(self, state: FedPACState):
+    def class_vectors(self, state: FedPACState) -> Optional[torch.Tensor]:
         return state.protos
 
     # -- client ------------------------------------------------------------------------------
-    def aligned_loss(self, model, x, y, extras):
-        z = model.body(x)  # (B, d)
-        return F.cross_entropy(model.head(z), y) + self.hp.lam * ((z - extras["target"][y]) ** 2).mean()
+    def aligned_loss(self, model: nn.Module, x: torch.Tensor, y: torch.Tensor,
+                     extras: Mapping[str, Any]) -> torch.Tensor:
+        m = cast(FLModel, model)  # extractor f, classifier phi
+        z = m.body(x)  # (B, d)
+        return cast(torch.Tensor, F.cross_entropy(m.head(z), y) + self.hp.lam * ((z - extras["target"][y]) ** 2).mean())
 
-    async def client_update(self, msg: Record, state: Optional[Record], ctx) -> ClientResult:
+    async def client_update(self, msg: Record, state: Optional[Record], ctx: ClientContext) -> ClientResult:
         C = self.info.num_classes
         _, y = ctx.data
+        assert state is not None  # client_init made it (the initial head)
         w = {**state.weights, **msg.weights}  # f_t, and the combined classifier when the server sent one
         z = await ctx.features(w)  # (n, d) with the received extractor
         mu, _ = class_means(z, y, C)
         v, h = feature_statistics(z, y, C)
         lr = {} if self.hp.head_lr is None else {"lr": self.hp.head_lr}
         head = await ctx.fit(w, trainable=self.personal_prefixes, epochs=self.hp.head_epochs, **lr)  # 1. phi_i
-        g_counts = msg.arrays["proto_counts"].to(y.device)
+        g_counts = cast(torch.Tensor, msg.arrays["proto_counts"]).to(y.device)
         if bool((g_counts > 0).any()) and self.hp.lam != 0:  # 2. f with feature alignment
-            target = torch.where((g_counts > 0).unsqueeze(1), msg.arrays["protos"].to(y.device), mu)
+            target = torch.where((g_counts > 0).unsqueeze(1), cast(torch.Tensor, msg.arrays["protos"]).to(y.device), mu)
             loss, extras = self.aligned_loss, {"target": target}
         else:
             loss, extras = cross_entropy, {}

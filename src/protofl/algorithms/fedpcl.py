@@ -70,7 +70,7 @@ own ``local`` predictor keeps its exact prototypes, which never leave it and no 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Literal, Optional
+from typing import Any, cast, Literal, Mapping, Optional
 
 import torch
 import torch.nn.functional as F
@@ -78,9 +78,10 @@ from torch import nn
 
 from ..errors import require
 from ..messages import Record
+from ..models.base import FLModel
 from ..nn.privacy import prototype_privacy, release_class_means
 from ..nn.prototypes import class_means, NearestPrototype
-from .base import ClientResult, register
+from .base import ClientContext, ClientResult, register, ServerContext
 from .fedproto import dense, FedProto, sparse
 
 
@@ -124,16 +125,17 @@ def prototype_softmax(z: torch.Tensor, y: torch.Tensor, protos: torch.Tensor, ha
 
 
 @register
-class FedPCL(FedProto):
+class FedPCL(FedProto[PCLState]):
     name = "fedpcl"
     Hyper = FedPCLHyper
 
-    def adapt_model(self, model):
-        model.body = nn.Sequential(model.body, projection(model.feature_dim))  # backbone: body.0, g_i: body.1
+    def adapt_model(self, model: nn.Module) -> nn.Module:
+        fl = cast(FLModel, model)  # the zoo's models
+        model.body = nn.Sequential(fl.body, projection(fl.feature_dim))  # backbone: body.0, g_i: body.1
         return model
 
     # -- server ------------------------------------------------------------------------------
-    def server_init(self, ctx) -> PCLState:
+    def server_init(self, ctx: ServerContext) -> PCLState:
         N, C, d = self.info.num_clients, self.info.num_classes, self.info.feature_dim
         return PCLState(torch.zeros(N, C, d), torch.zeros(N, C, dtype=torch.bool))
 
@@ -144,14 +146,14 @@ class FedPCL(FedProto):
         n = w.sum(0)  # (C, 1)
         return (w * state.tables).sum(0) / n.clamp(min=1), n.squeeze(1) > 0
 
-    def configure(self, state: PCLState, rnd, ctx) -> Record:
+    def configure(self, state: PCLState, rnd: int, ctx: ServerContext) -> Record:
         G, has = self.global_prototypes(state)
         uploaded = state.held.any(1)  # (N,) the clients whose prototypes L_p runs over
         held = state.held[uploaded]
         tables = torch.where(held.unsqueeze(2), state.tables[uploaded], G)  # missing classes: global
         return Record(arrays={"global": G, "has": has, "locals": tables, "locals_has": held | has})
 
-    def aggregate(self, state: PCLState, rnd, replies, ctx) -> PCLState:
+    def aggregate(self, state: PCLState, rnd: int, replies: list[tuple[int, Record]], ctx: ServerContext) -> PCLState:
         if not replies:
             return state
         tables, held = state.tables.clone(), state.held.clone()
@@ -160,30 +162,33 @@ class FedPCL(FedProto):
             held[cid] = counts > 0
         return PCLState(tables, held)
 
-    def class_vectors(self, state: PCLState):
+    def class_vectors(self, state: PCLState) -> Optional[torch.Tensor]:
         return self.global_prototypes(state)[0]
 
     # -- client ------------------------------------------------------------------------------
-    def zero_loss(self, model, x, y, extras):
-        return model.body(x).sum() * 0.0  # the code's 0 * loss: only weight decay moves the weights
+    def zero_loss(self, model: nn.Module, x: torch.Tensor, y: torch.Tensor, extras: Mapping[str, Any]) -> torch.Tensor:
+        z: torch.Tensor = cast(FLModel, model).body(x)
+        return z.sum() * 0.0  # the code's 0 * loss: only weight decay moves the weights
 
-    def contrastive_loss(self, model, x, y, extras):
-        z = model.body(x)  # (B, d), unit length
+    def contrastive_loss(self, model: nn.Module, x: torch.Tensor, y: torch.Tensor,
+                         extras: Mapping[str, Any]) -> torch.Tensor:
+        z = cast(FLModel, model).body(x)  # (B, d), unit length
         l_g = prototype_softmax(z, y, extras["global"].unsqueeze(0), extras["has"].unsqueeze(0), self.hp.tau)[0]
         return l_g + prototype_softmax(z, y, extras["locals"], extras["locals_has"], self.hp.tau).mean()
 
-    async def client_update(self, msg: Record, state: Optional[Record], ctx) -> ClientResult:
+    async def client_update(self, msg: Record, state: Optional[Record], ctx: ClientContext) -> ClientResult:
         C = self.info.num_classes
         _, y = ctx.data
-        a = {k: v.to(y.device) for k, v in msg.arrays.items()}
+        a = {k: cast(torch.Tensor, v).to(y.device) for k, v in msg.arrays.items()}
         # no prototype yet (round 1): nothing to contrast with, the loss is 0 (as in the code)
         loss, extras = (self.contrastive_loss, a) if bool(a["has"].any()) else (self.zero_loss, {})
         trainable = ("body.1.",) if self.hp.backbone == "frozen" else ("body.",)  # never the unused head
+        assert state is not None  # client_init made it (the client's own model)
         weights = (await ctx.fit(state.weights, loss, extras=extras, trainable=trainable)).weights
         z = await ctx.features(weights)
         protos, counts = class_means(z, y, C)  # C_i^k after training (the local predictor's, exact)
         sent = release_class_means(ctx, z, y, C) if prototype_privacy(ctx) else (protos, counts)  # what leaves
-        body = ctx.shared_model(weights).body
+        body = cast(FLModel, ctx.shared_model(weights)).body
         own, present = torch.nonzero(counts > 0).flatten(), torch.nonzero(a["has"]).flatten()
         personal = {"local": NearestPrototype(body, protos[own], own, C),
                     "global": NearestPrototype(body, a["global"][present], present, C)}

@@ -28,22 +28,24 @@ Deviations:
 """
 from __future__ import annotations
 
-from typing import ClassVar, Mapping, Optional
+from typing import Mapping, Optional
 
 import torch
+from torch import nn
 
 from ..messages import Record
-from .base import ClientResult, Fitted, register, weights_of, WeightsState
+from .base import ClientContext, ClientResult, Fitted, Predictors, register, ServerContext, weights_of, WS
 from .fedavg import FedAvg
 
 
 @register
-class FedPer(FedAvg):
+class FedPer(FedAvg[WS]):
     name = "fedper"
     family = "personalization"
     has_global_model = False
-    # state-dict entries that stay on the client (never in a message)
-    personal_prefixes: ClassVar[tuple[str, ...]] = ("head.",)
+    # state-dict entries that stay on the client (never in a message); a class attribute, which
+    # FedBN sets on the instance from the architecture
+    personal_prefixes: tuple[str, ...] = ("head.",)
 
     # -- the split -------------------------------------------------------------------------
     def is_personal(self, key: str) -> bool:
@@ -56,27 +58,28 @@ class FedPer(FedAvg):
         return {k: v for k, v in weights.items() if self.is_personal(k)}
 
     # -- server ------------------------------------------------------------------------------
-    def configure(self, state: WeightsState, rnd, ctx) -> Record:
+    def configure(self, state: WS, rnd: int, ctx: ServerContext) -> Record:
         return Record(weights=self.shared_part(state.weights))
 
     # aggregate: FedAvg over the shared entries; the server's copy of the personal entries
     # (the initial ones), in no reply, is never updated
 
-    def global_predictor(self, state: WeightsState, ctx):
+    def global_predictor(self, state: WS, ctx: ServerContext) -> Optional[Predictors]:
         return ctx.shared_model(state.weights) if self.has_global_model else None
 
     # -- client ------------------------------------------------------------------------------
-    def client_init(self, ctx) -> Record:
+    def client_init(self, ctx: ClientContext) -> Optional[Record]:
         return Record(weights=self.personal_part(weights_of(ctx.shared_model())))  # the initial head
 
-    async def local_training(self, weights: dict[str, torch.Tensor], msg: Record, ctx) -> Fitted:
+    async def local_training(self, weights: dict[str, torch.Tensor], msg: Record, ctx: ClientContext) -> Fitted:
         """FedPer: body and head trained together on CE (the FedAvg local update)."""
         return await ctx.fit(weights)
 
-    def personalized(self, model, msg: Record, ctx):
+    def personalized(self, model: nn.Module, msg: Record, ctx: ClientContext) -> Optional[Predictors]:
         return model
 
-    async def client_update(self, msg: Record, state: Optional[Record], ctx) -> ClientResult:
+    async def client_update(self, msg: Record, state: Optional[Record], ctx: ClientContext) -> ClientResult:
+        assert state is not None  # client_init made it (the initial head)
         fitted = await self.local_training({**msg.weights, **state.weights}, msg, ctx)
         w = fitted.weights
         return ClientResult(Record(weights=self.shared_part(w)), state=Record(weights=self.personal_part(w)),

@@ -71,16 +71,18 @@ whole message is then private at the record level (docs/privacy.md).
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Literal, Optional
+from typing import Any, cast, ClassVar, Literal, Mapping, Optional, TypeVar
 
 import torch
 import torch.nn.functional as F
+from torch import nn
 
 from ..errors import require
-from ..messages import Record, expect_arrays, expect_indices, expect_shapes
+from ..messages import Arrays, Record, expect_arrays, expect_indices, expect_shapes
 from ..nn.privacy import release_class_means
 from ..nn.prototypes import NearestPrototype, aggregate_prototypes
-from .base import Algorithm, ClientResult, cross_entropy, Diagnostics, register, weights_of
+from .base import (Algorithm, ClientContext, ClientResult, cross_entropy, Diagnostics, LossFn, register,
+                   ServerContext, weights_of)
 
 
 @dataclass
@@ -99,6 +101,11 @@ class ProtoState:
     counts: torch.Tensor  # (C,) int64 samples behind each prototype; 0 = no prototype yet
 
 
+# FedProto's server state: its own ProtoState; the methods built on it keep theirs (FedTGP a
+# ProtoState with more fields, FedPCL and FedGH states of their own, with their own server half)
+PS = TypeVar("PS")
+
+
 # ---------------------------------------------------------------------------------------
 # shared math
 # ---------------------------------------------------------------------------------------
@@ -110,11 +117,11 @@ def prototype_distance(z: torch.Tensor, c: torch.Tensor, distance: str) -> torch
     if distance == "sq_l2":
         return (diff ** 2).sum(1)
     if distance == "l2":
-        return torch.linalg.vector_norm(diff, dim=1)
+        return cast(torch.Tensor, torch.linalg.vector_norm(diff, dim=1))
     raise ValueError(f"unknown distance {distance!r}")
 
 
-def sparse(protos: torch.Tensor, counts: torch.Tensor) -> dict[str, torch.Tensor]:
+def sparse(protos: torch.Tensor, counts: torch.Tensor) -> Arrays:
     """(C, d) prototypes + (C,) counts -> the message arrays of the classes with count > 0."""
     classes = torch.nonzero(counts > 0).flatten()
     return {"protos": protos[classes].contiguous(), "classes": classes,
@@ -125,9 +132,9 @@ def dense(rec: Record, num_classes: int, dim: int) -> tuple[torch.Tensor, torch.
     """The inverse of :func:`sparse`: (C, d) prototypes with zero rows, (C,) counts."""
     protos = torch.zeros(num_classes, dim, dtype=torch.float32)
     counts = torch.zeros(num_classes, dtype=torch.int64)
-    cls = rec.arrays["classes"].cpu()
-    protos[cls] = rec.arrays["protos"].detach().cpu().float()
-    counts[cls] = rec.arrays["counts"].cpu()
+    cls = cast(torch.Tensor, rec.arrays["classes"]).cpu()
+    protos[cls] = cast(torch.Tensor, rec.arrays["protos"]).detach().cpu().float()
+    counts[cls] = cast(torch.Tensor, rec.arrays["counts"]).cpu()
     return protos, counts
 
 
@@ -135,21 +142,22 @@ def dense(rec: Record, num_classes: int, dim: int) -> tuple[torch.Tensor, torch.
 # the method
 # ---------------------------------------------------------------------------------------
 @register
-class FedProto(Algorithm, Diagnostics):
+class FedProto(Algorithm[PS], Diagnostics[PS]):
     name = "fedproto"
     family = "prototype exchange"
-    Hyper = FedProtoHyper
+    Hyper: ClassVar[type] = FedProtoHyper
     has_global_model = False
     heterogeneous_models = True
     reply_arrays = ("protos", "classes", "counts")
 
     # -- server ------------------------------------------------------------------------------
-    def server_init(self, ctx) -> ProtoState:
+    def server_init(self, ctx: ServerContext) -> PS:
         C, d = self.info.num_classes, self.info.feature_dim
-        return ProtoState(torch.zeros(C, d), torch.zeros(C, dtype=torch.int64))
+        return cast(PS, ProtoState(torch.zeros(C, d), torch.zeros(C, dtype=torch.int64)))
 
-    def configure(self, state: ProtoState, rnd, ctx) -> Record:
-        return Record(arrays=sparse(state.protos, state.counts))
+    def configure(self, state: PS, rnd: int, ctx: ServerContext) -> Record:
+        own = cast(ProtoState, state)  # FedProto's own (a method with another state overrides this)
+        return Record(arrays=sparse(own.protos, own.counts))
 
     def check_reply(self, reply: Record, sent: Record) -> Optional[str]:
         # every reply carries all three arrays (a client without data: m_i = 0 rows of each);
@@ -157,7 +165,7 @@ class FedProto(Algorithm, Diagnostics):
         missing = expect_arrays(reply, "protos", "classes", "counts")
         if missing:
             return missing
-        classes, counts = reply.arrays["classes"], reply.arrays["counts"]
+        classes, counts = cast(torch.Tensor, reply.arrays["classes"]), cast(torch.Tensor, reply.arrays["counts"])
         if classes.dtype != torch.int64 or counts.dtype != torch.int64:
             return "arrays 'classes' and 'counts' must be int64"
         if classes.dim() != 1:
@@ -166,50 +174,53 @@ class FedProto(Algorithm, Diagnostics):
         return (expect_shapes(reply, protos=(n, self.info.feature_dim), counts=(n,))
                 or expect_indices(reply, "classes", self.info.num_classes, unique=True))
 
-    def aggregate(self, state: ProtoState, rnd, replies, ctx) -> ProtoState:
+    def aggregate(self, state: PS, rnd: int, replies: list[tuple[int, Record]], ctx: ServerContext) -> PS:
         if not replies:
             return state
+        previous = cast(ProtoState, state)  # FedProto's own (a method with another state overrides this)
         C, d = self.info.num_classes, self.info.feature_dim
         local = [dense(r, C, d) for _, r in replies]
         glob, n = aggregate_prototypes([p for p, _ in local], [c for _, c in local], self.hp.weighting)
         fresh = n > 0
         # classes nobody held this round keep their previous prototype
-        protos = torch.where(fresh.unsqueeze(1), glob, state.protos)
-        counts = torch.where(fresh, n, state.counts)
-        return ProtoState(protos, counts)
+        protos = torch.where(fresh.unsqueeze(1), glob, previous.protos)
+        counts = torch.where(fresh, n, previous.counts)
+        return cast(PS, ProtoState(protos, counts))
 
-    def class_vectors(self, state: ProtoState):
-        return state.protos  # the global prototypes C_bar (C, d); zero rows: none yet
+    def class_vectors(self, state: PS) -> Optional[torch.Tensor]:
+        return cast(ProtoState, state).protos  # the global prototypes C_bar (C, d); zero rows: none yet
 
-    def prototype_releases(self, privacy) -> int:
+    def prototype_releases(self, privacy: Any) -> int:
         return 1  # the local prototypes and counts, once per round
 
     # -- client ------------------------------------------------------------------------------
-    def client_init(self, ctx) -> Record:
+    def client_init(self, ctx: ClientContext) -> Record:
         return Record(weights=weights_of(ctx.shared_model()))
 
-    def local_objective(self, c_bar: torch.Tensor, has: torch.Tensor):
+    def local_objective(self, c_bar: torch.Tensor, has: torch.Tensor) -> tuple[LossFn, dict[str, torch.Tensor]]:
         """(loss, extras): L_S + lambda * L_R with the global prototypes c_bar (C, d) where has
         (C,) is true; L_S alone while no class has a global prototype (round 1) or lambda = 0."""
         if not bool(has.any()) or self.hp.lam == 0:
             return cross_entropy, {}
         return self.prototype_loss, {"c_bar": c_bar, "has": has}
 
-    def prototype_loss(self, model, x, y, extras):
+    def prototype_loss(self, model: nn.Module, x: torch.Tensor, y: torch.Tensor,
+                       extras: Mapping[str, Any]) -> torch.Tensor:
         c_bar, has = extras["c_bar"], extras["has"]
-        z = model.body(x)  # (B, d)
-        l_s = F.cross_entropy(model.head(z), y)
+        z: torch.Tensor = cast(nn.Module, model.body)(x)  # (B, d)
+        l_s = F.cross_entropy(cast(nn.Module, model.head)(z), y)
         m = has[y]  # (B,) samples whose class has a global prototype
         target = torch.where(m.unsqueeze(1), c_bar[y], z.detach())  # own embedding: distance 0
         l_r = torch.where(m, prototype_distance(z, target, self.hp.distance), torch.zeros_like(l_s)).mean()
-        return l_s + self.hp.lam * l_r
+        return cast(torch.Tensor, l_s + self.hp.lam * l_r)
 
-    async def client_update(self, msg: Record, state: Optional[Record], ctx) -> ClientResult:
+    async def client_update(self, msg: Record, state: Optional[Record], ctx: ClientContext) -> ClientResult:
         C = self.info.num_classes
         _, y = ctx.data
         c_bar, n_bar = dense(msg, C, self.info.feature_dim)
         c_bar, has = c_bar.to(y.device), (n_bar > 0).to(y.device)
         loss, extras = self.local_objective(c_bar, has)
+        assert state is not None  # client_init made it
         fitted = await ctx.fit(state.weights, loss, extras=extras)  # from the client's own model
 
         # local prototypes: class means of the embeddings after training (eval mode)
@@ -221,6 +232,7 @@ class FedProto(Algorithm, Diagnostics):
         present = torch.nonzero(has).flatten()
         # "own": the paper's evaluation rule, the argmin restricted to the client's own classes
         own = torch.nonzero(has & (ctx.class_counts.to(has.device) > 0)).flatten()
-        personal = {"proto": NearestPrototype(model.body, c_bar[present], present, C),
-                    "own": NearestPrototype(model.body, c_bar[own], own, C), "logits": model}
+        body = cast(nn.Module, model.body)
+        personal = {"proto": NearestPrototype(body, c_bar[present], present, C),
+                    "own": NearestPrototype(body, c_bar[own], own, C), "logits": model}
         return ClientResult(reply, state=Record(weights=fitted.weights), personal=personal)

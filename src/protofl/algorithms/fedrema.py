@@ -62,16 +62,16 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass
-from typing import Optional
+from typing import cast, Optional
 
 import numpy as np
 import torch
 import torch.nn.functional as F
 
 from ..errors import require
-from ..messages import Record, expect_arrays, expect_shapes
+from ..messages import Arrays, Record, expect_arrays, expect_shapes
 from ..nn.prototypes import aggregate_prototypes, class_means
-from .base import ClientResult, register, reply_weight, WeightsState
+from .base import ClientContext, ClientResult, register, reply_weight, ServerContext, WeightsState
 from .fedavg import FedAvgHyper
 from .fedpac import head_problem, model_heads_only
 from .fedper import FedPer
@@ -95,7 +95,7 @@ class FedReMaHyper(FedAvgHyper):
 
 @dataclass
 class FedReMaState(WeightsState):  # weights: the body (and the initial classifier)
-    heads: dict  # head entry -> (N, ...) each client's combined classifier
+    heads: dict[str, torch.Tensor]  # head entry -> (N, ...) each client's combined classifier
     combined: torch.Tensor  # (N,) bool: the client has one
     depend: torch.Tensor  # (N, N) A_ij: rounds in which MDS chose j for i
     peak: torch.Tensor  # () G, the largest g_t so far
@@ -125,19 +125,19 @@ def mds(s: torch.Tensor, i: int) -> tuple[list[int], Optional[float]]:
 
 
 @register
-class FedReMa(FedPer):
+class FedReMa(FedPer[FedReMaState]):
     name = "fedrema"
     Hyper = FedReMaHyper
     reply_arrays = ("head", "proto", "counts")  # besides the body
 
     # -- server ------------------------------------------------------------------------------
-    def server_init(self, ctx) -> FedReMaState:
+    def server_init(self, ctx: ServerContext) -> FedReMaState:
         w, N = ctx.init_weights(), self.info.num_clients
         heads = {k: torch.zeros(N, *v.shape, dtype=v.dtype) for k, v in self.personal_part(w).items()}
         return FedReMaState(w, heads, torch.zeros(N, dtype=torch.bool), torch.zeros(N, N, dtype=torch.float64),
                             torch.zeros((), dtype=torch.float64), torch.tensor(True))
 
-    def configure_client(self, state: FedReMaState, rnd, cid, ctx) -> Optional[Record]:
+    def configure_client(self, state: FedReMaState, rnd: int, cid: int, ctx: ServerContext) -> Optional[Record]:
         if not bool(state.combined[cid]):
             return None
         return Record(weights={k: v[cid] for k, v in state.heads.items()})
@@ -149,30 +149,34 @@ class FedReMa(FedPer):
         C, d = self.info.num_classes, self.info.feature_dim
         return expect_arrays(reply, "proto", "counts") or expect_shapes(reply, proto=(C, d), counts=(C,))
 
-    def probes(self, replies, rnd, ctx) -> list[torch.Tensor]:
+    def probes(self, replies: list[tuple[int, Record]], rnd: int, ctx: ServerContext) -> list[torch.Tensor]:
         """The probe features (M, d) of each client's similarity row."""
         d = self.info.feature_dim
         if self.hp.probe == "prototypes":
-            glob, n = aggregate_prototypes([r.arrays["proto"] for _, r in replies],
-                                           [r.arrays["counts"] for _, r in replies], "uniform")
+            # check_reply: "proto" and "counts" are tensors
+            glob, n = aggregate_prototypes([cast(torch.Tensor, r.arrays["proto"]) for _, r in replies],
+                                           [cast(torch.Tensor, r.arrays["counts"]) for _, r in replies], "uniform")
             return [glob[n > 0].double()] * len(replies)
         return [torch.from_numpy(ctx.rng(rnd, "fedrema-probe", cid).uniform(0.0, self.hp.probe_scale, (1, d)))
                 for cid, _ in replies]
 
-    def aggregate(self, state: FedReMaState, rnd, replies, ctx) -> FedReMaState:
+    def aggregate(self, state: FedReMaState, rnd: int, replies: list[tuple[int, Record]],
+                  ctx: ServerContext) -> FedReMaState:
         replies = model_heads_only([(cid, r) for cid, r in replies if reply_weight(r, self.hp.weighting) > 0],
                                    state.heads, "FedReMa")
         if not replies:
             return state
         new = super().aggregate(state, rnd, replies, ctx)  # the body: FedAvg over the shared entries
         ids = [cid for cid, _ in replies]
-        phis = {k: torch.stack([r.arrays["head"][k].detach().cpu().double() for _, r in replies])
+        # check_reply: the group "head" (a dict of tensors)
+        phis = {k: torch.stack([cast(dict[str, torch.Tensor], r.arrays["head"])[k].detach().cpu().double()
+                                for _, r in replies])
                 for k in state.heads}  # entry -> (K, ...)
         W, b = phis["head.weight"], phis.get("head.bias")
         depend, ccp, peak = state.depend.clone(), bool(state.ccp), state.peak.clone()
         alpha = torch.zeros(len(ids), len(ids), dtype=torch.float64)  # row i: weights over the round's clients
         if ccp:
-            gaps = []
+            gaps: list[float] = []
             for i, r in enumerate(self.probes(replies, rnd, ctx)):
                 logits = torch.einsum("mj,kcj->kmc", r, W) + (0 if b is None else b.unsqueeze(1))  # (K, M, C)
                 chosen, gap = mds(logit_similarity(logits, self.hp.temperature)[i], i)
@@ -200,11 +204,12 @@ class FedReMa(FedPer):
                                    ccp=torch.tensor(ccp))
 
     # -- client ------------------------------------------------------------------------------
-    async def client_update(self, msg: Record, state: Optional[Record], ctx) -> ClientResult:
+    async def client_update(self, msg: Record, state: Optional[Record], ctx: ClientContext) -> ClientResult:
+        assert state is not None  # client_init made it (the initial classifier)
         w = {**state.weights, **msg.weights}  # the body, and the combined classifier when the server sent one
         fitted = await ctx.fit(w)  # CE over body and classifier (FedPer's local update)
         w = fitted.weights
-        arrays = {"head": self.personal_part(w)}
+        arrays: Arrays = {"head": self.personal_part(w)}
         if self.hp.probe == "prototypes":
             _, y = ctx.data
             arrays["proto"], arrays["counts"] = class_means(await ctx.features(w), y, self.info.num_classes)

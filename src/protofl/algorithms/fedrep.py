@@ -37,11 +37,13 @@ Defaults and deviations:
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Optional
+from typing import Any, Optional
+
+import torch
 
 from ..errors import require
 from ..messages import Record
-from .base import register
+from .base import ClientContext, Fitted, register, WeightsState
 from .fedavg import FedAvgHyper
 from .fedper import FedPer
 
@@ -58,15 +60,15 @@ class FedRepHyper(FedAvgHyper):
 
 
 @register
-class FedRep(FedPer):
+class FedRep(FedPer[WeightsState]):
     name = "fedrep"
     Hyper = FedRepHyper
 
-    def private_fits(self, evaluating: bool, final: bool = False) -> list[dict]:
+    def private_fits(self, evaluating: bool, final: bool = False) -> list[dict[str, Any]]:
         """The head's epochs, then the body's."""
         return [{"epochs": self.hp.head_epochs}, {} if self.hp.body_epochs is None else {"epochs": self.hp.body_epochs}]
 
-    async def local_training(self, weights, msg: Record, ctx):
+    async def local_training(self, weights: dict[str, torch.Tensor], msg: Record, ctx: ClientContext) -> Fitted:
         # phase 1: only the head's parameters move, the body frozen at phi_t
         head = await ctx.fit(weights, trainable=("head.",), epochs=self.hp.head_epochs)
         # phase 2: only the body's parameters move, the new head frozen

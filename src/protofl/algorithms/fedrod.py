@@ -38,7 +38,7 @@ Deviations:
 from __future__ import annotations
 
 import copy
-from typing import Optional
+from typing import Any, cast, Mapping, Optional
 
 import torch
 import torch.nn.functional as F
@@ -46,21 +46,21 @@ from torch import nn
 
 from ..messages import Record
 from ..nn.losses import balanced_softmax_loss, relaxed_prior
-from .base import register
+from .base import ClientContext, Fitted, register, WeightsState
 from .fedper import FedPer
 
 
 def rod_losses(model: nn.Module, x: torch.Tensor, y: torch.Tensor,
                prior: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """(L_G, L_P) on a batch: the generic head's balanced softmax and the personal CE."""
-    h = model.body(x)  # (B, d)
-    z_g = model.head(h)  # (B, C) generic logits
+    h = cast(nn.Module, model.body)(x)  # (B, d)
+    z_g = cast(nn.Module, model.head)(h)  # (B, C) generic logits
     generic = balanced_softmax_loss(z_g, y, prior)
-    personal = F.cross_entropy(z_g.detach() + model.phead(h.detach()), y)
+    personal = F.cross_entropy(z_g.detach() + cast(nn.Module, model.phead)(h.detach()), y)
     return generic, personal
 
 
-def rod_loss(model: nn.Module, x: torch.Tensor, y: torch.Tensor, extras) -> torch.Tensor:
+def rod_loss(model: nn.Module, x: torch.Tensor, y: torch.Tensor, extras: Mapping[str, Any]) -> torch.Tensor:
     """L_G + L_P: one SGD step moves theta and g by L_G and p_k by L_P."""
     generic, personal = rod_losses(model, x, y, extras["prior"])
     return generic + personal
@@ -74,12 +74,12 @@ class TwoHeads(nn.Module):
         self.model = model
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        h = self.model.body(x)
-        return self.model.head(h) + self.model.phead(h)
+        h = cast(nn.Module, self.model.body)(x)
+        return cast(torch.Tensor, cast(nn.Module, self.model.head)(h) + cast(nn.Module, self.model.phead)(h))
 
 
 @register
-class FedRoD(FedPer):
+class FedRoD(FedPer[WeightsState]):
     name = "fedrod"
     has_global_model = True  # body + generic head
     personal_prefixes = ("phead.",)
@@ -88,9 +88,9 @@ class FedRoD(FedPer):
         model.phead = copy.deepcopy(model.head)  # the personal head, same initialization
         return model
 
-    async def local_training(self, weights, msg: Record, ctx):
+    async def local_training(self, weights: dict[str, torch.Tensor], msg: Record, ctx: ClientContext) -> Fitted:
         prior = relaxed_prior(ctx.class_counts, 0.0).to(ctx.data[1].device)  # (C,) n_kc / n_k
         return await ctx.fit(weights, rod_loss, extras={"prior": prior})
 
-    def personalized(self, model, msg: Record, ctx) -> Optional[nn.Module]:
+    def personalized(self, model: nn.Module, msg: Record, ctx: ClientContext) -> Optional[nn.Module]:
         return TwoHeads(model)

@@ -28,9 +28,12 @@ logits over all classes are reported as ``@logits``.
 from __future__ import annotations
 
 from dataclasses import dataclass
+
+import torch
+
 from ..errors import require
 from ..nn.losses import restricted_logits
-from .base import register
+from .base import ClientContext, register, WeightsState
 from .fedavg import FedAvg, FedAvgHyper
 
 
@@ -43,13 +46,13 @@ class FedRSHyper(FedAvgHyper):
 
 
 @register
-class FedRS(FedAvg):
+class FedRS(FedAvg[WeightsState]):
     name = "fedrs"
     family = "calibrated softmax"
     Hyper = FedRSHyper
 
-    def logit_adjustment(self, ctx):
+    def logit_adjustment(self, ctx: ClientContext) -> torch.Tensor:
         return ctx.class_counts.to(ctx.data[1].device)  # (C,) n_kc
 
-    def adjust_logits(self, z, counts):
+    def adjust_logits(self, z: torch.Tensor, counts: torch.Tensor) -> torch.Tensor:
         return restricted_logits(z, counts, alpha=self.hp.alpha)  # the restricted softmax

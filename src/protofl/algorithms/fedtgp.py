@@ -53,15 +53,16 @@ over every class that has one (see fedproto.py).
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Literal, Optional
+from typing import cast, Literal, Optional
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
 from ..errors import require, require_size
+from ..messages import Record
 from ..nn.prototypes import aggregate_prototypes, prototype_rows
-from .base import register
+from .base import register, ServerContext
 from .fedproto import dense, FedProto, ProtoState
 
 
@@ -85,7 +86,7 @@ class FedTGPHyper:
 
 @dataclass
 class TGPState(ProtoState):
-    generator: dict  # the TGP's state dict (class embeddings and the two linear layers)
+    generator: dict[str, torch.Tensor]  # the TGP's state dict (class embeddings and the two linear layers)
 
 
 class TrainablePrototypes(nn.Module):
@@ -97,7 +98,7 @@ class TrainablePrototypes(nn.Module):
         self.net = nn.Sequential(nn.Linear(dim, hidden), nn.ReLU(), nn.Linear(hidden, dim))
 
     def forward(self) -> torch.Tensor:
-        return self.net(self.embedding.weight)
+        return cast(torch.Tensor, self.net(self.embedding.weight))
 
 
 def adaptive_margin(centres: torch.Tensor, present: torch.Tensor, tau: float) -> float:
@@ -120,7 +121,7 @@ def acl_loss(protos: torch.Tensor, labels: torch.Tensor, generated: torch.Tensor
 
 
 @register
-class FedTGP(FedProto):
+class FedTGP(FedProto[TGPState]):
     name = "fedtgp"
     Hyper = FedTGPHyper
 
@@ -129,21 +130,23 @@ class FedTGP(FedProto):
         return TrainablePrototypes(self.info.num_classes, d, self.hp.hidden or d)
 
     # -- server ------------------------------------------------------------------------------
-    def server_init(self, ctx) -> TGPState:
+    def server_init(self, ctx: ServerContext) -> TGPState:
         with torch.random.fork_rng(devices=[]):
             torch.manual_seed(int(ctx.rng(0, "fedtgp-init").integers(2**62)))
             gen = {k: v.to(ctx.device) for k, v in self.tgp().state_dict().items()}
         base = super().server_init(ctx)
         return TGPState(base.protos, base.counts, gen)
 
-    def aggregate(self, state: TGPState, rnd, replies, ctx) -> TGPState:
+    def aggregate(self, state: TGPState, rnd: int, replies: list[tuple[int, Record]],
+                  ctx: ServerContext) -> TGPState:
         if not replies:
             return state
         C, d, dev = self.info.num_classes, self.info.feature_dim, ctx.device
-        tables, counts = zip(*(dense(r, C, d) for _, r in replies))
-        P, y = prototype_rows(tables, counts)  # the round's client prototypes P_i^c and their classes c
+        tables, table_counts = zip(*(dense(r, C, d) for _, r in replies))
+        # the round's client prototypes P_i^c and their classes c
+        P, y = prototype_rows(list(tables), list(table_counts))
         P, y = P.to(dev), y.to(dev)
-        centres, n = aggregate_prototypes(list(tables), list(counts), "uniform")  # Q^c
+        centres, n = aggregate_prototypes(list(tables), list(table_counts), "uniform")  # Q^c
         delta = adaptive_margin(centres, n > 0, self.hp.tau)
         ctx.log("tgp_margin", delta)
         if len(y) == 0:  # no arriving reply holds a class (empty clients, noisy counts rounded to 0)

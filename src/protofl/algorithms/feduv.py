@@ -53,12 +53,15 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import Any, cast, Mapping
 
 import torch
 import torch.nn.functional as F
+from torch import nn
 
 from ..errors import require
-from .base import register
+from ..messages import Record
+from .base import ClientContext, LossFn, register, WeightsState
 from .fedavg import FedAvg, FedAvgHyper
 
 
@@ -100,19 +103,20 @@ def uniformity(z: torch.Tensor) -> torch.Tensor:
 
 
 @register
-class FedUV(FedAvg):
+class FedUV(FedAvg[WeightsState]):
     name = "feduv"
     family = "calibrated softmax"
     couples_samples = True  # both terms are statistics of the whole batch: no per-sample DP-SGD
     Hyper = FedUVHyper
 
-    def objective(self, msg, ctx):
+    def objective(self, msg: Record, ctx: ClientContext) -> tuple[LossFn, dict[str, Any]]:
         """The local objective and the client's own tensors it reads (none)."""
         return self.uv_loss, {}
 
-    def uv_loss(self, model, x, y, extras):
-        z = model.body(x)  # (N, d): the classifier's input
-        logits = model.head(z)
+    def uv_loss(self, model: nn.Module, x: torch.Tensor, y: torch.Tensor,
+                extras: Mapping[str, Any]) -> torch.Tensor:
+        z: torch.Tensor = cast(nn.Module, model.body)(x)  # (N, d): the classifier's input
+        logits: torch.Tensor = cast(nn.Module, model.head)(z)
         value = F.cross_entropy(logits, y)
         if self.hp.lam:
             value = value + self.hp.lam * classifier_variance(logits)

@@ -70,7 +70,7 @@ assignment c(i) against them (:meth:`FeSEM.cluster_assignment`).
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Literal, Optional
+from typing import Callable, cast, Literal, Optional, Sequence
 
 import numpy as np
 import torch
@@ -78,7 +78,8 @@ import torch
 from ..rng import seed_for
 from ..errors import ConfigError, require, require_size
 from ..messages import Record
-from .base import Algorithm, average, ClientResult, Diagnostics, register, weighted_mean, weights_of
+from .base import (Algorithm, average, ClientResult, ClientContext, Diagnostics, Predictors, register,
+                   ServerContext, weighted_mean, weights_of)
 
 
 @dataclass
@@ -133,26 +134,26 @@ def distance_keys(param_names: list[str], layers: Optional[list[str]]) -> list[s
 
 
 @register
-class FeSEM(Algorithm, Diagnostics):
+class FeSEM(Algorithm[FeSEMState], Diagnostics[FeSEMState]):
     name = "fesem"
     family = "baselines"
     reply_arrays = ()  # the trained weights only
     Hyper = FeSEMHyper
 
     # -- server --------------------------------------------------------------------------
-    def server_init(self, ctx) -> FeSEMState:
+    def server_init(self, ctx: ServerContext) -> FeSEMState:
         K, n = self.hp.centers, self.info.num_clients
         model = ctx.shared_model()
         keys = distance_keys([k for k, _ in model.named_parameters()], self.hp.layers)
         init = ctx.init_weights()
         if self.hp.init == "random_centers":
-            centers = []
+            centers: list[dict[str, torch.Tensor]] = []
             for k in range(K):
                 with torch.random.fork_rng(devices=[]):
                     torch.manual_seed(seed_for(self.info.seed, "fesem-center", k))
                     for m in model.modules():
                         if hasattr(m, "reset_parameters"):
-                            m.reset_parameters()
+                            cast(Callable[[], None], m.reset_parameters)()  # a layer's own initializer
                 centers.append(weights_of(model))
             model.load_state_dict(init)
         else:
@@ -163,10 +164,10 @@ class FeSEM(Algorithm, Diagnostics):
         state.weights = state.generic()
         return state
 
-    def configure(self, state: FeSEMState, rnd, ctx) -> Record:
+    def configure(self, state: FeSEMState, rnd: int, ctx: ServerContext) -> Record:
         return Record()  # nothing is the same for every client: each gets its cluster's model
 
-    def configure_client(self, state: FeSEMState, rnd, cid, ctx) -> Record:
+    def configure_client(self, state: FeSEMState, rnd: int, cid: int, ctx: ServerContext) -> Record:
         return Record(weights=state.centers[int(state.assignment[cid])])
 
     def check_reply(self, reply: Record, sent: Record) -> Optional[str]:
@@ -181,7 +182,8 @@ class FeSEM(Algorithm, Diagnostics):
             return False
         return self.hp.init == "random_centers" or state.steps > 0
 
-    def aggregate(self, state: FeSEMState, rnd, replies, ctx) -> FeSEMState:
+    def aggregate(self, state: FeSEMState, rnd: int, replies: list[tuple[int, Record]],
+                  ctx: ServerContext) -> FeSEMState:
         if not replies:
             return state
         cids = [cid for cid, _ in replies]
@@ -197,7 +199,7 @@ class FeSEM(Algorithm, Diagnostics):
         moved = int((assignment[cids] != new).sum())
         assignment[cids] = new
         samples[cids] = ns
-        centers = []
+        centers: list[dict[str, torch.Tensor]] = []
         for k, c in enumerate(state.centers):  # M-step
             members = average((r for (_, r), a in zip(replies, new) if a == k), self.hp.weighting)
             centers.append(members or c)
@@ -208,17 +210,17 @@ class FeSEM(Algorithm, Diagnostics):
             ctx.log(f"fesem_size{k}", int((assignment == k).sum()))
         return out
 
-    def cluster_assignment(self, state: FeSEMState):
-        return state.assignment  # c(i) after this round's E-step
+    def cluster_assignment(self, state: FeSEMState) -> Optional[Sequence[int]]:
+        return cast(Sequence[int], state.assignment)  # c(i) after this round's E-step (an int64 array)
 
-    def global_predictor(self, state: FeSEMState, ctx):
+    def global_predictor(self, state: FeSEMState, ctx: ServerContext) -> Optional[Predictors]:
         return ctx.shared_model(state.weights)
 
-    def model_weights(self, state: FeSEMState):
+    def model_weights(self, state: FeSEMState) -> Optional[dict[str, torch.Tensor]]:
         return state.weights  # the generic model
 
     # -- client --------------------------------------------------------------------------
-    async def client_update(self, msg: Record, state: Optional[Record], ctx) -> ClientResult:
+    async def client_update(self, msg: Record, state: Optional[Record], ctx: ClientContext) -> ClientResult:
         center = msg.weights
         fitted = await ctx.fit(center)  # W_i <- local SGD from its centre
         reply = Record(weights=fitted.weights)

@@ -58,18 +58,20 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass
-from typing import Optional
+from typing import Any, cast, Mapping, Optional
 
 import torch
 import torch.nn.functional as F
+from torch import nn
 
 from ..errors import require
 from ..messages import Record
+from ..models.base import FLModel
 from ..nn.clustering import finch
 from ..nn.contrastive import prototype_supcon_loss
 from ..nn.privacy import release_class_means
 from ..nn.prototypes import class_means
-from .base import ClientResult, cross_entropy, register
+from .base import ClientContext, ClientResult, cross_entropy, LossFn, register, ServerContext
 from .fedavg import FedAvg, FedAvgHyper
 from .fedproto import FedProto, sparse
 from .mpfedcl import PoolState
@@ -92,56 +94,57 @@ def cluster_prototypes(protos: torch.Tensor) -> torch.Tensor:
     return torch.stack([protos[labels == c].mean(0) for c in range(int(labels.max()) + 1)])
 
 
-def unbiased_prototypes(pool: torch.Tensor, labels: torch.Tensor, num_classes: int):
+def unbiased_prototypes(pool: torch.Tensor, labels: torch.Tensor, num_classes: int) -> tuple[torch.Tensor, torch.Tensor]:
     """u^k = the mean of class k's cluster prototypes: (C, d), and (C,) whether k has any."""
     u, n = class_means(pool, labels, num_classes)
     return u, n > 0
 
 
 @register
-class FPL(FedAvg):
+class FPL(FedAvg[PoolState]):
     name = "fpl"
     family = "prototype exchange"
     reply_arrays = ("protos", "classes", "counts")  # besides w_i
     Hyper = FPLHyper
 
     # -- server ------------------------------------------------------------------------------
-    def server_init(self, ctx) -> PoolState:
+    def server_init(self, ctx: ServerContext) -> PoolState:
         return PoolState(ctx.init_weights(), torch.zeros(0, self.info.feature_dim), torch.zeros(0, dtype=torch.int64))
 
-    def configure(self, state: PoolState, rnd, ctx) -> Record:
+    def configure(self, state: PoolState, rnd: int, ctx: ServerContext) -> Record:
         return Record(weights=state.weights, arrays={"pool": {"protos": state.pool, "labels": state.labels}})
 
     check_reply = FedProto.check_reply  # the replies' class means are FedProto's sparse arrays
 
-    def aggregate(self, state: PoolState, rnd, replies, ctx) -> PoolState:
+    def aggregate(self, state: PoolState, rnd: int, replies: list[tuple[int, Record]], ctx: ServerContext) -> PoolState:
         if not replies:
             return state
         new = super().aggregate(state, rnd, replies, ctx)  # FedAvg (and the server optimizer's moments)
         groups: dict[int, list[torch.Tensor]] = {}
         for _, r in replies:  # client-id order
-            protos, classes = r.arrays["protos"].detach().cpu().float(), r.arrays["classes"].cpu()
+            protos = cast(torch.Tensor, r.arrays["protos"]).detach().cpu().float()
+            classes = cast(torch.Tensor, r.arrays["classes"]).cpu()
             for row, k in zip(protos, classes.tolist()):
                 groups.setdefault(int(k), []).append(row)
-        pool, labels = [torch.zeros(0, self.info.feature_dim)], [torch.zeros(0, dtype=torch.int64)]
+        pool_parts, label_parts = [torch.zeros(0, self.info.feature_dim)], [torch.zeros(0, dtype=torch.int64)]
         for k in sorted(groups):
             c = cluster_prototypes(torch.stack(groups[k]))
-            pool.append(c)
-            labels.append(torch.full((len(c),), k, dtype=torch.int64))
-        pool, labels = torch.cat(pool), torch.cat(labels)
+            pool_parts.append(c)
+            label_parts.append(torch.full((len(c),), k, dtype=torch.int64))
+        pool, labels = torch.cat(pool_parts), torch.cat(label_parts)
         keep = ~torch.isin(state.labels, labels)  # classes nobody held this round keep theirs
         pool, labels = torch.cat([pool, state.pool[keep]]), torch.cat([labels, state.labels[keep]])
         ctx.log("cluster_prototypes", float(len(pool)))
         return dataclasses.replace(new, pool=pool, labels=labels)
 
-    def class_vectors(self, state: PoolState):
+    def class_vectors(self, state: PoolState) -> Optional[torch.Tensor]:
         return unbiased_prototypes(state.pool, state.labels, self.info.num_classes)[0]  # u^k; zero rows: none
 
-    def prototype_releases(self, privacy) -> int:
+    def prototype_releases(self, privacy: Any) -> int:
         return 1  # the uploaded class means and counts
 
     # -- client ------------------------------------------------------------------------------
-    def local_objective(self, pool: torch.Tensor, labels: torch.Tensor):
+    def local_objective(self, pool: torch.Tensor, labels: torch.Tensor) -> tuple[LossFn, dict[str, torch.Tensor]]:
         """(loss, extras): CE + L_CPCL + L_UPCR against the received prototypes; CE alone
         before any prototype exists (round 1) or with both terms switched off."""
         if len(pool) == 0 or not (self.hp.cpcl or self.hp.upcr):
@@ -149,9 +152,11 @@ class FPL(FedAvg):
         u, has = unbiased_prototypes(pool, labels, self.info.num_classes)
         return self.prototype_loss, {"pool": pool, "labels": labels, "u": u, "has": has}
 
-    def prototype_loss(self, model, x, y, extras):
-        z = model.body(x)  # (B, d)
-        value = F.cross_entropy(model.head(z), y)
+    def prototype_loss(self, model: nn.Module, x: torch.Tensor, y: torch.Tensor,
+                       extras: Mapping[str, Any]) -> torch.Tensor:
+        m = cast(FLModel, model)  # body f, head g
+        z = m.body(x)  # (B, d)
+        value = F.cross_entropy(m.head(z), y)
         has = extras["has"][y]  # (B,) samples whose class has prototypes
         frac = has.sum() / len(y)  # the per-sample terms summed over those samples, / B
         if self.hp.cpcl:  # -log(sum_pos exp / sum_all exp) of cosines / tau, mean over samples with a positive
@@ -162,10 +167,10 @@ class FPL(FedAvg):
             value = value + torch.where(has, mse, torch.zeros_like(mse)).sum() / len(y)
         return value
 
-    async def client_update(self, msg: Record, state: Optional[Record], ctx) -> ClientResult:
+    async def client_update(self, msg: Record, state: Optional[Record], ctx: ClientContext) -> ClientResult:
         _, y = ctx.data
-        loss, extras = self.local_objective(msg.arrays["pool"]["protos"].to(y.device),
-                                            msg.arrays["pool"]["labels"].to(y.device))
+        pool = cast(dict[str, torch.Tensor], msg.arrays["pool"])  # the group: protos (P, d), labels (P,)
+        loss, extras = self.local_objective(pool["protos"].to(y.device), pool["labels"].to(y.device))
         fitted = await ctx.fit(msg.weights, loss, extras=extras)
         z = await ctx.features(fitted.weights)
         protos, counts = release_class_means(ctx, z, y, self.info.num_classes)  # private under privacy.*

@@ -53,7 +53,7 @@ Choices and deviations:
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Optional
+from typing import Any, cast, Mapping, Optional, TYPE_CHECKING
 
 import torch
 from torch import nn
@@ -61,9 +61,12 @@ from torch.nn import functional as F
 
 from ..errors import require
 from ..messages import Record
-from .base import ClientResult, register
+from .base import ClientContext, ClientResult, register, WeightsState
 from .fedavg import FedAvgHyper
 from .fedper import FedPer
+
+if TYPE_CHECKING:
+    from ..models.base import FLModel
 
 
 @dataclass
@@ -111,31 +114,44 @@ class Valved(nn.Module):
         self.register_buffer("p", p)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.model.head(self.model.cov(self.model.body(x), self.p))
+        model = cast("GPFLModel", self.model)
+        return cast(torch.Tensor, model.head(model.cov(model.body(x), self.p)))
+
+
+if TYPE_CHECKING:
+    class GPFLModel(FLModel):
+        """A protofl model after :meth:`GPFL.adapt_model`."""
+
+        gce: nn.Embedding
+        cov: CoV
 
 
 @register
-class GPFL(FedPer):
+class GPFL(FedPer[WeightsState]):
     name = "gpfl"
     Hyper = GPFLHyper
     couples_samples = True  # the magnitude term is one norm over the whole batch
 
     def adapt_model(self, model: nn.Module) -> nn.Module:
+        model = cast("GPFLModel", model)  # a protofl model; gce and cov added here
         model.gce = nn.Embedding(model.num_classes, model.feature_dim)
         model.cov = CoV(model.feature_dim)
         return model
 
-    def gpfl_loss(self, model, x, y, extras) -> torch.Tensor:
+    def gpfl_loss(self, model: nn.Module, x: torch.Tensor, y: torch.Tensor,
+                  extras: Mapping[str, Any]) -> torch.Tensor:
         hp = self.hp
+        model = cast("GPFLModel", model)  # adapt_model's
         z = model.body(x)
         z_G, z_P = model.cov(z, extras["g"]), model.cov(z, extras["p"])
         E = model.gce.weight
         loss = F.cross_entropy(model.head(z_P), y) + angle_loss(z_G, E, y)
         loss = loss + hp.lam * torch.linalg.vector_norm(z_G - extras["E0"][y])
         l2 = sum((p ** 2).sum() for p in [*model.gce.parameters(), *model.cov.parameters()])
-        return loss + 0.5 * hp.mu * l2
+        return cast(torch.Tensor, loss + 0.5 * hp.mu * l2)
 
-    async def client_update(self, msg: Record, state: Optional[Record], ctx) -> ClientResult:
+    async def client_update(self, msg: Record, state: Optional[Record], ctx: ClientContext) -> ClientResult:
+        assert state is not None  # client_init made it (the initial head)
         E0 = msg.weights["gce.weight"]
         g, p = conditional_inputs(E0, ctx.class_counts.to(E0.device))
         fitted = await ctx.fit({**msg.weights, **state.weights}, self.gpfl_loss, extras={"g": g, "p": p, "E0": E0})

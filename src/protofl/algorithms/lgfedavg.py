@@ -33,11 +33,11 @@ Choices and deviations:
 """
 from __future__ import annotations
 
-from .base import register
+from .base import register, WeightsState
 from .fedper import FedPer
 
 
 @register
-class LGFedAvg(FedPer):
+class LGFedAvg(FedPer[WeightsState]):
     name = "lgfedavg"
     personal_prefixes = ("body.",)  # the local representation; the head is global

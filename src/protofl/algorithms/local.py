@@ -10,29 +10,30 @@ from __future__ import annotations
 from typing import Optional
 
 from ..messages import Record
-from .base import Algorithm, ClientResult, register, weights_of
+from .base import Algorithm, ClientContext, ClientResult, register, ServerContext, weights_of
 
 
 @register
-class Local(Algorithm):
+class Local(Algorithm[None]):
     name = "local"
     family = "baselines"
     has_global_model = False
     heterogeneous_models = True
     reply_arrays = ()  # nothing but the sample count travels
 
-    def server_init(self, ctx) -> None:
+    def server_init(self, ctx: ServerContext) -> None:
         return None
 
-    def configure(self, state, rnd, ctx) -> Record:
+    def configure(self, state: None, rnd: int, ctx: ServerContext) -> Record:
         return Record()
 
-    def client_init(self, ctx) -> Record:
+    def client_init(self, ctx: ClientContext) -> Record:
         return Record(weights=weights_of(ctx.shared_model()))
 
-    async def client_update(self, msg: Record, state: Optional[Record], ctx) -> ClientResult:
+    async def client_update(self, msg: Record, state: Optional[Record], ctx: ClientContext) -> ClientResult:
+        assert state is not None  # client_init made it
         fitted = await ctx.fit(state.weights)  # continues from the client's own model
         return ClientResult(Record(), state=Record(weights=fitted.weights), personal=ctx.shared_model(fitted.weights))
 
-    def aggregate(self, state, rnd, replies, ctx) -> None:
+    def aggregate(self, state: None, rnd: int, replies: list[tuple[int, Record]], ctx: ServerContext) -> None:
         return None

@@ -47,7 +47,7 @@ client's first turn.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Literal, Optional
+from typing import Any, cast, Literal, Mapping, Optional
 
 import torch
 import torch.nn.functional as F
@@ -58,7 +58,7 @@ from ..errors import require, require_size
 from ..messages import Record
 from ..models.base import FLModel
 from ..nn.modes import eval_mode
-from .base import ClientResult, register
+from .base import ClientContext, ClientResult, register, WeightsState
 from .fedavg import FedAvg
 from .serveropt import ServerOptHyper
 
@@ -87,23 +87,25 @@ def model_contrastive_loss(z: torch.Tensor, z_glob: torch.Tensor, z_prev: torch.
 
 def representation(model: nn.Module, weights: dict[str, torch.Tensor], x: torch.Tensor) -> torch.Tensor:
     """z = R_w(x) of a frozen model: ``model.body`` with other weights, in eval mode, no grad."""
-    with eval_mode(model.body), torch.no_grad():
-        return functional_call(model.body, weights, (x,))
+    body = cast(nn.Module, model.body)
+    with eval_mode(body), torch.no_grad():
+        return cast(torch.Tensor, functional_call(body, weights, (x,)))
 
 
 @register
-class MOON(FedAvg):
+class MOON(FedAvg[WeightsState]):
     name = "moon"
     family = "global-model baselines"
     Hyper = MOONHyper
 
     def adapt_model(self, model: nn.Module) -> nn.Module:
+        model = cast(FLModel, model)  # the zoo's models
         d, k = model.feature_dim, self.hp.proj_dim
         projection = nn.Sequential(nn.Linear(d, d), nn.ReLU(), nn.Linear(d, k))
         return FLModel(nn.Sequential(model.body, projection), nn.Linear(k, model.num_classes), k,
                        model.num_classes, is_conv=model.is_conv, channels_last=model.channels_last)
 
-    async def client_update(self, msg: Record, state: Optional[Record], ctx) -> ClientResult:
+    async def client_update(self, msg: Record, state: Optional[Record], ctx: ClientContext) -> ClientResult:
         glob = ctx.like_model(msg.weights)  # w^t, frozen
         prev = ctx.like_model(state.weights) if state is not None else glob  # w_i^{t-1}, frozen
         body = {k[len("body."):]: v for k, v in glob.items() if k.startswith("body.")}
@@ -112,13 +114,14 @@ class MOON(FedAvg):
         w = fitted.weights
         return ClientResult(Record(weights=w), state=Record(weights=w), personal=ctx.shared_model(w))
 
-    def contrastive_loss(self, model, x, y, extras):
+    def contrastive_loss(self, model: nn.Module, x: torch.Tensor, y: torch.Tensor,
+                         extras: Mapping[str, Any]) -> torch.Tensor:
         """Eq. 3: l_sup + mu * l_con, the frozen representations computed with the global and
         the previous weights (equal for a client's first participation: l_con = log 2, no gradient)."""
-        z = model.body(x)
-        value = F.cross_entropy(model.head(z), y)
+        z = cast(nn.Module, model.body)(x)
+        value = F.cross_entropy(cast(nn.Module, model.head)(z), y)
         if self.hp.mu == 0:
             return value
         z_glob = representation(model, extras["glob"], x)
         z_prev = representation(model, extras["prev"], x)
-        return value + self.hp.mu * model_contrastive_loss(z, z_glob, z_prev, self.hp.tau)
+        return cast(torch.Tensor, value + self.hp.mu * model_contrastive_loss(z, z_glob, z_prev, self.hp.tau))

@@ -110,11 +110,12 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass
-from typing import Literal, Optional
+from typing import Any, cast, ClassVar, Literal, Mapping, Optional
 
 import numpy as np
 import torch
 import torch.nn.functional as F
+from torch import nn
 
 from ..errors import require, require_size
 from ..messages import Record, expect_arrays, expect_indices, expect_shapes
@@ -122,7 +123,8 @@ from ..nn.clustering import dbscan_centroids, kmeans, pad_groups
 from ..nn.contrastive import prototype_supcon_loss
 from ..nn.privacy import prototype_privacy, release_class_kmeans, release_class_means
 from ..nn.prototypes import NearestPrototype
-from .base import ClientResult, cross_entropy, register, WeightsState
+from .base import (ClientContext, ClientResult, cross_entropy, LossFn, Predictors, register, ServerContext,
+                   WeightsState)
 from .fedavg import FedAvg
 from .serveropt import ServerOptHyper
 
@@ -177,7 +179,8 @@ def build_pool(groups: dict[int, list[torch.Tensor]], size: Optional[int],
 
     Each class's groups are padded to ``size`` rows (None: to the class's largest group)
     with the class's pool average."""
-    protos, labels = [], []
+    protos: list[torch.Tensor] = []
+    labels: list[torch.Tensor] = []
     for j in sorted(groups):
         gs = groups[j]
         padded = pad_groups(gs, size if size is not None else max(len(g) for g in gs))  # (n_j, K, d)
@@ -190,11 +193,11 @@ def build_pool(groups: dict[int, list[torch.Tensor]], size: Optional[int],
 
 
 @register
-class MPFedCL(FedAvg):
+class MPFedCL(FedAvg[PoolState]):
     name = "mpfedcl"
     family = "prototype exchange"
     reply_arrays = ("protos", "labels")  # besides w_i
-    Hyper = MPFedCLHyper
+    Hyper: ClassVar[type] = MPFedCLHyper
 
     # -- what distinguishes MP / SP / DP: the prototypes of one class -------------------------
     def class_prototypes(self, z: torch.Tensor, rng: np.random.Generator) -> torch.Tensor:
@@ -202,9 +205,10 @@ class MPFedCL(FedAvg):
         return kmeans(z, self.hp.k, rng, n_init=self.hp.n_init, max_iter=self.hp.max_iter).centroids
 
     def pad_size(self) -> Optional[int]:
-        return self.hp.k
+        return cast(int, self.hp.k)
 
-    def local_prototypes(self, ctx, z: torch.Tensor, y: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    def local_prototypes(self, ctx: ClientContext, z: torch.Tensor,
+                         y: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """(m, d) prototypes and (m,) labels of every class the client holds."""
         protos = [torch.zeros(0, self.info.feature_dim)]  # a client without data has none to send
         labels = [torch.zeros(0, dtype=torch.int64)]
@@ -214,13 +218,14 @@ class MPFedCL(FedAvg):
             labels.append(torch.full((len(p),), j, dtype=torch.int64))
         return torch.cat(protos), torch.cat(labels)
 
-    def private_prototypes(self, ctx, z: torch.Tensor, y: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    def private_prototypes(self, ctx: ClientContext, z: torch.Tensor,
+                           y: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Under ``privacy.mode: sample``: (m, d) prototypes and (m,) labels of every class,
         by the private k-means (protofl.nn.privacy.private_kmeans)."""
         return release_class_kmeans(ctx, z, y, self.info.num_classes, self.hp.k)
 
-    def prototype_releases(self, privacy) -> int:
-        return 1 + privacy.kmeans_steps  # the private class means that start k-means, then each Lloyd step
+    def prototype_releases(self, privacy: Any) -> int:
+        return cast(int, 1 + privacy.kmeans_steps)  # the private class means that start k-means, then each Lloyd step
 
     # -- server ------------------------------------------------------------------------------
     def check_reply(self, reply: Record, sent: Record) -> Optional[str]:
@@ -228,31 +233,34 @@ class MPFedCL(FedAvg):
         missing = expect_arrays(reply, "protos", "labels")
         if missing:
             return missing
-        labels = reply.arrays["labels"]
+        labels = cast(torch.Tensor, reply.arrays["labels"])
         if labels.dim() != 1:
             return f"array 'labels' has shape {tuple(labels.shape)}, expected (m,)"
         n = len(labels)
         return (expect_shapes(reply, protos=(n, self.info.feature_dim))
                 or expect_indices(reply, "labels", self.info.num_classes))
 
-    def server_init(self, ctx) -> PoolState:
+    def server_init(self, ctx: ServerContext) -> PoolState:
         d = self.info.feature_dim
         return PoolState(ctx.init_weights(), torch.zeros(0, d), torch.zeros(0, dtype=torch.int64))
 
-    def configure(self, state: PoolState, rnd, ctx) -> Record:
+    def configure(self, state: PoolState, rnd: int, ctx: ServerContext) -> Record:
         return Record(weights=state.weights, arrays={"pool": {"protos": state.pool, "labels": state.labels}})
 
-    def aggregate(self, state: PoolState, rnd, replies, ctx) -> PoolState:
+    def aggregate(self, state: PoolState, rnd: int, replies: list[tuple[int, Record]],
+                  ctx: ServerContext) -> PoolState:
         if not replies:
             return state
         new = super().aggregate(state, rnd, replies, ctx)  # FedAvg, Algorithm 1 line 9
         # eq. (10): every arriving client has a group of every class that some arriving client
         # holds; a client without class j contributes an empty group, which pad_groups fills
         # with U_bar_j (K copies; DP-FedCL: as many as the class's largest group)
-        held = torch.unique(torch.cat([r.arrays["labels"].cpu() for _, r in replies])).tolist()
+        held = torch.unique(torch.cat([cast(torch.Tensor, r.arrays["labels"]).cpu()
+                                       for _, r in replies])).tolist()
         groups: dict[int, list[torch.Tensor]] = {j: [] for j in held}
         for _, r in replies:  # client-id order
-            protos, labels = r.arrays["protos"].detach().cpu().float(), r.arrays["labels"].cpu()
+            protos = cast(torch.Tensor, r.arrays["protos"]).detach().cpu().float()
+            labels = cast(torch.Tensor, r.arrays["labels"]).cpu()
             for j in held:
                 groups[j].append(protos[labels == j])
         pool, labels = build_pool(groups, self.pad_size(), self.info.feature_dim)
@@ -261,7 +269,7 @@ class MPFedCL(FedAvg):
         pool, labels = torch.cat([pool, state.pool[keep]]), torch.cat([labels, state.labels[keep]])
         return dataclasses.replace(new, pool=pool, labels=labels)
 
-    def class_vectors(self, state: PoolState):
+    def class_vectors(self, state: PoolState) -> torch.Tensor:
         """One vector per class for the geometry logs: the mean of the class's unit-length
         pool prototypes (the pool holds several per class)."""
         V = torch.zeros(self.info.num_classes, self.info.feature_dim)
@@ -270,29 +278,31 @@ class MPFedCL(FedAvg):
             V.index_add_(0, state.labels.cpu(), P)
         return V
 
-    def global_predictor(self, state: PoolState, ctx):
+    def global_predictor(self, state: PoolState, ctx: ServerContext) -> Predictors:
         model = ctx.shared_model(state.weights)
-        return {"proto": NearestPrototype(model.body, state.pool, state.labels, self.info.num_classes),
+        return {"proto": NearestPrototype(cast(nn.Module, model.body), state.pool, state.labels, self.info.num_classes),
                 "logits": model}
 
     # -- client ------------------------------------------------------------------------------
-    def local_objective(self, pool: torch.Tensor, labels: torch.Tensor):
+    def local_objective(self, pool: torch.Tensor, labels: torch.Tensor) -> tuple[LossFn, dict[str, torch.Tensor]]:
         """(loss, extras): eq. (12), L_S + lambda * L_R against the pool; L_S alone while the
         pool is empty (round 1) or lambda = 0."""
         if len(pool) == 0 or self.hp.lam == 0:
             return cross_entropy, {}
         return self.contrastive_loss, {"pool": pool, "labels": labels}
 
-    def contrastive_loss(self, model, x, y, extras):
-        z = model.body(x)  # (B, d)
-        l_ce = F.cross_entropy(model.head(z), y)
-        return l_ce + self.hp.lam * prototype_supcon_loss(z, y, extras["pool"], extras["labels"], self.hp.tau,
-                                                          self.hp.positives)
+    def contrastive_loss(self, model: nn.Module, x: torch.Tensor, y: torch.Tensor,
+                         extras: Mapping[str, Any]) -> torch.Tensor:
+        z: torch.Tensor = cast(nn.Module, model.body)(x)  # (B, d)
+        l_ce = F.cross_entropy(cast(nn.Module, model.head)(z), y)
+        return cast(torch.Tensor, l_ce + self.hp.lam * prototype_supcon_loss(z, y, extras["pool"], extras["labels"],
+                                                                             self.hp.tau, self.hp.positives))
 
-    async def client_update(self, msg: Record, state: Optional[Record], ctx) -> ClientResult:
+    async def client_update(self, msg: Record, state: Optional[Record], ctx: ClientContext) -> ClientResult:
         C = self.info.num_classes
         _, y = ctx.data
-        pool, labels = msg.arrays["pool"]["protos"].to(y.device), msg.arrays["pool"]["labels"].to(y.device)
+        received = cast(dict[str, torch.Tensor], msg.arrays["pool"])
+        pool, labels = received["protos"].to(y.device), received["labels"].to(y.device)
         loss, extras = self.local_objective(pool, labels)
         fitted = await ctx.fit(msg.weights, loss, extras=extras)
 
@@ -303,7 +313,7 @@ class MPFedCL(FedAvg):
             protos, proto_labels = self.local_prototypes(ctx, z, y)
         reply = Record(weights=fitted.weights, arrays={"protos": protos.detach().cpu(), "labels": proto_labels.cpu()})
         model = ctx.shared_model(fitted.weights)
-        personal = {"proto": NearestPrototype(model.body, pool, labels, C), "logits": model}
+        personal = {"proto": NearestPrototype(cast(nn.Module, model.body), pool, labels, C), "logits": model}
         return ClientResult(reply, personal=personal)
 
 
@@ -314,18 +324,19 @@ class SPFedCL(MPFedCL):
     name = "spfedcl"
     Hyper = FedCLHyper
 
-    def class_prototypes(self, z, rng):
+    def class_prototypes(self, z: torch.Tensor, rng: np.random.Generator) -> torch.Tensor:
         return z.mean(0, keepdim=True)
 
     def pad_size(self) -> Optional[int]:
         return 1
 
-    def private_prototypes(self, ctx, z, y):
+    def private_prototypes(self, ctx: ClientContext, z: torch.Tensor,
+                           y: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         means, counts = release_class_means(ctx, z, y, self.info.num_classes)  # (C, d), (C,)
         keep = counts >= 1
         return means[keep], torch.nonzero(keep).flatten()
 
-    def prototype_releases(self, privacy) -> int:
+    def prototype_releases(self, privacy: Any) -> int:
         return 1  # the class means
 
 
@@ -336,11 +347,11 @@ class DPFedCL(MPFedCL):
     name = "dpfedcl"
     Hyper = DPFedCLHyper
 
-    def class_prototypes(self, z, rng):
+    def class_prototypes(self, z: torch.Tensor, rng: np.random.Generator) -> torch.Tensor:
         return dbscan_centroids(z, self.hp.eps, self.hp.min_samples, self.hp.max_clusters)
 
     def pad_size(self) -> Optional[int]:
         return None  # the largest group of each class
 
-    def prototype_releases(self, privacy) -> int:
+    def prototype_releases(self, privacy: Any) -> int:
         return 0  # DBSCAN has no private counterpart here

@@ -50,14 +50,15 @@ Defaults and deviations:
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Literal, Optional
+from typing import Any, Literal, Mapping, Optional, Sequence
 
 import torch
+from torch import nn
 
 from ..errors import require
 from ..messages import Record
 from ..nn.inner import cross_entropy_at, detached, loss_grad, parameters_of, split_batch, with_gradient
-from .base import ClientResult, register
+from .base import ClientContext, ClientResult, register, WeightsState
 from .fedavg import FedAvg, FedAvgHyper
 
 
@@ -73,20 +74,22 @@ class PerFedAvgHyper(FedAvgHyper):
         require(self.delta > 0, f"{section}.delta", self.delta, "must be > 0")
 
 
-def adapted(model, w: dict, x: torch.Tensor, y: torch.Tensor, alpha: torch.Tensor) -> dict:
+def adapted(model: nn.Module, w: dict[str, torch.Tensor], x: torch.Tensor, y: torch.Tensor,
+            alpha: torch.Tensor) -> dict[str, torch.Tensor]:
     """w~ = w - alpha grad f(w; x, y), the gradient held constant (d w~ / d w = I)."""
     g = loss_grad(model, w, x, y)
     return {k: v - alpha * g[k] for k, v in w.items()}
 
 
-def fo_loss(model, x, y, extras) -> torch.Tensor:
+def fo_loss(model: nn.Module, x: torch.Tensor, y: torch.Tensor, extras: Mapping[str, Any]) -> torch.Tensor:
     """f(w~; D'): its gradient in w is grad f(w~; D'), the FO step's direction."""
     (x1, y1), (x2, y2) = split_batch(x, y, 2)
     w = parameters_of(model)
     return cross_entropy_at(model, adapted(model, w, x1, y1, extras["alpha"]), x2, y2)
 
 
-def hf_direction(model, w: dict, batches, alpha: torch.Tensor, delta: float) -> tuple[dict, torch.Tensor]:
+def hf_direction(model: nn.Module, w: dict[str, torch.Tensor], batches: Sequence[tuple[torch.Tensor, torch.Tensor]],
+                 alpha: torch.Tensor, delta: float) -> tuple[dict[str, torch.Tensor], torch.Tensor]:
     """(I - alpha H~(w; D'')) grad f(w~; D') and f(w~; D'), with H~ the finite-difference Hessian."""
     (x1, y1), (x2, y2), (x3, y3) = batches
     w = detached(w)
@@ -99,18 +102,18 @@ def hf_direction(model, w: dict, batches, alpha: torch.Tensor, delta: float) -> 
 
 
 @register
-class PerFedAvg(FedAvg):
+class PerFedAvg(FedAvg[WeightsState]):
     name = "perfedavg"
     family = "personalization"
     Hyper = PerFedAvgHyper
     couples_samples = True  # the minibatch is split into the inner step's D and the outer D'
 
-    def hf_loss(self, model, x, y, extras) -> torch.Tensor:
+    def hf_loss(self, model: nn.Module, x: torch.Tensor, y: torch.Tensor, extras: Mapping[str, Any]) -> torch.Tensor:
         w = parameters_of(model)
         d, value = hf_direction(model, w, split_batch(x, y, 3), extras["alpha"], self.hp.delta)
         return with_gradient(value, w, d)
 
-    async def client_update(self, msg: Record, state: Optional[Record], ctx) -> ClientResult:
+    async def client_update(self, msg: Record, state: Optional[Record], ctx: ClientContext) -> ClientResult:
         alpha = self.hp.alpha if self.hp.alpha is not None else ctx.lr
         extras = {"alpha": torch.tensor(float(alpha), device=ctx.data[1].device)}
         parts = 2 if self.hp.variant == "fo" else 3

@@ -68,7 +68,7 @@ Choices and deviations:
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Literal, Optional
+from typing import Any, cast, Literal, Mapping, Optional
 
 import torch
 from torch import nn
@@ -76,7 +76,7 @@ from torch import nn
 from ..errors import require
 from ..messages import Record
 from ..nn.inner import detached, loss_grad_and_value, parameters_of
-from .base import average, ClientResult, register, WeightsState
+from .base import average, ClientContext, ClientResult, register, ServerContext, WeightsState
 from .serveropt import ServerOptHyper
 from .fedper import FedPer
 
@@ -108,13 +108,13 @@ def parameter_buffers(module: nn.Module) -> nn.Module:
         for part in path:
             if part not in node._modules:
                 node.add_module(part, nn.Module())
-            node = node._modules[part]
+            node = cast(nn.Module, node._modules[part])  # added just above, never None
         node.register_buffer(leaf, p.detach().clone())
     return out
 
 
-def moreau_inner(model: nn.Module, theta: dict, w: dict, x: torch.Tensor, y: torch.Tensor, lam: float,
-                 lr: float, K: int) -> tuple[dict, torch.Tensor]:
+def moreau_inner(model: nn.Module, theta: Mapping[str, torch.Tensor], w: Mapping[str, torch.Tensor], x: torch.Tensor,
+                 y: torch.Tensor, lam: float, lr: float, K: int) -> tuple[dict[str, torch.Tensor], torch.Tensor]:
     """K steps of gradient descent on f(theta; x, y) + (lam / 2) ||theta - w||^2 from ``theta``
     (the inner problem, approximately solved); returns the iterate and f at the last step's start."""
     w = detached(w)
@@ -125,14 +125,15 @@ def moreau_inner(model: nn.Module, theta: dict, w: dict, x: torch.Tensor, y: tor
     return theta, f
 
 
-def envelope_value(f: torch.Tensor, theta: dict, w: dict, lam: float) -> torch.Tensor:
+def envelope_value(f: torch.Tensor, theta: Mapping[str, torch.Tensor], w: Mapping[str, torch.Tensor],
+                   lam: float) -> torch.Tensor:
     """f + (lam / 2) ||theta - w||^2 with theta constant: its gradient in w is lam (w - theta)."""
     prox = sum(((w[k] - theta[k].detach()) ** 2).sum() for k in w)
     return f.detach() + 0.5 * lam * prox
 
 
 @register
-class PFedMe(FedPer):
+class PFedMe(FedPer[WeightsState]):
     name = "pfedme"
     Hyper = PFedMeHyper
     couples_samples = True  # the inner (Moreau) problem is solved over the whole minibatch
@@ -144,7 +145,8 @@ class PFedMe(FedPer):
         return model
 
     # -- server ------------------------------------------------------------------------------
-    def aggregate(self, state: WeightsState, rnd, replies, ctx) -> WeightsState:
+    def aggregate(self, state: WeightsState, rnd: int, replies: list[tuple[int, Record]],
+                  ctx: ServerContext) -> WeightsState:
         avg = average((r for _, r in replies), self.hp.weighting)
         if not avg:
             return state
@@ -154,10 +156,10 @@ class PFedMe(FedPer):
         return self.server_update(state, new, ctx)  # (the server optimizer, when one is set)
 
     # -- client ------------------------------------------------------------------------------
-    def client_init(self, ctx) -> None:
+    def client_init(self, ctx: ClientContext) -> Optional[Record]:
         return None  # theta~ restarts from w_t every round: no state between rounds
 
-    async def client_update(self, msg: Record, state: Optional[Record], ctx) -> ClientResult:
+    async def client_update(self, msg: Record, state: Optional[Record], ctx: ClientContext) -> ClientResult:
         w_t = msg.weights
         names = [k[len(THETA):] for k in ctx.architecture.state_dict() if k.startswith(THETA)]
         start = {**w_t, **{THETA + k: w_t[k] for k in names}}  # theta~ = w_t
@@ -166,7 +168,8 @@ class PFedMe(FedPer):
         personal = ctx.shared_model({**w, **{k: w[THETA + k] for k in names}})  # theta~ in place of w
         return ClientResult(Record(weights=self.shared_part(w)), personal=personal)
 
-    def envelope_loss(self, model, x, y, extras) -> torch.Tensor:
+    def envelope_loss(self, model: nn.Module, x: torch.Tensor, y: torch.Tensor,
+                      extras: Mapping[str, Any]) -> torch.Tensor:
         """F_i(w) on the minibatch: the inner solve from the warm start, then the
         envelope's value with the gradient lam (w - theta~)."""
         hp = self.hp

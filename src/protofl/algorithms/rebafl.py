@@ -81,17 +81,19 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass
-from typing import Optional
+from typing import Any, cast, Mapping, Optional
 
 import torch
 import torch.nn.functional as F
+from torch import nn
 
 from ..errors import require
-from ..messages import Record, expect_arrays, expect_shapes
+from ..messages import Arrays, Record, expect_arrays, expect_shapes
+from ..models.base import FLModel
 from ..nn.losses import balanced_logits, label_counts, relaxed_prior
 from ..nn.privacy import release_class_means
 from ..nn.prototypes import aggregate_prototypes, class_means
-from .base import ClientResult, register, reply_weight, WeightsState
+from .base import ClientContext, ClientResult, LossFn, register, reply_weight, ServerContext, WeightsState
 from .fedavg import FedAvg, FedAvgHyper
 
 
@@ -150,7 +152,7 @@ def client_prototypes(local: torch.Tensor, n: torch.Tensor, glob: torch.Tensor,
 
 # ---------------------------------------------------------------------------------------
 @register
-class ReBaFL(FedAvg):
+class ReBaFL(FedAvg[ReBaFLState]):
     name = "rebafl"
     family = "calibrated softmax"
     reply_arrays = ("proto", "counts")  # besides w_k
@@ -158,13 +160,13 @@ class ReBaFL(FedAvg):
     couples_samples = True  # eq. 16's prior comes from the augmented batch's labels
 
     # -- server ------------------------------------------------------------------------------
-    def server_init(self, ctx) -> ReBaFLState:
+    def server_init(self, ctx: ServerContext) -> ReBaFLState:
         C, d = self.info.num_classes, self.info.feature_dim
         return ReBaFLState(ctx.init_weights(), torch.zeros(C, d, device=ctx.device),
                            torch.zeros(C, dtype=torch.int64, device=ctx.device))
 
-    def configure(self, state: ReBaFLState, rnd, ctx) -> Record:
-        arrays = {"proto": state.prototypes, "proto_counts": state.counts} if self.hp.faug else {}
+    def configure(self, state: ReBaFLState, rnd: int, ctx: ServerContext) -> Record:
+        arrays: Arrays = {"proto": state.prototypes, "proto_counts": state.counts} if self.hp.faug else {}
         return Record(weights=state.weights, arrays=arrays)
 
     def check_reply(self, reply: Record, sent: Record) -> Optional[str]:
@@ -173,15 +175,17 @@ class ReBaFL(FedAvg):
         return ((expect_arrays(reply, "proto", "counts") if self.hp.faug else None)
                 or expect_shapes(reply, proto=(C, d), counts=(C,)))
 
-    def aggregate(self, state: ReBaFLState, rnd, replies, ctx) -> ReBaFLState:
+    def aggregate(self, state: ReBaFLState, rnd: int, replies: list[tuple[int, Record]],
+                  ctx: ServerContext) -> ReBaFLState:
         replies = [(cid, r) for cid, r in replies if reply_weight(r, self.hp.weighting) > 0]
         if not replies:  # nobody arrived: keep w_t and P
             return state
         new = super().aggregate(state, rnd, replies, ctx)
         protos, counts = state.prototypes, state.counts
         if self.hp.faug:  # eq. 23, class by class, weighted by n_kc
-            fresh, n = aggregate_prototypes([r.arrays["proto"] for _, r in replies],
-                                            [r.arrays["counts"] for _, r in replies], weighting="counts")
+            fresh, n = aggregate_prototypes([cast(torch.Tensor, r.arrays["proto"]) for _, r in replies],
+                                            [cast(torch.Tensor, r.arrays["counts"]) for _, r in replies],
+                                            weighting="counts")
             if self.hp.prototype_memory:
                 seen = n > 0
                 protos = torch.where(seen.unsqueeze(1), fresh, state.prototypes)
@@ -190,29 +194,31 @@ class ReBaFL(FedAvg):
                 protos, counts = fresh, n
         return dataclasses.replace(new, prototypes=protos, counts=counts)
 
-    def class_vectors(self, state: ReBaFLState):
+    def class_vectors(self, state: ReBaFLState) -> Optional[torch.Tensor]:
         return state.prototypes if self.hp.faug else None  # the global prototypes p_c of eq. 23
 
-    def prototype_releases(self, privacy) -> int:
+    def prototype_releases(self, privacy: Any) -> int:
         return 1 if self.hp.faug else 0  # the reply's prototypes (eq. 18's stay on the client)
 
     # -- client ------------------------------------------------------------------------------
-    async def client_update(self, msg: Record, state: Optional[Record], ctx) -> ClientResult:
+    async def client_update(self, msg: Record, state: Optional[Record], ctx: ClientContext) -> ClientResult:
         w_t, y, C = msg.weights, ctx.data[1], self.info.num_classes
         # eq. 18 uses the class means of the received model's features, before local training
         local = class_means(await ctx.features(w_t), y, C) if self.augments(msg) else None
         loss, extras = self.local_objective(msg, ctx, local)
         fitted = await ctx.fit(w_t, loss, extras=extras)
-        arrays = {}
+        arrays: Arrays = {}
         if self.hp.faug:  # local prototypes of the trained body, for eq. 23 (they leave the client)
             arrays["proto"], arrays["counts"] = release_class_means(ctx, await ctx.features(fitted.weights), y, C)
         return ClientResult(Record(weights=fitted.weights, arrays=arrays), personal=ctx.shared_model(fitted.weights))
 
     def augments(self, msg: Record) -> bool:
         """Whether the client augments features this round: only once global prototypes exist."""
-        return self.hp.faug and self.hp.mu_aug != 0 and bool((msg.arrays["proto_counts"] > 0).any())
+        return cast(bool, self.hp.faug and self.hp.mu_aug != 0
+                    and bool((cast(torch.Tensor, msg.arrays["proto_counts"]) > 0).any()))
 
-    def local_objective(self, msg: Record, ctx, local: Optional[tuple[torch.Tensor, torch.Tensor]] = None):
+    def local_objective(self, msg: Record, ctx: ClientContext, local: Optional[tuple[torch.Tensor, torch.Tensor]] = None
+                        ) -> tuple[LossFn, dict[str, torch.Tensor]]:
         """(loss, extras): eq. 9 with the client's relaxed prior (eq. 10), plus eq. 16 on the
         augmented features when ``local`` (its class means and counts, eq. 18) is given."""
         hp, y = self.hp, ctx.data[1]
@@ -220,8 +226,8 @@ class ReBaFL(FedAvg):
         if local is None:
             return self.balanced_loss, extras
         means, n = local
-        P, available = client_prototypes(means.clone(), n, msg.arrays["proto"].to(y.device),
-                                         msg.arrays["proto_counts"].to(y.device))  # eq. 18
+        P, available = client_prototypes(means.clone(), n, cast(torch.Tensor, msg.arrays["proto"]).to(y.device),
+                                         cast(torch.Tensor, msg.arrays["proto_counts"]).to(y.device))  # eq. 18
         targets = torch.zeros(len(n), dtype=torch.int64, device=y.device)  # padded to C: one shape for all
         targets[:len(available)] = available
         extras.update(prototypes=P, targets=targets, n_targets=torch.tensor(len(available), device=y.device))
@@ -231,14 +237,17 @@ class ReBaFL(FedAvg):
         """Eq. 9 (relaxed balanced softmax with the prior pi), or plain CE for the ablation."""
         return F.cross_entropy(balanced_logits(z, pi) if self.hp.rbsm else z, y)
 
-    def balanced_loss(self, model, x, y, extras):
-        return self.balance(model.head(model.body(x)), y, extras["prior"])
+    def balanced_loss(self, model: nn.Module, x: torch.Tensor, y: torch.Tensor,
+                      extras: Mapping[str, Any]) -> torch.Tensor:
+        m = cast(FLModel, model)  # body h = f(x), head z = phi(h)
+        return self.balance(m.head(m.body(x)), y, extras["prior"])
 
-    def augmented_loss(self, model, x, y, extras):
-        hp = self.hp
-        h = model.body(x)  # (B, d)
-        value = self.balance(model.head(h), y, extras["prior"])
+    def augmented_loss(self, model: nn.Module, x: torch.Tensor, y: torch.Tensor,
+                       extras: Mapping[str, Any]) -> torch.Tensor:
+        hp, m = self.hp, cast(FLModel, model)
+        h = m.body(x)  # (B, d)
+        value = self.balance(m.head(h), y, extras["prior"])
         h_aug, y_aug = augment_features(h.detach(), y, extras["prototypes"], extras["targets"], hp.lam,
                                         extras["n_targets"])  # eq. 15
         pi_aug = relaxed_prior(label_counts(y_aug, self.info.num_classes), hp.epsilon).to(y.device)
-        return value + hp.mu_aug * self.balance(model.head(h_aug), y_aug, pi_aug)  # eq. 16
+        return cast(torch.Tensor, value + hp.mu_aug * self.balance(m.head(h_aug), y_aug, pi_aug))  # eq. 16

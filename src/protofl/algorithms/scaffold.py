@@ -61,13 +61,14 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass
-from typing import Literal, Optional
+from typing import Any, cast, Literal, Mapping, Optional
 
 import torch
 
 from ..errors import require
 from ..messages import Record
-from .base import average, ClientResult, cross_entropy, GlobalModel, register, trainable_names, WeightsState
+from .base import (average, ClientContext, ClientResult, cross_entropy, GlobalModel, register, ServerContext,
+                   trainable_names, WeightsState)
 from .serveropt import ServerOptHyper
 
 
@@ -94,7 +95,7 @@ def option_ii(c_i: dict[str, torch.Tensor], c: dict[str, torch.Tensor], x: dict[
 
 
 @register
-class Scaffold(GlobalModel):
+class Scaffold(GlobalModel[ScaffoldState]):
     name = "scaffold"
     family = "global-model baselines"
     reply_arrays = ("dy", "dc")  # Delta y_i, Delta c_i (groups by parameter name)
@@ -102,21 +103,23 @@ class Scaffold(GlobalModel):
     Hyper = ScaffoldHyper
 
     # -- server ------------------------------------------------------------------------------
-    def server_init(self, ctx) -> ScaffoldState:
+    def server_init(self, ctx: ServerContext) -> ScaffoldState:
         w = ctx.init_weights()
         return ScaffoldState(w, {k: torch.zeros_like(w[k]) for k in trainable_names(ctx.shared_model())})
 
-    def configure(self, state: ScaffoldState, rnd, ctx) -> Record:
+    def configure(self, state: ScaffoldState, rnd: int, ctx: ServerContext) -> Record:
         return Record(weights=state.weights, arrays={"c": state.control})
 
-    def aggregate(self, state: ScaffoldState, rnd, replies, ctx) -> ScaffoldState:
+    def aggregate(self, state: ScaffoldState, rnd: int, replies: list[tuple[int, Record]],
+                  ctx: ServerContext) -> ScaffoldState:
         if not replies:  # nobody arrived: keep x and c
             return state
-        dy = average((r for _, r in replies), self.hp.weighting, part=lambda r: r.arrays["dy"])
+        dy = average((r for _, r in replies), self.hp.weighting,
+                     part=lambda r: cast(dict[str, torch.Tensor], r.arrays["dy"]))
         N = self.info.num_clients
         c = {k: v.clone() for k, v in state.control.items()}
         for _, r in replies:
-            for k, d in r.arrays["dc"].items():
+            for k, d in cast(dict[str, torch.Tensor], r.arrays["dc"]).items():
                 c[k].add_(d, alpha=1.0 / N)
         if self.hp.server_opt == "none":  # x <- x + eta_g mean Delta y
             x = {k: (v + self.hp.server_lr * dy[k].to(v.dtype) if v.is_floating_point() else dy[k])
@@ -129,10 +132,11 @@ class Scaffold(GlobalModel):
     # -- client ------------------------------------------------------------------------------
     task_loss = staticmethod(cross_entropy)  # F_i, the client's own objective
 
-    async def client_update(self, msg: Record, state: Optional[Record], ctx) -> ClientResult:
+    async def client_update(self, msg: Record, state: Optional[Record], ctx: ClientContext) -> ClientResult:
         x = ctx.like_model(msg.weights)
-        c = msg.arrays["c"]
-        c_i = state.arrays["c"] if state is not None else {k: torch.zeros_like(v) for k, v in c.items()}
+        c = cast(dict[str, torch.Tensor], msg.arrays["c"])
+        c_i = (cast(dict[str, torch.Tensor], state.arrays["c"]) if state is not None
+               else {k: torch.zeros_like(v) for k, v in c.items()})
         # K local steps y <- y - eta_l (g(y) - c_i + c) on the trainable parameters
         fitted = await ctx.fit(x, self.task_loss, trainable=tuple(c), grad=corrected, extras={"c": c, "c_i": c_i})
         y = fitted.weights
@@ -142,7 +146,8 @@ class Scaffold(GlobalModel):
         return ClientResult(reply, state=Record(arrays={"c": c_new}), personal=ctx.shared_model(y))
 
 
-def corrected(grads: dict[str, torch.Tensor], extras, params) -> dict[str, torch.Tensor]:
+def corrected(grads: dict[str, torch.Tensor], extras: Mapping[str, Any],
+              params: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
     """The SCAFFOLD step direction: g - c_i + c for every trainable parameter."""
     c, c_i = extras["c"], extras["c_i"]
     return {k: g + (c[k] - c_i[k]) for k, g in grads.items()}

@@ -105,7 +105,8 @@ SERVER_OPT_DEFAULTS = tuple((f.name, f.default) for f in ServerOptHyper.__datacl
 
 
 def server_step(hp: ServerOptHyper, x: Mapping[str, torch.Tensor], x_bar: Mapping[str, torch.Tensor],
-                moments: Optional[dict], params: frozenset) -> tuple[dict[str, torch.Tensor], dict]:
+                moments: Optional[Mapping[str, Mapping[str, torch.Tensor]]],
+                params: frozenset[str]) -> tuple[dict[str, torch.Tensor], dict[str, dict[str, torch.Tensor]]]:
     """One step of ``hp.server_opt`` (not "none") from x_t (``x``, the full state dict) and the
     round's aggregate ``x_bar`` (the entries the replies carried). ``moments``: {"m": {...},
     "v": {...}} from the last step (None before the first); ``params``: the names of the model's
@@ -114,7 +115,9 @@ def server_step(hp: ServerOptHyper, x: Mapping[str, torch.Tensor], x_bar: Mappin
     opt, eta = hp.server_opt, hp.eta
     m_prev = (moments or {}).get("m", {})
     v_prev = (moments or {}).get("v", {})
-    out, m_new, v_new = dict(x), {}, {}
+    out = dict(x)
+    m_new: dict[str, torch.Tensor] = {}
+    v_new: dict[str, torch.Tensor] = {}
     for k, target in x_bar.items():
         if k not in params or not target.is_floating_point():
             out[k] = target  # buffers: x_bar's value

@@ -37,16 +37,18 @@ local data". The following are therefore ours; check them against the paper:
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Literal, Optional
+from typing import Any, cast, Literal, Mapping, Optional
 
 import torch
+from torch import nn
 from torch.nn import functional as F
 
 from ..errors import require
-from ..messages import Record, expect_shapes
+from ..messages import Arrays, Record, expect_shapes
+from ..models.base import FLModel
 from ..nn.heads import FixedHead, max_separated_prototypes, orthonormal_prototypes
-from .base import cross_entropy, register
-from .ccvr import CalibratedEachRound
+from .base import ClientContext, cross_entropy, LossFn, register, ServerContext
+from .ccvr import CalibratedEachRound, CalibratedState
 from .fedavg import FedAvgHyper
 
 
@@ -66,7 +68,7 @@ def least_squares_classifier(gram: torch.Tensor, sums: torch.Tensor, ridge: floa
     """The calibrated classifier W^ (C, d): argmin_W sum_i ||W h_i - e_{y_i}||^2 + ridge ||W||^2,
     given gram = H^T H (d, d) and sums = Y^T H (C, d) (per class, the sum of its features)."""
     G = gram.double() + ridge * torch.eye(len(gram), dtype=torch.float64, device=gram.device)
-    return (torch.linalg.pinv(G, hermitian=True) @ sums.double().T).T  # (C, d)
+    return cast(torch.Tensor, (torch.linalg.pinv(G, hermitian=True) @ sums.double().T).T)  # (C, d)
 
 
 @register
@@ -78,26 +80,29 @@ class SphereFed(CalibratedEachRound):
     head_keys = ("head.weight", "head.scale")
 
     # -- model: the fixed hyperspherical classifier ------------------------------------------
-    def adapt_model(self, model):
-        C, d, seed = model.num_classes, model.feature_dim, self.info.seed
+    def adapt_model(self, model: nn.Module) -> nn.Module:
+        fl = cast(FLModel, model)  # the zoo's models
+        C, d, seed = fl.num_classes, fl.feature_dim, self.info.seed
         W = orthonormal_prototypes(C, d, seed) if d >= C else max_separated_prototypes(C, d, seed)
         model.head = FixedHead(W, scale=self.hp.scale, learn_scale=self.hp.learn_scale)  # s W h / ||h||
         return model
 
     # -- client -------------------------------------------------------------------------------
-    def objective(self, msg: Record, ctx):
+    def objective(self, msg: Record, ctx: ClientContext) -> tuple[LossFn, dict[str, Any]]:
         return (cross_entropy if self.hp.loss == "ce" else self.squared_error), {}
 
     @staticmethod
-    def squared_error(model, x, y, extras):
-        out = F.normalize(model.body(x), dim=1) @ model.head.weight.T  # (B, C) W h
+    def squared_error(model: nn.Module, x: torch.Tensor, y: torch.Tensor,
+                      extras: Mapping[str, Any]) -> torch.Tensor:
+        m = cast(FLModel, model)  # the zoo's models; the head's weight is the FixedHead's buffer W
+        out = F.normalize(m.body(x), dim=1) @ cast(torch.Tensor, m.head.weight).T  # (B, C) W h
         return ((out - F.one_hot(y, out.shape[1]).to(out.dtype)) ** 2).sum(1).mean()
 
-    def reply_weights(self, weights):
+    def reply_weights(self, weights: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
         # W never moves; a fixed s neither: averaging copies would only add rounding
         return {k: v for k, v in weights.items() if k != "head.weight" and (k != "head.scale" or self.hp.learn_scale)}
 
-    def statistics(self, z: torch.Tensor, y: torch.Tensor) -> dict[str, torch.Tensor]:
+    def statistics(self, z: torch.Tensor, y: torch.Tensor) -> Arrays:
         h = F.normalize(z, dim=1)  # (n_k, d) on the hypersphere
         sums = h.new_zeros(self.info.num_classes, h.shape[1]).index_add_(0, y, h)  # (C, d) = Y_k^T H_k
         return {"gram": h.T @ h, "sums": sums}
@@ -107,11 +112,12 @@ class SphereFed(CalibratedEachRound):
         C, d = self.info.num_classes, self.info.feature_dim
         return expect_shapes(reply, gram=(d, d), sums=(C, d))
 
-    def calibrate(self, w: dict, replies: list[Record], rnd: int, ctx) -> dict[str, torch.Tensor]:
-        gram = sum(r.arrays["gram"].double() for r in replies)  # H^T H
-        sums = sum(r.arrays["sums"].double() for r in replies)  # (H^T Y)^T
+    def calibrate(self, w: dict[str, torch.Tensor], replies: list[Record], rnd: int,
+                  ctx: ServerContext) -> dict[str, torch.Tensor]:
+        gram = cast(torch.Tensor, sum(cast(torch.Tensor, r.arrays["gram"]).double() for r in replies))  # H^T H
+        sums = cast(torch.Tensor, sum(cast(torch.Tensor, r.arrays["sums"]).double() for r in replies))  # (H^T Y)^T
         W = least_squares_classifier(gram, sums, self.hp.ridge).to(w["head.weight"])
         return {"head.weight": W, "head.scale": torch.ones_like(w["head.scale"])}
 
-    def class_vectors(self, state):
+    def class_vectors(self, state: CalibratedState) -> Optional[torch.Tensor]:
         return state.weights["head.weight"]  # the fixed orthonormal W (C, d)

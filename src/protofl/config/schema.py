@@ -16,6 +16,7 @@ from typing import Any
 import yaml
 
 from ..algorithms import ALGORITHMS
+from ..algorithms.base import Algorithm
 from ..algorithms.serveropt import SERVER_OPT_DEFAULTS
 from ..data.datasets import DATASETS, HF_PREFIX
 from ..data.features import FEATURES, check_scenario
@@ -282,7 +283,7 @@ def validate_components(cfg: Config) -> None:
                           "one architecture (heterogeneous models need a method that exchanges no weights)")
 
 
-def method(cfg: Config) -> tuple[type, Any]:
+def method(cfg: Config) -> tuple[type[Algorithm[Any]], Any]:
     """The algorithm class of ``cfg`` (from the registry) and its hyper-parameters."""
     algo = _get(ALGORITHMS, cfg.algorithm.name, "algorithm.name")
     return algo, check_dataclass(algo.Hyper, cfg.algorithm.params, "algorithm")

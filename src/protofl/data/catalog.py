@@ -18,7 +18,7 @@ with the checksums of their tiny files (see ``tests/test_fetch.py``).
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Optional
+from typing import cast, Optional
 
 
 @dataclass(frozen=True)
@@ -65,7 +65,7 @@ class Source:
     @property
     def total_bytes(self) -> Optional[int]:
         sizes = [f.size for f in self.files]
-        return sum(sizes) if sizes and all(s is not None for s in sizes) else None
+        return sum(cast(list[int], sizes)) if sizes and all(s is not None for s in sizes) else None
 
     @property
     def size_text(self) -> str:

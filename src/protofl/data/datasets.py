@@ -26,9 +26,10 @@ import tarfile
 import zipfile
 import zlib
 from pathlib import Path, PurePosixPath
-from typing import Optional
+from typing import cast, IO, Optional, Sequence
 
 import numpy as np
+import numpy.typing as npt
 import torch
 
 from ..errors import DataFileError, human_bytes, InputError, one_line
@@ -260,12 +261,12 @@ def load_digits(root: Path, seed: int, test_fraction: float = 0.25) -> Dataset:
     x = torch.from_numpy(images).unsqueeze(1)  # (N, 1, 8, 8) uint8, 0..16
     y = torch.from_numpy(target)
     rng = np.random.default_rng(np.random.SeedSequence([seed, 0xD161]))
-    test_idx = []
+    test_parts = []
     for c in range(10):
         idx = np.flatnonzero(target == c)
         rng.shuffle(idx)
-        test_idx.append(idx[: int(round(len(idx) * test_fraction))])
-    test_idx = np.sort(np.concatenate(test_idx))
+        test_parts.append(idx[: int(round(len(idx) * test_fraction))])
+    test_idx = np.sort(np.concatenate(test_parts))
     train_mask = np.ones(len(y), dtype=bool)
     train_mask[test_idx] = False
     train_idx = np.flatnonzero(train_mask)
@@ -287,7 +288,8 @@ def load_digits(root: Path, seed: int, test_fraction: float = 0.25) -> Dataset:
 # ---------------------------------------------------------------------------------------
 # IDX: 2 zero bytes, a type code, the number of dims, then each dim as a big-endian
 # uint32, then the values (big-endian for multi-byte types), row-major.
-IDX_DTYPES = {0x08: np.uint8, 0x09: np.int8, 0x0B: ">i2", 0x0C: ">i4", 0x0D: ">f4", 0x0E: ">f8"}
+IDX_DTYPES: dict[int, npt.DTypeLike] = {0x08: np.uint8, 0x09: np.int8, 0x0B: ">i2", 0x0C: ">i4", 0x0D: ">f4",
+                                        0x0E: ">f8"}
 MNIST_FILES = (
     "train-images-idx3-ubyte.gz",
     "train-labels-idx1-ubyte.gz",
@@ -385,6 +387,7 @@ def read_idx(path: Path, dataset: Optional[str] = None) -> np.ndarray:
 
 def _load_idx_pair(root: Path, dataset: str, folders: list[str]):
     """(x_train, y_train, x_test, y_test, folder); falls back to uncompressed files."""
+    names: Sequence[str]
     try:
         d, names = find_files(root, dataset, folders, list(MNIST_FILES)), MNIST_FILES
     except MissingDataError as err:
@@ -484,7 +487,7 @@ def _read_leaf(root: Path, dataset: str, folders: list[str], archive: str = ""):
                     split = _leaf_split_of(m.name) if m.isfile() else None
                     if split:
                         _member_fits(f"{tar_path}: {m.name}", m.size, packed)
-                        docs[split].append((m.name, json.load(tf.extractfile(m))))
+                        docs[split].append((m.name, json.load(cast(IO[bytes], tf.extractfile(m)))))  # a file
             if all(docs.values()):
                 return tar_path, {s: [doc for _, doc in sorted(v, key=lambda t: t[0])] for s, v in docs.items()}
     raise MissingDataError(
@@ -649,6 +652,7 @@ def _shakespeare_csv_docs(path: Path) -> dict:
 class _ArraysOnly(pickle.Unpickler):
     # numpy arrays and scalars; ``_codecs.encode``: how a protocol-2 pickle written by
     # Python 3 spells a bytes value
+    path: Path  # the file, for the message (set after construction)
     ALLOWED = {("numpy", "ndarray"), ("numpy", "dtype"), ("numpy.core.multiarray", "_reconstruct"),
                ("numpy._core.multiarray", "_reconstruct"), ("numpy.core.multiarray", "scalar"),
                ("numpy._core.multiarray", "scalar"), ("_codecs", "encode")}
@@ -684,7 +688,7 @@ def archive_members(path: Path, wanted: list[str], optional: tuple[str, ...] = (
             for m in tf:
                 if m.isfile() and m.name in names:
                     _member_fits(f"{path}: {m.name}", m.size, packed)
-                    found[m.name] = tf.extractfile(m).read()
+                    found[m.name] = cast(IO[bytes], tf.extractfile(m)).read()  # a file: not None
     lacking = [n for n in wanted if n not in found]
     if lacking:
         raise DataFileError(f"{path}: not the archive this dataset is published in (it lacks {', '.join(lacking[:3])}"
@@ -1047,7 +1051,7 @@ def pool_digit5(parts: list[Dataset], seed: int, train_per_domain: Optional[int]
             raise ValueError(f"digit5: {what}={asked} exceeds the smallest domain "
                              f"({parts[counts.index(smallest)].name}: {smallest} samples)")
         sizes[i] = asked or smallest
-    xs = [[], [], [], []]
+    xs: list[list[torch.Tensor]] = [[], [], [], []]
     for p in parts:
         for j, t in enumerate(domain_subset(p, sizes[0], sizes[1], seed, p.name)):
             xs[j].append(to_image_shape(t, (3, size, size)) if j % 2 == 0 else t)

@@ -35,7 +35,7 @@ clients), next to the usual ``gm`` and ``pa``.
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
-from typing import Any, Callable, Optional
+from typing import Any, Callable, cast, Optional
 
 import numpy as np
 import torch
@@ -302,7 +302,7 @@ class Domains(Scenario):
                                   or not all(isinstance(v, int) and v >= 8 for v in shape[1:])):
             raise ValueError(f"shape must be [channels (1 or 3), height, width] (at least 8 pixels), got {shape}")
         self.sources, self.train_size, self.test_size, self.assign = sources, train_size, test_size, assign
-        self.shape = tuple(shape) if shape is not None else None
+        self.shape = cast("tuple[int, int, int]", tuple(shape)) if shape is not None else None  # checked above
 
     def datasets(self, cfg) -> list[str]:
         return list(self.sources)
@@ -339,6 +339,8 @@ class Domains(Scenario):
         x_train = torch.cat(xtr)
         # normalization from the pooled training images (every domain counts equally): one
         # mean and std for grey images (as ever), per channel for RGB ones
+        mean: tuple[float, ...]
+        std: tuple[float, ...]
         if x_train.shape[1] == 1:
             f = x_train.to(torch.float32).div_(255.0)
             mean, std = (float(f.mean()),), (float(f.std()),)
@@ -405,7 +407,8 @@ class Writers(Scenario):
         pools = [(np.sort(np.concatenate([ds.users_train[u] for u in g]).astype(np.int64)),
                   np.sort(np.concatenate([ds.users_test[u] for u in g]).astype(np.int64))) for g in groups]
         train, test = pooled_partition(cfg, ds, pools, np.arange(K))
-        ds = replace(ds, info={**ds.info, "writer_groups": [[ds.user_names[u] for u in g] for g in groups]})
+        names = cast(list[str], ds.user_names)  # the loaders that give users name them
+        ds = replace(ds, info={**ds.info, "writer_groups": [[names[u] for u in g] for g in groups]})
         return FederatedData(ds, train, test, None)
 
 

@@ -32,7 +32,7 @@ import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Iterable, Optional, Sequence
+from typing import Callable, cast, Iterable, Optional, Sequence
 from urllib.parse import unquote, urlparse
 
 from ..errors import human_bytes, one_line
@@ -156,7 +156,9 @@ def _stat_key(path: Path) -> list:
 
 def check_file(path: Path, f: RemoteFile, record: Optional[dict] = None) -> bool:
     """Whether ``path`` holds exactly the published bytes of ``f`` (re-read in full)."""
-    alg, want = f.known_hash.split(":", 1)
+    known = f.known_hash
+    assert known is not None  # called for files with a published checksum only
+    alg, want = known.split(":", 1)
     ok = file_checksum(path, alg) == want
     if record is not None:
         if ok:
@@ -230,7 +232,9 @@ def _whose(path: Path, source: Source) -> str:
 
 
 def _hash_words(f: RemoteFile) -> str:
-    alg, want = f.known_hash.split(":", 1)
+    known = f.known_hash
+    assert known is not None  # called for files with a published checksum only
+    alg, want = known.split(":", 1)
     return f"{alg} {want}"
 
 
@@ -512,7 +516,7 @@ def fetch(source: Source, root: Path, *, mirrors: Sequence[str] = (), download: 
                                    f"do not match the published checksums and downloads are off ({why}); "
                                    f"place the right files by hand: {source.how_to_place(root)}")
         sizes = [f.size for f in todo]
-        size = human_bytes(sum(sizes)) if all(s is not None for s in sizes) else source.size_text
+        size = human_bytes(sum(cast(list[int], sizes))) if all(s is not None for s in sizes) else source.size_text
         say(f"protofl: fetching {source.name} ({source.title}, {size}) into {folder}")
         from ..logs import ensure_log_handler
 

@@ -18,7 +18,7 @@ Evaluation and the features of ``ctx.features`` (prototypes) never see augmentat
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Mapping, Optional
+from typing import Any, Callable, Mapping, Optional
 
 import numpy as np
 import torch
@@ -48,7 +48,8 @@ def augment_plan(aug: Augment, steps: int, batch: int, generator: torch.Generato
     return {"offsets": offsets.numpy(), "flips": flips.numpy()}
 
 
-def pad_value(normalize, channels: int, dtype: torch.dtype, device) -> torch.Tensor:
+def pad_value(normalize: Callable[[torch.Tensor], torch.Tensor], channels: int, dtype: torch.dtype,
+              device: torch.device) -> torch.Tensor:
     """(1, C, 1, 1): the raw image value 0 after the dataset's normalization."""
     return normalize(torch.zeros(1, channels, 1, 1, dtype=dtype, device=device))
 

@@ -7,15 +7,20 @@ device); ``ray`` is actors on a Ray cluster (Ray itself is imported only when a
 """
 from __future__ import annotations
 
-from ..config import BACKENDS, require_ray
+from typing import Callable, TYPE_CHECKING
+
+from ..config import BACKENDS, Config, require_ray
 from ..registry import Registry
 from .batched import BatchedExecutor
-from .executor import make_executor
+from .executor import Executor, make_executor
 from .ray_executor import check_address, RayExecutor
 
-EXECUTORS: Registry = Registry("execution backend")
+if TYPE_CHECKING:
+    from .simulation import Simulation
 
-def use_batched(cfg) -> bool:
+EXECUTORS: Registry[Callable[[Simulation], Executor]] = Registry("execution backend")
+
+def use_batched(cfg: Config) -> bool:
     """``execution.executor``: batched when asked, or (auto) on a GPU; never with worker processes."""
     ex = cfg.execution
     if ex.executor == "auto":
@@ -24,7 +29,7 @@ def use_batched(cfg) -> bool:
 
 
 @EXECUTORS.register("local")
-def local_executor(sim):
+def local_executor(sim: Simulation) -> Executor:
     """This machine: sequential (``workers: 0``), a pool of worker processes, or the
     batched executor (``execution.executor``, engine/batched.py) in this process."""
     ex = sim.cfg.execution
@@ -34,7 +39,7 @@ def local_executor(sim):
 
 
 @EXECUTORS.register("ray")
-def ray_executor(sim):
+def ray_executor(sim: Simulation) -> Executor:
     """Actors on a Ray cluster (``execution.address``) or on a private local Ray."""
     require_ray()
     if sim.cfg.execution.address:  # a wrong address fails in seconds, before Ray is even imported

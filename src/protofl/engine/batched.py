@@ -59,24 +59,33 @@ import os
 import time
 from collections import defaultdict, deque
 from dataclasses import dataclass, field
-from typing import Any, Iterable, Optional
+from typing import Any, Callable, cast, Coroutine, Iterable, Iterator, Mapping, Optional, TypeVar, Union
 
 import numpy as np
 import torch
 from torch import nn
 from torch.func import functional_call, grad_and_value, vmap
 
-from ..algorithms.base import Features, Fit, Fitted, Request, TrainStats
+from ..algorithms.base import ClientResult, Features, Fit, Fitted, LossFn, TrainStats
 from ..messages import Record
 from .client import ClientContext, ClientOutput, ClientRuntime, not_a_request, trainable_names
 from .executor import ClientTask, Executor, SequentialExecutor, place_broadcasts
-from .augment import apply, augment_plan
+from .augment import apply, Augment, augment_plan
 from .precision import autocast
-from ..nn.privacy import private_gradient
+from ..nn.privacy import NoiseStream, private_gradient
 from .train import (NonFiniteLossError, Objective, TrainSettings, batch_coupled, batch_rows, batch_sizes,
                     embed_batches, optimizer_state, optimizer_step, per_sample, poisson_rows, reset_rows, total_steps)
 
 log = logging.getLogger("protofl")
+
+T = TypeVar("T")
+# what makes jobs train in one stack (:meth:`BatchedExecutor._signature`)
+Signature = tuple[Any, ...]
+# a batch's outcome in :meth:`BatchedExecutor.run_batches`: its outputs in task order, or
+# (``isolate``) the exception that stopped its run
+BatchResult = Union[list[Optional[ClientOutput]], BaseException]
+# a client's ``ctx.augmentation``: the augmentation, its stream, the padding value
+_Augmentation = tuple[Augment, torch.Generator, torch.Tensor]
 
 _RANDOM = (nn.Dropout, nn.Dropout1d, nn.Dropout2d, nn.Dropout3d, nn.AlphaDropout, nn.FeatureAlphaDropout)
 
@@ -183,18 +192,18 @@ class Plan:
     index: np.ndarray  # (3 * sum of G,) every group's slots, jobs and t, in order
     busy: int  # client-steps
     slot_steps: int  # slots x stack steps
-    aug: Optional[dict] = None  # the augmentation draws of those rows: offsets (N, 2), flips (N,)
+    aug: Optional[dict[str, np.ndarray]] = None  # the augmentation draws of those rows: offsets (N, 2), flips (N,)
 
 
 def plan_stack(totals: list[int], sizes: list[list[int]], rows: list[np.ndarray], slots: int,
-               aug: Optional[list[dict]] = None) -> Plan:
+               aug: Optional[list[dict[str, np.ndarray]]] = None) -> Plan:
     """The schedule: clients enter free slots longest first; each step groups the active
     slots by batch size (largest first). ``rows[j]`` (total_j, B) are client j's data rows;
     ``aug[j]`` its augmentation draws (engine/augment.py), gathered like its rows."""
     order = deque(sorted((j for j in range(len(totals)) if totals[j] > 0), key=lambda j: -totals[j]))
     active: dict[int, list[int]] = {}  # slot -> [job, local step]
     steps, loads, finishes, chunks, index = [], [], [], [], []
-    drawn: dict[str, list] = {"offsets": [], "flips": []}
+    drawn: dict[str, list[np.ndarray]] = {"offsets": [], "flips": []}
     pos = at = 0
     pending_loads = []
     for k in range(slots):
@@ -248,11 +257,21 @@ def plan_stack(totals: list[int], sizes: list[list[int]], rows: list[np.ndarray]
 class _Job:
     task: ClientTask
     ctx: ClientContext
-    update: Any  # the client_update coroutine
+    update: Coroutine[Any, Any, ClientResult]  # the client_update coroutine
     batch: int = 0  # which batch of run_batches (which run, when runs are packed)
-    request: Optional[Request] = None  # what it awaits now (None: finished)
+    request: Optional[Union[Fit, Features]] = None  # what it awaits now (None: finished)
     output: Optional[ClientOutput] = None
     rng: Optional[torch.Tensor] = None  # its torch RNG state between turns
+
+    @property
+    def fit(self) -> Fit:
+        """The ``Fit`` it awaits (asked only of a job that awaits one)."""
+        return cast(Fit, self.request)
+
+    @property
+    def features(self) -> Features:
+        """The ``Features`` it awaits (asked only of a job that awaits one)."""
+        return cast(Features, self.request)
 
 
 @dataclass
@@ -282,7 +301,7 @@ class Slots:
     state: dict[str, list[torch.Tensor]]
     frozen: dict[str, torch.Tensor]
     buffers: dict[str, torch.Tensor]
-    extras: dict
+    extras: dict[str, Any]
 
 
 class Stack:
@@ -290,12 +309,12 @@ class Stack:
     (:meth:`load`) with the weights it starts from and its extras, trains there, and
     leaves it (:meth:`unload`) with its trained weights; the next client takes the slot."""
 
-    def __init__(self, model: nn.Module, names: list[str], S: int, settings: TrainSettings, extras: dict,
+    def __init__(self, model: nn.Module, names: list[str], S: int, settings: TrainSettings, extras: Mapping[str, Any],
                  device: torch.device) -> None:
         params = dict(model.named_parameters())
         self.order = list(model.state_dict().keys())  # state-dict order of the weights handed back
         self.names = names  # the trainable parameters, in the flat row's order
-        self.layout: dict[str, tuple[int, int, tuple]] = {}  # name -> (start, end, shape) in a row
+        self.layout: dict[str, tuple[int, int, tuple[int, ...]]] = {}  # name -> (start, end, shape) in a row
         o = 0
         for k in names:
             self.layout[k] = (o, o + params[k].numel(), tuple(params[k].shape))
@@ -371,23 +390,25 @@ class BatchedExecutor(Executor):
         self.threads = threads
         self.slots = slots
         self.compile = compile
-        self._compiled: dict[tuple, Any] = {}
-        self._compiled_slots: dict[tuple, int] = {}  # per signature: the most slots chosen so far
-        self._unreached_of: dict[tuple, frozenset] = {}  # per signature: parameters its loss does not reach
+        self._compiled: dict[Signature, Callable[..., Any]] = {}
+        self._compiled_slots: dict[Signature, int] = {}  # per signature: the most slots chosen so far
+        self._unreached_of: dict[Signature, frozenset[str]] = {}  # per signature: parameters its loss does not reach
         self.sequential = SequentialExecutor(runtime, threads)
         self.reason = why_not_batched(runtime)
         self.stats = StackStats()
         self._noted = False
-        self._cap: dict[tuple, int] = {}
+        self._cap: dict[tuple[int, int, bool], int] = {}
 
-    def describe(self) -> dict:
+    def describe(self) -> dict[str, Any]:
         out: dict[str, Any] = {"backend": "local", "workers": 0, "threads": self.threads,
                                "device": str(self.runtime.device)}
         if self.reason is not None:
             return {**out, "executor": "sequential", "executor_note": self.reason}
         out["executor"] = "batched"
         if self.stats.stacks:
-            out.update(occupancy=round(self.stats.occupancy, 4), slots=max(self.stats.slots))
+            occupancy = self.stats.occupancy
+            assert occupancy is not None  # a stack takes at least one slot-step
+            out.update(occupancy=round(occupancy, 4), slots=max(self.stats.slots))
         return out
 
     def _note(self, reason: str) -> None:
@@ -399,17 +420,18 @@ class BatchedExecutor(Executor):
         self.sequential.close()
 
     # -- driving the coroutines ------------------------------------------------------------------
-    def run(self, tasks: list[ClientTask]) -> list[ClientOutput]:
-        return self.run_batches([(self.runtime, tasks)])[0]
+    def run(self, tasks: list[ClientTask]) -> list[Optional[ClientOutput]]:
+        out = self.run_batches([(self.runtime, tasks)])[0]
+        return cast(list[Optional[ClientOutput]], out)  # without isolate an exception rises, never returns
 
     def run_batches(self, batches: list[tuple[ClientRuntime, list[ClientTask]]],
-                    isolate: bool = False) -> list[Any]:
+                    isolate: bool = False) -> list[BatchResult]:
         """The tasks of several runs at once (``execution.pack_runs``): each batch is one run's
         runtime and tasks; its clients join the same stacks as every other batch's whose
         model and training request match. Per batch, its outputs in task order; with
         ``isolate``, a batch whose client raised gives that exception instead (its other
         clients stop) and the other batches go on; else the exception is raised."""
-        results: list[Any] = [None] * len(batches)
+        results: list[Optional[BatchResult]] = [None] * len(batches)
         jobs: list[_Job] = []
         t0 = time.perf_counter()
         for b, (rt, tasks) in enumerate(batches):
@@ -429,7 +451,7 @@ class BatchedExecutor(Executor):
             if todo:  # features first: they are cheap and let their clients move on
                 answers = self._features(todo)
             else:
-                groups: dict[tuple, list[_Job]] = {}
+                groups: dict[Signature, list[_Job]] = {}
                 for j in waiting:
                     groups.setdefault(self._signature(j), []).append(j)
                 todo = max(groups.values(), key=len)  # the largest group first (ties: the first)
@@ -447,10 +469,10 @@ class BatchedExecutor(Executor):
                 for j in jobs:
                     if j.batch == b and j.request is not None:
                         j.update.close()  # the failed run's other clients stop here
-        return results
+        return cast(list[BatchResult], results)  # every batch has its outcome now
 
     @staticmethod
-    def _guarded(b: int, results: list, isolate: bool, fn):
+    def _guarded(b: int, results: list[Optional[BatchResult]], isolate: bool, fn: Callable[[], T]) -> Optional[T]:
         """``fn()``; with ``isolate``, an exception becomes batch ``b``'s result instead of rising."""
         if isinstance(results[b], BaseException):
             return None
@@ -475,6 +497,7 @@ class BatchedExecutor(Executor):
         """Resume ``job`` with ``answer`` (an exception is thrown into it) until its next
         request or its end, then finish it: its reply, state and evaluation."""
         rt, t = job.ctx.runtime, job.task
+        assert job.rng is not None  # _start gives every job its state
         torch.set_rng_state(job.rng)  # its own torch stream, whatever other clients drew
         try:
             if isinstance(answer, BaseException):
@@ -494,12 +517,12 @@ class BatchedExecutor(Executor):
         finally:
             job.rng = torch.get_rng_state()
 
-    def _signature(self, job: _Job) -> tuple:
+    def _signature(self, job: _Job) -> Signature:
         """What jobs must share to train in one stack: the model (architecture, the method
         that adapts it, memory format, precision), the objective and the training settings.
         Runs of the same method and hyper-parameters share a loss: a bound method counts
         by its function, since the method class and ``hp`` are part of the model's key."""
-        req, ctx = job.request, job.ctx
+        req, ctx = job.fit, job.ctx  # only jobs that await a Fit have a signature
         extras = tuple((k, tuple(v.shape), v.dtype) for k, v in _leaves(req.extras))
         return (model_key(ctx.runtime, ctx.cid), _function(req.loss), _function(req.grad), req.trainable,
                 ctx.training_settings(req.settings), extras, req.step_extras is not None)
@@ -511,9 +534,9 @@ class BatchedExecutor(Executor):
         clients' inference batches (:func:`~protofl.engine.train.embed_batches`) taken one
         batch index at a time, a short batch repeating its last row to the longest's size."""
         out: list[Optional[torch.Tensor]] = [None] * len(jobs)
-        by_part: dict[tuple, list[int]] = defaultdict(list)
+        by_part: dict[tuple[str, tuple[Any, ...]], list[int]] = defaultdict(list)
         for i, j in enumerate(jobs):
-            by_part[(j.request.part, model_key(j.ctx.runtime, j.ctx.cid))].append(i)
+            by_part[(j.features.part, model_key(j.ctx.runtime, j.ctx.cid))].append(i)
         for (part, _), idx in by_part.items():
             module = getattr(jobs[idx[0]].ctx.architecture, part)
             was = module.training
@@ -523,23 +546,23 @@ class BatchedExecutor(Executor):
                     out[i] = z
             finally:
                 module.train(was)
-        return out
+        return cast(list[torch.Tensor], out)  # every job's features, each in one part's group
 
     def _part_features(self, module: nn.Module, prefix: str, jobs: list[_Job]) -> list[torch.Tensor]:
         """:meth:`_features` for the jobs of one part and architecture (``module`` in eval mode),
         in their order."""
         dev = self.runtime.device
         out: list[Optional[torch.Tensor]] = [None] * len(jobs)
-        xs = [j.request.x if j.request.x is not None else j.ctx.data[0] for j in jobs]
+        xs = [j.features.x if j.features.x is not None else j.ctx.data[0] for j in jobs]
         for i, (j, x) in enumerate(zip(jobs, xs)):
             if len(x) == 0:  # no samples: the part on the empty batch, (0, d) as for the others
-                w = {k[len(prefix):]: v.to(dev) for k, v in j.request.weights.items() if k.startswith(prefix)}
+                w = {k[len(prefix):]: v.to(dev) for k, v in j.features.weights.items() if k.startswith(prefix)}
                 out[i] = functional_call(module, w, (x.to(dev),))
         live = [(j, i, x) for i, (j, x) in enumerate(zip(jobs, xs)) if len(x)]
         if not live:
-            return out
-        keys = [k[len(prefix):] for k in live[0][0].request.weights if k.startswith(prefix)]
-        W = {k: torch.stack([j.request.weights[prefix + k].to(dev) for j, _, _ in live]) for k in keys}
+            return cast(list[torch.Tensor], out)  # no samples anywhere: each job's empty features, above
+        keys = [k[len(prefix):] for k in live[0][0].features.weights if k.startswith(prefix)]
+        W = {k: torch.stack([j.features.weights[prefix + k].to(dev) for j, _, _ in live]) for k in keys}
         data = torch.cat([x.to(dev) for _, _, x in live])
         offsets = np.concatenate([[0], np.cumsum([len(x) for _, _, x in live])[:-1]])
         plans = [embed_batches(len(x)) for _, _, x in live]
@@ -555,14 +578,14 @@ class BatchedExecutor(Executor):
                     pieces[c].append(z[c, :p[b][1] - p[b][0]])
         for c, (_, i, _) in enumerate(live):
             out[i] = torch.cat(pieces[c])
-        return out
+        return cast(list[torch.Tensor], out)  # the empty ones above, the others here
 
     # -- training ----------------------------------------------------------------------------
     def _fit(self, jobs: list[_Job]) -> list[Any]:
         """Train every job's ``Fit`` (one signature) as one stack; per job its ``Fitted``, or
         the ``NonFiniteLossError`` to throw into it."""
         dev = self.runtime.device
-        fits: list[Fit] = [j.request for j in jobs]
+        fits: list[Fit] = [j.fit for j in jobs]
         settings = jobs[0].ctx.training_settings(fits[0].settings)
         B = settings.batch_size
         model = jobs[0].ctx.architecture
@@ -575,7 +598,7 @@ class BatchedExecutor(Executor):
             private = [j.ctx.fit_settings(f) for j, f in zip(jobs, fits)]
             settings = dataclasses.replace(settings, dp_noise=private[0].dp_noise)  # the round's sigma
             totals = [p.dp_steps() if names else 0 for p in private]
-            drawn_rows = [poisson_rows(n, p.dp_rate, t, j.ctx.batch_generator)
+            drawn_rows = [poisson_rows(n, p.dp_rate, t, cast(NoiseStream, j.ctx.batch_generator))  # its secret stream
                           for n, p, t, j in zip(ns, private, totals, jobs)]
             width = max([r.shape[1] for r, t in zip(drawn_rows, totals) if t] or [1])
             rows = [np.pad(np.where(r >= 0, r + o, -1), ((0, 0), (0, width - r.shape[1])), constant_values=-1)
@@ -587,7 +610,7 @@ class BatchedExecutor(Executor):
             sizes = [batch_sizes(n, B, t, drop) for n, t in zip(ns, totals)]
             rows = [batch_rows(n, B, t, j.ctx.generator, drop) + o for n, t, j, o in zip(ns, totals, jobs, offsets)]
         augmentation = jobs[0].ctx.augmentation  # the same for every client of the run (of the stack)
-        aug = [augment_plan(augmentation[0], t, width if dp else B, j.ctx.augmentation[1])
+        aug = [augment_plan(augmentation[0], t, width if dp else B, cast(_Augmentation, j.ctx.augmentation)[1])
                for t, j in zip(totals, jobs)] if augmentation else None
 
         answers: list[Any] = [None] * len(jobs)
@@ -639,7 +662,7 @@ class BatchedExecutor(Executor):
                     if dp:
                         rows_g = rows_g.clamp(min=0)
                     xb = xs[rows_g]
-                    if drawn is not None:  # each sample as the client's own plan has it
+                    if drawn is not None and augmentation is not None:  # each sample as the client's own plan has it
                         at = slice(g.start, g.start + G * g.b)
                         xb = apply(augmentation[0], xb.reshape(G * g.b, *xs.shape[1:]), drawn["offsets"][at],
                                    drawn["flips"][at], augmentation[2]).view(G, g.b, *xs.shape[1:])
@@ -647,7 +670,7 @@ class BatchedExecutor(Executor):
                     with autocast(jobs[0].ctx.runtime.cfg.execution.precision, dev.type):
                         fn = step_fn[g.whole and g.b == B]
                         grads, value = fn(params, part.frozen, part.buffers, extras, xb, ys[rows_g])
-                    if dp:  # DP-SGD: per-sample (G, b, ...) -> private (G, ...)
+                    if valid is not None and settings.dp_clip is not None:  # DP-SGD: per-sample -> private (G, ...)
                         z = None if noise is None else torch.stack(
                             [noise[i].normal((part.params.shape[1],)) for i in g.jobs]).to(dev)
                         grads = dict(zip(names, private_gradient([grads[k] for k in names], settings.dp_clip,
@@ -668,7 +691,7 @@ class BatchedExecutor(Executor):
             model.train(was)
 
         losses = loss_sum.cpu().tolist()  # the stack's one wait for the device
-        drawn_n = seen.cpu().tolist() if dp else None
+        drawn_n = seen.cpu().tolist() if dp else []
         for i, j in enumerate(jobs):
             if totals[i] == 0:
                 continue
@@ -681,8 +704,8 @@ class BatchedExecutor(Executor):
                 answers[i] = e
         return answers
 
-    def _slots(self, totals: list[int], model: nn.Module, B: int, data, job: _Job,
-               per_sample: bool = False) -> int:
+    def _slots(self, totals: list[int], model: nn.Module, B: int, data: list[tuple[torch.Tensor, torch.Tensor]],
+               job: _Job, per_sample: bool = False) -> int:
         """The stack's slot count: ``execution.batch_clients``, else the fewest that finish in
         about the longest client's time, within what fits in memory. A compiled step serves
         one slot count, so with ``compile`` a signature's stacks keep the most slots chosen so
@@ -703,7 +726,8 @@ class BatchedExecutor(Executor):
             S = min(S, busy)
         return S
 
-    def _per_step(self, fits: list[Fit], sizes: list[list[int]], totals: list[int]) -> Optional[dict]:
+    def _per_step(self, fits: list[Fit], sizes: list[list[int]],
+                  totals: list[int]) -> Optional[dict[str, torch.Tensor]]:
         """The clients' per-step extras (``step_extras``) as (J, steps, B, ...) tensors."""
         drawn = [f.step_extras(s) if f.step_extras is not None and t else None for f, s, t in zip(fits, sizes, totals)]
         first = next((d for d in drawn if d is not None), None)
@@ -716,25 +740,27 @@ class BatchedExecutor(Executor):
                 out[k][i, :v.shape[0], :v.shape[1]] = v.to(dev)
         return out
 
-    def _step_fn(self, job: _Job, model: nn.Module, loss, settings: TrainSettings,
-                 rows: tuple = ()) -> dict[bool, Any]:
+    def _step_fn(self, job: _Job, model: nn.Module, loss: LossFn, settings: TrainSettings,
+                 rows: tuple[str, ...] = ()) -> dict[bool, Callable[..., Any]]:
         """The vmapped step (gradients and loss of every slot), by whether it may be the
         compiled one (steps of the whole stack at the full batch size: one shape per stack).
         With DP-SGD (``settings.dp_clip``) the gradients and losses of every sample of every
         slot, (G, b, ...) and (G, b) (``rows``: the per-step extras, one row per sample)."""
         objective = Objective(model, loss)
 
-        def client_loss(params, frozen, buffers, extras, x, y):
+        def client_loss(params: dict[str, torch.Tensor], frozen: dict[str, torch.Tensor],
+                        buffers: dict[str, torch.Tensor], extras: Mapping[str, Any], x: torch.Tensor,
+                        y: torch.Tensor) -> torch.Tensor:
             weights = {"model." + k: v for k, v in params.items()}
             weights.update({"model." + k: v for k, v in frozen.items()})
             weights.update({"model." + k: v for k, v in buffers.items()})
-            return functional_call(objective, weights, (x, y, extras))
+            return cast(torch.Tensor, functional_call(objective, weights, (x, y, extras)))  # the objective's loss
 
         eager = vmap(per_sample(client_loss, rows) if settings.dp_clip is not None else grad_and_value(client_loss))
         return {False: eager, True: self._compiled_step(job, eager) if self.compile else eager}
 
     def _unreached(self, job: _Job, model: nn.Module, fit: Fit, names: list[str], xs: torch.Tensor,
-                   ys: torch.Tensor, rows: np.ndarray, per_step: Optional[dict]) -> frozenset[str]:
+                   ys: torch.Tensor, rows: np.ndarray, per_step: Optional[dict[str, torch.Tensor]]) -> frozenset[str]:
         """The trainable parameters this signature's loss does not reach (autograd gives them
         no gradient), found once per signature on a few rows of one client's first batch,
         with its weights and extras (a copy of the buffers: the module is not touched)."""
@@ -761,7 +787,7 @@ class BatchedExecutor(Executor):
             self._unreached_of[key] = frozenset(k for k, g in zip(params, grads) if g is None)
         return self._unreached_of[key]
 
-    def _compiled_step(self, job: _Job, step_fn):
+    def _compiled_step(self, job: _Job, step_fn: Callable[..., Any]) -> Callable[..., Any]:
         """``step_fn`` compiled with ``torch.compile`` (with CUDA graphs on a GPU), one per
         signature; it is called only for steps of the whole stack at the full batch size, one
         fixed shape per stack, and the stack's other groups run eagerly."""
@@ -790,11 +816,12 @@ def _restore(part: Slots, cols: Optional[torch.Tensor], kept: Optional[list[torc
     """Put back the columns :func:`_columns` copied: those parameters did not move."""
     if cols is None:
         return
+    assert kept is not None  # _columns copied them
     for t, old in zip(_flat_tensors(part), kept):
         t.index_copy_(1, cols, old)
 
 
-def model_key(rt: ClientRuntime, cid: int) -> tuple:
+def model_key(rt: ClientRuntime, cid: int) -> tuple[Any, ...]:
     """What makes two clients' models one architecture for a stack: the model and its kwargs,
     the task's shapes, the method that adapts it (class and hyper-parameters), the memory
     format and the training precision."""
@@ -803,12 +830,12 @@ def model_key(rt: ClientRuntime, cid: int) -> tuple:
             repr(rt.algorithm.hp), rt.channels_last, rt.cfg.execution.precision)
 
 
-def _function(f):
+def _function(f: object) -> object:
     """A loss or gradient transform by its function (a bound method by its ``__func__``)."""
     return getattr(f, "__func__", f)
 
 
-def _leaves(tree, prefix: str = ""):
+def _leaves(tree: Mapping[str, Any], prefix: str = "") -> Iterator[tuple[str, torch.Tensor]]:
     """(path, tensor) of a nested dict of tensors, in order."""
     for k, v in tree.items():
         if isinstance(v, dict):
@@ -817,17 +844,17 @@ def _leaves(tree, prefix: str = ""):
             yield prefix + k, v
 
 
-def _to(tree, dev) -> dict:
+def _to(tree: Mapping[str, Any], dev: torch.device) -> dict[str, Any]:
     """A nested dict of tensors on ``dev``."""
     return {k: (_to(v, dev) if isinstance(v, dict) else v.to(dev)) for k, v in tree.items()}
 
 
-def _stack_like(tree, S: int, dev) -> dict:
+def _stack_like(tree: Mapping[str, Any], S: int, dev: torch.device) -> dict[str, Any]:
     return {k: (_stack_like(v, S, dev) if isinstance(v, dict)
                 else torch.zeros((S, *v.shape), dtype=v.dtype, device=dev)) for k, v in tree.items()}
 
 
-def _set_row(stacked: dict, tree, k: int) -> None:
+def _set_row(stacked: dict[str, Any], tree: Mapping[str, Any], k: int) -> None:
     for n, v in tree.items():
         if isinstance(v, dict):
             _set_row(stacked[n], v, k)
@@ -835,5 +862,5 @@ def _set_row(stacked: dict, tree, k: int) -> None:
             stacked[n][k] = v
 
 
-def _select(stacked: dict, idx: torch.Tensor) -> dict:
+def _select(stacked: dict[str, Any], idx: torch.Tensor) -> dict[str, Any]:
     return {k: (_select(v, idx) if isinstance(v, dict) else v.index_select(0, idx)) for k, v in stacked.items()}

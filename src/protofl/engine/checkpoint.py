@@ -21,14 +21,15 @@ import os
 import sys
 import tempfile
 from pathlib import Path
-from typing import Any, Callable, Iterable, Optional
+from typing import Any, BinaryIO, Callable, Iterable, Optional, overload, TypeVar
 
 import torch
 
 from ..errors import CheckpointError, disk_full, one_line, UnsafeCheckpointError
 
 
-def _atomic(path: Path, write, before_replace: Optional[Callable[[], None]] = None, sync: bool = True) -> None:
+def _atomic(path: Path, write: Callable[[BinaryIO], object], before_replace: Optional[Callable[[], None]] = None,
+            sync: bool = True) -> None:
     """Write ``path`` through a temporary file in the same folder, then rename it into place.
 
     A write that fails (a full disk, a kill) leaves ``path`` as it was and no temporary
@@ -68,9 +69,18 @@ def save_torch(path: Path, obj: Any, sync: bool = True) -> None:
 
 # -- what a checkpoint may hold ------------------------------------------------------------
 _ALLOWED: set[type] = set()  # added by allow_in_checkpoints
+_T = TypeVar("_T", bound=type)
 
 
-def allow_in_checkpoints(*types: type):
+@overload
+def allow_in_checkpoints(cls: _T, /) -> _T: ...
+
+
+@overload
+def allow_in_checkpoints(*types: type) -> Optional[type]: ...
+
+
+def allow_in_checkpoints(*types: type) -> Optional[type]:
     """Allow ``types`` in checkpoints, beyond the dataclasses and named tuples found by
     :func:`checkpoint_types`; usable as a class decorator (``@allow_in_checkpoints``). The
     module that calls it must be imported before a checkpoint is loaded: a method's own
@@ -85,7 +95,7 @@ def _is_data_type(obj: Any) -> bool:
                                                                          and hasattr(obj, "_fields")))
 
 
-def _numpy_globals() -> list:
+def _numpy_globals() -> list[Any]:
     """What torch needs to rebuild numpy arrays and scalars (a method may keep numpy arrays
     in its state, e.g. FeSEM's cluster assignment): rebuilding them only copies bytes.
     Under both numpy 2's names and numpy 1's (``numpy.core``: a checkpoint written before
@@ -98,7 +108,7 @@ def _numpy_globals() -> list:
     return [*rebuild, *((f, f"numpy.core.multiarray.{f.__name__}") for f in rebuild), np.ndarray, np.dtype, *dtypes]
 
 
-def checkpoint_types() -> list:
+def checkpoint_types() -> list[Any]:
     """Every type a protofl checkpoint may hold besides tensors and plain Python values.
 
     Derived from the registered methods (plugins loaded), so that a new method's state
@@ -112,7 +122,7 @@ def checkpoint_types() -> list:
     from ..algorithms import ALGORITHMS
     from ..messages import Record
 
-    found: set = {Record, *_ALLOWED}
+    found: set[Any] = {Record, *_ALLOWED}
     for name in ALGORITHMS.names():  # every method that loaded (a broken plugin is left out)
         for klass in getattr(ALGORITHMS.get(name), "__mro__", ()):
             module = sys.modules.get(getattr(klass, "__module__", ""))
@@ -124,7 +134,7 @@ def checkpoint_types() -> list:
     return [*found, *_numpy_globals()]
 
 
-def load_torch(path: Path, types: Optional[Iterable] = None) -> Any:
+def load_torch(path: Path, types: Optional[Iterable[Any]] = None) -> Any:
     """``torch.load`` of a file this or another protofl wrote, on the CPU, rebuilding only
     tensors, plain values and ``types`` (default :func:`checkpoint_types`).
 

@@ -14,22 +14,23 @@ from __future__ import annotations
 import math
 import time
 from dataclasses import dataclass, field, replace
-from typing import Any, Callable, Mapping, Optional, Sequence
+from typing import Any, Callable, Coroutine, Mapping, Optional, overload, Sequence, Union
 
 import numpy as np
 import torch
 from torch import nn
 
-from ..algorithms.base import (Algorithm, ClientResult, Features, Fit, Fitted, GradFn, LossFn, Request, cross_entropy,
-                               weights_of)
+from ..algorithms.base import (Algorithm, ClientResult, Features, Fit, Fitted, GradFn, LossFn, TrainStats,
+                               cross_entropy, weights_of)
 from ..messages import Record
+from ..nn.privacy import NoiseStream
 from ..rng import seed_for, torch_gen
 from .augment import Augment, pad_value
 from .evaluate import personal_metrics
 from .privacy import ClientPrivacy
 from .task import Task, use_channels_last
-from .train import EMBED_BATCH_SIZE, NonFiniteLossError, TrainSettings, TrainStats, batch_coupled, batch_sizes, \
-    embed_batches, fit, total_steps
+from .train import EMBED_BATCH_SIZE, NonFiniteLossError, TrainSettings, batch_coupled, batch_sizes, embed_batches, \
+    fit, total_steps
 
 
 @dataclass
@@ -118,6 +119,7 @@ class ClientContext:
         one private release of them (engine/privacy.py), so that a loss reading them (FedRS,
         FedLC, ...) reads what the client's ledger accounts for."""
         if self.dp_sgd:
+            assert self.privacy is not None  # dp_sgd: privacy.mode is sample
             return torch.from_numpy(self.privacy.label_counts(self.runtime.counts[self.cid]).copy())
         return torch.from_numpy(self.runtime.counts[self.cid].copy())
 
@@ -132,13 +134,17 @@ class ClientContext:
         1): DP-SGD's Poisson rate and step count read it, never n_k."""
         from .privacy import released_size
 
+        assert self.privacy is not None  # read under DP-SGD only (dp_sgd)
         return released_size(self.privacy.label_counts(self.runtime.counts[self.cid]))
 
     @property
-    def batch_generator(self):
+    def batch_generator(self) -> Union[torch.Generator, NoiseStream]:
         """The stream of this turn's minibatches: ``generator``, or under DP-SGD the client's
         secret Poisson-sampling stream."""
-        return self.privacy.batch_generator() if self.dp_sgd else self.generator
+        if self.dp_sgd:
+            assert self.privacy is not None  # dp_sgd: privacy.mode is sample
+            return self.privacy.batch_generator()
+        return self.generator
 
     @property
     def lr(self) -> float:
@@ -187,8 +193,9 @@ class ClientContext:
     # -- the requests a coroutine client_update awaits -----------------------------------------
     def fit(self, weights: Mapping[str, torch.Tensor], loss: LossFn = cross_entropy, *,
             extras: Optional[Mapping[str, Any]] = None, trainable: Optional[Sequence[str]] = None,
-            grad: Optional[GradFn] = None, step_extras: Optional[Callable] = None, report: bool = True,
-            **settings) -> Fit:
+            grad: Optional[GradFn] = None,
+            step_extras: Optional[Callable[[Sequence[int]], dict[str, torch.Tensor]]] = None, report: bool = True,
+            **settings: Any) -> Fit:
         """``await ctx.fit(...)`` -> :class:`~protofl.algorithms.base.Fitted`: local training from
         ``weights`` on ``loss(model, x, y, extras)`` (see :class:`~protofl.algorithms.base.Fit`);
         ``settings`` override training settings for this call (``epochs=10``)."""
@@ -203,7 +210,7 @@ class ClientContext:
         return Features(weights, part, x)
 
     # -- the sequential executor: each request run at once -------------------------------------
-    def execute(self, request) -> Any:
+    def execute(self, request: object) -> Any:
         """Run one request now, for this client alone."""
         if isinstance(request, Fit):
             return self._fit(request)
@@ -217,6 +224,7 @@ class ClientContext:
         if self.dp_sgd:
             if req.step_extras is not None:
                 raise TypeError("step_extras (per-step random tensors) are not supported under privacy.mode: sample")
+            assert self.privacy is not None  # dp_sgd: privacy.mode is sample
             s = replace(s, dp_n=self.released_n, dp_noise=self.privacy.sigma)  # (the server's, if calibrated)
         return s
 
@@ -238,7 +246,7 @@ class ClientContext:
         return Fitted(weights, self.trained(stats, req.report, settings))
 
     @property
-    def augmentation(self):
+    def augmentation(self) -> Optional[tuple[Augment, torch.Generator, torch.Tensor]]:
         """(augmentation, this client's augmentation stream, padding value) for the training
         step, or None without ``data.augment``. The stream is drawn fit after fit, in order."""
         rt = self.runtime
@@ -248,9 +256,10 @@ class ClientContext:
             self._augment_generator = torch_gen(self.info.seed, "augment", self.rnd, self.cid)
         return rt.augment, self._augment_generator, rt.pad_value
 
-    def noise_generator(self):
+    def noise_generator(self) -> NoiseStream:
         """DP-SGD's noise stream of this turn (``privacy.mode: sample``): the client's secret
         SHAKE-256 stream, drawn on the CPU and moved to the training device."""
+        assert self.privacy is not None  # asked for DP-SGD's noise only (settings.dp_noise > 0)
         return self.privacy.noise_generator()
 
     def trained(self, stats: TrainStats, report: bool, settings: Optional[TrainSettings] = None) -> TrainStats:
@@ -259,6 +268,7 @@ class ClientContext:
         checked: it is not private (a sample with a non-finite gradient counts as zero, and
         the server rejects non-finite weights, which are)."""
         if self.dp_sgd:  # every DP-SGD step counts, reported or not
+            assert self.privacy is not None  # dp_sgd: privacy.mode is sample
             self.privacy.trained(stats.steps, settings.dp_rate if settings is not None else 1.0)
         elif not math.isfinite(stats.loss):
             raise NonFiniteLossError(self.rnd, self.cid, stats.loss)
@@ -298,7 +308,8 @@ class ClientRuntime:
     (default ``execution.device``, ``auto`` resolved). Replies and client states go back to ``reply_device``
     (the CPU, or the device when the server half lives there too)."""
 
-    def __init__(self, task: Task, device=None, reply_device="cpu") -> None:
+    def __init__(self, task: Task, device: Union[str, torch.device, None] = None,
+                 reply_device: Union[str, torch.device] = "cpu") -> None:
         self.task = task
         self.cfg, self.fed, self.algorithm, self.info = task.cfg, task.fed, task.algorithm, task.info
         self.device = torch.device(device if device is not None else self.cfg.execution.torch_device)
@@ -329,6 +340,12 @@ class ClientRuntime:
         p = self.cfg.privacy
         return replace(s, dp_clip=p.clip, dp_noise=p.noise_multiplier) if p.mode == "sample" else s
 
+    @overload
+    def place(self, record: Record) -> Record: ...
+
+    @overload
+    def place(self, record: None) -> None: ...
+
     def place(self, record: Optional[Record]) -> Optional[Record]:
         """``record`` on the training device (counted in :attr:`transfers`)."""
         if record is None:
@@ -350,7 +367,7 @@ class ClientRuntime:
             self._splits[name] = (x.to(self.device), y.to(self.device))
         return self._splits[name]
 
-    def _index(self, idx) -> torch.Tensor:
+    def _index(self, idx: np.ndarray) -> torch.Tensor:
         return torch.from_numpy(idx).to(self.device)
 
     def _prepare(self, x: torch.Tensor) -> torch.Tensor:
@@ -407,7 +424,8 @@ class ClientRuntime:
         (:attr:`node_key`, a Flower SuperNode's, kept in its node state)."""
         return task.noise_key if task.noise_key is not None else self.node_key
 
-    def start(self, task: ClientTask, shared: Optional[Record] = None):
+    def start(self, task: ClientTask,
+              shared: Optional[Record] = None) -> tuple[ClientContext, Coroutine[Any, Any, ClientResult]]:
         """A client's context and its ``client_update`` coroutine, with its message (the
         broadcast and its own part) and its state on the training device."""
         torch.manual_seed(seed_for(self.info.seed, "torch", task.rnd, task.cid))  # dropout masks etc.
@@ -447,11 +465,12 @@ class ClientRuntime:
                                   full_test=full_test)
             names = self.fed.feature_group_names
             if names is not None and "pa" in ev:  # local-test accuracy by feature group (pa:rot90)
+                assert self.fed.feature_groups is not None  # set with their names (data/features.py)
                 ev[f"pa:{names[self.fed.feature_groups[cid]]}"] = ev["pa"]
         return ClientOutput(reply=reply, state=state, eval=ev, train=train)
 
 
-def not_a_request(obj) -> TypeError:
+def not_a_request(obj: object) -> TypeError:
     """The error for a ``client_update`` that awaited something other than a protofl request."""
     return TypeError(f"client_update awaited {type(obj).__name__}; it may await ctx.fit(...) and "
                      "ctx.features(...) only")
@@ -462,7 +481,7 @@ def trainable_names(model: nn.Module, prefixes: Optional[tuple[str, ...]] = None
     return [k for k, p in model.named_parameters() if p.requires_grad and (prefixes is None or k.startswith(prefixes))]
 
 
-def drive(update, execute: Callable[[Request], Any]) -> ClientResult:
+def drive(update: Coroutine[Any, Any, ClientResult], execute: Callable[[Any], Any]) -> ClientResult:
     """Run a ``client_update`` coroutine to its end, answering each request it awaits with
     ``execute(request)``."""
     answer = None
@@ -471,13 +490,14 @@ def drive(update, execute: Callable[[Request], Any]) -> ClientResult:
             try:
                 request = update.send(answer)
             except StopIteration as done:
-                return done.value
+                result: ClientResult = done.value
+                return result
             answer = execute(request)
     finally:
         update.close()  # a request that raised: no half-run coroutine is left behind
 
 
-def run_update(algorithm: Algorithm, msg: Record, state: Optional[Record], ctx) -> ClientResult:
+def run_update(algorithm: Algorithm[Any], msg: Record, state: Optional[Record], ctx: ClientContext) -> ClientResult:
     """One client's ``client_update`` run to its end, each request executed by ``ctx`` (the
     sequential executor's way; for tests and for code that drives a client by hand)."""
     return drive(algorithm.client_update(msg, state, ctx), ctx.execute)

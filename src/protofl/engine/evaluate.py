@@ -42,8 +42,8 @@ def class_correct(predict: Predictor, x: torch.Tensor, y: torch.Tensor, num_clas
     return correct.cpu().numpy().astype(np.int64), count.numpy().astype(np.int64)
 
 
-def personal_metrics(predictors: Predictors, *, test_x, test_y, local_x, local_y,
-                     train_counts: np.ndarray, num_classes: int, batch_size: int,
+def personal_metrics(predictors: Predictors, *, test_x: torch.Tensor, test_y: torch.Tensor, local_x: torch.Tensor,
+                     local_y: torch.Tensor, train_counts: np.ndarray, num_classes: int, batch_size: int,
                      channels_last: bool, full_test: bool = True) -> dict[str, float]:
     """A client's personalized-model metrics (see docs/metrics.md).
 

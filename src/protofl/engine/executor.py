@@ -29,17 +29,25 @@ import sys
 import time
 import types
 import warnings
-from concurrent.futures import ProcessPoolExecutor
-from typing import Optional
+from concurrent.futures import Future, ProcessPoolExecutor
+from typing import Any, cast, Iterator, Optional, Protocol, TYPE_CHECKING, Union
 
 import torch
 
 from ..messages import Record
 from ..models import MODELS
-from .client import ClientOutput, ClientRuntime, ClientTask
+from .client import ClientOutput, ClientRuntime, ClientTask as ClientTask  # re-exported (flower, batched)
 from .malloc import tune_malloc
 from .server import global_metrics, ServerContext
 from .task import Task
+
+if TYPE_CHECKING:
+    from multiprocessing.popen_spawn_posix import Popen as SpawnPopen
+    from multiprocessing.process import BaseProcess
+
+    from ..algorithms.base import TaskInfo
+    from ..config import Config
+    from ..data.federated import FederatedData
 
 
 def place_broadcasts(runtime: ClientRuntime, tasks: list[ClientTask]) -> list[Record]:
@@ -52,6 +60,12 @@ def place_broadcasts(runtime: ClientRuntime, tasks: list[ClientTask]) -> list[Re
     return [placed[id(t.shared)] for t in tasks]
 
 
+class EvalHandle(Protocol):
+    """A deferred global-model evaluation (:meth:`Executor.evaluate_later`)."""
+
+    def result(self) -> dict[str, Any]: ...
+
+
 class Executor:
     """What the round loop asks of a backend (the defaults: nothing to describe, no deferred
     evaluation, nothing to close)."""
@@ -62,11 +76,11 @@ class Executor:
         """The clients' outputs in task order; None for a reply lost in transit."""
         raise NotImplementedError
 
-    def describe(self) -> dict:
+    def describe(self) -> dict[str, Any]:
         """How the clients ran: the run summary's ``execution`` (backend, workers, ...)."""
         return {}
 
-    def evaluate_later(self, state):
+    def evaluate_later(self, state: Any) -> EvalHandle:
         """The global model's evaluation, deferred: a handle whose ``result()`` gives it."""
         raise NotImplementedError
 
@@ -81,10 +95,10 @@ class SequentialExecutor(Executor):
         if threads > 0:
             torch.set_num_threads(threads)
 
-    def run(self, tasks: list[ClientTask]) -> list[ClientOutput]:
+    def run(self, tasks: list[ClientTask]) -> list[Optional[ClientOutput]]:
         return [self.runtime.run(t, shared) for t, shared in zip(tasks, place_broadcasts(self.runtime, tasks))]
 
-    def describe(self) -> dict:
+    def describe(self) -> dict[str, Any]:
         device = self.runtime.device.type
         return {"backend": "local", "workers": 0, "threads": self.threads,
                 **({} if device == "cpu" else {"device": str(self.runtime.device)})}
@@ -95,7 +109,7 @@ _SERVER: Optional[ServerContext] = None  # built on a worker's first global eval
 _MAIN_MODULES = ("__main__", "__mp_main__")
 
 
-def _init_worker(cfg, fed, shipped: bytes, info) -> None:
+def _init_worker(cfg: Config, fed: FederatedData, shipped: bytes, info: TaskInfo) -> None:
     global _WORKER
     torch.set_num_threads(1)
     tune_malloc()
@@ -133,24 +147,26 @@ class PendingEval:
     for first.
     """
 
-    def __init__(self, executor: "ProcessExecutor", state) -> None:
+    def __init__(self, executor: "ProcessExecutor", state: Any) -> None:
         self.executor = executor
         self.payload: Optional[bytes] = pickle.dumps(state, protocol=pickle.HIGHEST_PROTOCOL)
-        self.future = None
+        self.future: Optional[Future[bytes]] = None
 
     def submit(self) -> None:
         if self.future is None:
+            assert self.payload is not None  # dropped only once the future exists
             self.future = self.executor.pool.submit(_evaluate_global, self.payload)
             self.payload = None
 
-    def result(self) -> dict:
+    def result(self) -> dict[str, Any]:
         self.submit()
+        assert self.future is not None  # submit() made it
         out, seconds = pickle.loads(self.future.result())
         self.executor.eval_s = seconds
-        return out
+        return cast(dict[str, Any], out)  # global_metrics' answer
 
 
-def from_main(obj) -> bool:
+def from_main(obj: object) -> bool:
     """Whether ``obj`` (or its class) is defined in ``__main__``: a script or a notebook cell."""
     mod = obj.__module__ if isinstance(obj, (type, types.FunctionType)) else type(obj).__module__
     return mod in _MAIN_MODULES
@@ -171,11 +187,11 @@ def ship_to_workers(runtime: ClientRuntime) -> bytes:
         return pickle.dumps((runtime.algorithm, {}), protocol=pickle.HIGHEST_PROTOCOL)
     import cloudpickle  # only needed for components defined in __main__
 
-    return cloudpickle.dumps((runtime.algorithm, models), protocol=pickle.HIGHEST_PROTOCOL)
+    return cast(bytes, cloudpickle.dumps((runtime.algorithm, models), protocol=pickle.HIGHEST_PROTOCOL))
 
 
 @contextlib.contextmanager
-def _main_hidden():
+def _main_hidden() -> Iterator[None]:
     """Start a spawned process without telling it the parent's ``__main__`` to re-import."""
     main = sys.modules.get("__main__")
     sys.modules["__main__"] = types.ModuleType("__main__")
@@ -188,7 +204,7 @@ def _main_hidden():
 
 class _NoMainProcess(mp.context.SpawnProcess):
     @staticmethod
-    def _Popen(process_obj):
+    def _Popen(process_obj: BaseProcess) -> SpawnPopen:
         with _main_hidden():
             return mp.context.SpawnProcess._Popen(process_obj)
 
@@ -213,10 +229,10 @@ class ProcessExecutor(Executor):
         self.sample_s: Optional[float] = None
         self.eval_s: Optional[float] = None
 
-    def describe(self) -> dict:
+    def describe(self) -> dict[str, Any]:
         return {"backend": "local", "workers": self.workers, "threads": 1}
 
-    def evaluate_later(self, state) -> PendingEval:
+    def evaluate_later(self, state: Any) -> PendingEval:
         job = PendingEval(self, state)
         self.queued.append(job)
         return job
@@ -227,22 +243,22 @@ class ProcessExecutor(Executor):
             return float("inf")
         return self.eval_s / max(self.sample_s, 1e-12)
 
-    def run(self, tasks: list[ClientTask]) -> list[ClientOutput]:
+    def run(self, tasks: list[ClientTask]) -> list[Optional[ClientOutput]]:
         # longest tasks first (client size as the cost): idle workers pick up the short
         # ones at the end, which shortens the round when client sizes are skewed. A queued
         # evaluation of the previous round's global model takes its place in that order by
         # its measured cost, so it fills what would be idle time at the end of the round.
         sizes = [len(self.train_idx[t.cid]) for t in tasks]
-        jobs: list[tuple[float, object]] = [(float(sizes[i]), i) for i in range(len(tasks))]
+        jobs: list[tuple[float, Union[int, PendingEval]]] = [(float(sizes[i]), i) for i in range(len(tasks))]
         jobs += [(self._eval_cost(), job) for job in self.queued]
         self.queued = []
-        futures = {}
+        futures: dict[int, Future[bytes]] = {}
         for _, job in sorted(jobs, key=lambda j: -j[0]):
             if isinstance(job, PendingEval):
                 job.submit()
             else:
                 futures[job] = self.pool.submit(_run_task, pickle.dumps(tasks[job], protocol=pickle.HIGHEST_PROTOCOL))
-        outs = [pickle.loads(futures[i].result()) for i in range(len(tasks))]
+        outs: list[Optional[ClientOutput]] = [pickle.loads(futures[i].result()) for i in range(len(tasks))]
         seconds = sum(o.train.get("seconds", 0.0) for o in outs if o is not None)
         if sum(sizes) and seconds > 0:
             self.sample_s = seconds / sum(sizes)
@@ -252,7 +268,7 @@ class ProcessExecutor(Executor):
         self.pool.shutdown(wait=True, cancel_futures=True)
 
 
-def resolve_workers(workers, clients_per_round: int, device: str = "cpu") -> int:
+def resolve_workers(workers: Union[int, str], clients_per_round: int, device: str = "cpu") -> int:
     """``auto`` -> one worker per CPU core, at most one per client of a round; 0 if that is 1,
     and 0 on a GPU (one process owns the device and its copy of the data)."""
     if workers != "auto":
@@ -263,7 +279,8 @@ def resolve_workers(workers, clients_per_round: int, device: str = "cpu") -> int
     return n if n > 1 else 0
 
 
-def make_executor(runtime: ClientRuntime, workers, threads: int, clients_per_round: int):
+def make_executor(runtime: ClientRuntime, workers: Union[int, str], threads: int,
+                  clients_per_round: int) -> Executor:
     n = resolve_workers(workers, clients_per_round, runtime.cfg.execution.torch_device)
     if n > 0:
         try:

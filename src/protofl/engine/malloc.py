@@ -37,7 +37,7 @@ def tune_malloc(trim: int = 1 << 27, mmap: int = 1 << 25) -> bool:
         mallopt = libc.mallopt
     except (OSError, AttributeError):
         return False
-    ok = mallopt(M_TRIM_THRESHOLD, ctypes.c_int(trim)) == 1
+    ok: bool = mallopt(M_TRIM_THRESHOLD, ctypes.c_int(trim)) == 1
     ok = mallopt(M_MMAP_THRESHOLD, ctypes.c_int(mmap)) == 1 and ok
     _done = ok
     return ok

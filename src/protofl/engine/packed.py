@@ -24,13 +24,17 @@ import resource
 import time
 from collections import deque
 from dataclasses import dataclass, field
-from typing import Any, Callable, Optional
+from typing import Any, Callable, cast, Generator, Optional, TYPE_CHECKING
 
 import torch
 
 from .batched import BatchedExecutor
+from .client import ClientOutput, ClientTask
 from .executor import Executor
 from .train import DIVERGED, NonFiniteLossError
+
+if TYPE_CHECKING:
+    from .simulation import RunResult, Simulation
 
 
 class PackMember(Executor):
@@ -40,19 +44,19 @@ class PackMember(Executor):
     def __init__(self, pack: "Pack") -> None:
         self.pack = pack
 
-    def run(self, tasks):
+    def run(self, tasks: list[ClientTask]) -> list[Optional[ClientOutput]]:
         raise RuntimeError("a packed run's clients run in the pack (Simulation.steps yields them)")
 
-    def describe(self) -> dict:
+    def describe(self) -> dict[str, Any]:
         return {**(self.pack.executor.describe() if self.pack.executor else {}), "packed_runs": self.pack.in_flight}
 
 
 @dataclass
 class _Run:
     item: Any  # what the caller queued (a sweep's run)
-    sim: Any  # its Simulation
-    steps: Any  # its Simulation.steps generator
-    tasks: Optional[list] = None  # the batch it waits on
+    sim: Simulation
+    steps: Generator[list[ClientTask], Any, RunResult]  # its Simulation.steps generator
+    tasks: Optional[list[ClientTask]] = None  # the batch it waits on
     t0: float = field(default_factory=time.perf_counter)
 
 
@@ -72,7 +76,7 @@ def memory_budget(device: torch.device) -> int:
     return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") // 4
 
 
-def run_bytes(sim) -> int:
+def run_bytes(sim: Simulation) -> int:
     """A run's memory beyond the shared data and stacks: its global model and the broadcast
     (twice the model), the replies and client states of a round (each client's model, and
     as much state again) and the evaluation's copies: about (2 m + 4) models, m = the
@@ -80,7 +84,7 @@ def run_bytes(sim) -> int:
     return (2 * sim.participation.m + 4) * sim.model_bytes
 
 
-def choose_in_flight(first, runs_left: int) -> int:
+def choose_in_flight(first: Simulation, runs_left: int) -> int:
     """How many runs go at once: as many as fit in :func:`memory_budget` at :func:`run_bytes`
     each (measured on the first run), at most the runs left."""
     return max(1, min(runs_left, memory_budget(first.runtime.device) // max(1, run_bytes(first))))
@@ -94,8 +98,8 @@ def peak_memory(device: torch.device) -> str:
     return f"{kb / 2**20:.2f} GiB resident"
 
 
-def run_packed(queue: list, build: Callable[[Any, Executor], Any], on_start: Callable[[Any], None],
-               on_end: Callable[[Any, dict, float], None], log: Callable[[str], None] = print,
+def run_packed(queue: list[Any], build: Callable[[Any, Executor], Simulation], on_start: Callable[[Any], None],
+               on_end: Callable[[Any, dict[str, Any], float], None], log: Callable[[str], None] = print,
                in_flight: Optional[int] = None) -> None:
     """Run every item of ``queue`` packed: ``build(item, member)`` makes its Simulation (whose
     executor factory gives ``member``), ``on_start(item)`` and ``on_end(item, summary,
@@ -140,7 +144,9 @@ def run_packed(queue: list, build: Callable[[Any, Executor], Any], on_start: Cal
     try:
         admit()
         while pack.active:
-            results = pack.executor.run_batches([(r.sim.runtime, r.tasks) for r in pack.active], isolate=True)
+            assert pack.executor is not None  # made when the first run was admitted
+            batches = [(r.sim.runtime, cast(list[ClientTask], r.tasks)) for r in pack.active]  # each waits on one
+            results = pack.executor.run_batches(batches, isolate=True)
             pack.active = [r for r, res in zip(pack.active, results) if advance(r, res)]
             admit()
     except KeyboardInterrupt:

@@ -20,6 +20,7 @@ from __future__ import annotations
 from typing import Optional
 
 import numpy as np
+import numpy.typing as npt
 
 from ..config import ConfigError, ParticipationConfig, ceil_fraction
 from ..nn.privacy import NoiseStream
@@ -46,7 +47,7 @@ class Participation:
             if len(cfg.group_p) != n_groups:
                 raise ConfigError("participation.group_p", cfg.group_p,
                                   f"expected one value per group ({n_groups} groups)")
-            self.p = np.asarray(cfg.group_p, dtype=np.float64)[groups]
+            self.p: npt.NDArray[np.float64] = np.asarray(cfg.group_p, dtype=np.float64)[groups]
         else:
             self.p = np.full(num_clients, cfg.p, dtype=np.float64)
 

@@ -29,7 +29,7 @@ log = logging.getLogger("protofl")
 PRECISIONS = ("fp32", "bf16")
 
 
-def autocast(precision: str, device_type: str):
+def autocast(precision: str, device_type: str) -> contextlib.AbstractContextManager[None]:
     """The context the forward pass of local training runs in (a no-op for fp32)."""
     if precision == "fp32":
         return contextlib.nullcontext()

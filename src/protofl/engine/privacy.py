@@ -72,7 +72,7 @@ import hashlib
 import logging
 import math
 import os
-from typing import Any, Callable, Mapping, Optional, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Mapping, Optional, Sequence, Union, cast
 
 import numpy as np
 import torch
@@ -83,6 +83,10 @@ from ..config import Config, ConfigError
 from ..messages import Record
 from ..nn.privacy import gaussian, NoiseStream
 from .train import total_steps
+
+if TYPE_CHECKING:
+    from ..algorithms.base import TaskInfo
+    from .client import ClientOutput, ClientTask
 
 log = logging.getLogger("protofl")
 
@@ -99,7 +103,7 @@ NOT_PRIVATE = "not private: seeded noise"
 SEEDED_KEY = "privacy_seeded"
 
 
-def _library():
+def _library() -> Any:
     try:
         import dp_accounting
         from dp_accounting import pld, rdp  # noqa: F401
@@ -161,7 +165,8 @@ def released_size(noisy_counts: np.ndarray) -> int:
 #   ("gaussian", z)          the Gaussian mechanism, noise multiplier z
 #   ("poisson", q, z)        ... on a Poisson sample of rate q
 #   ("wor", n, m, z)         ... on a uniform sample of m of n, without replacement (replace-one)
-Ledger = Mapping[tuple, int]
+Event = tuple[Any, ...]
+Ledger = Mapping[Event, int]
 
 
 class Accountant:
@@ -175,9 +180,9 @@ class Accountant:
         self.kind, self.delta, self.orders = kind, delta, orders
         rel = self.dp.NeighboringRelation
         self.relation = rel.REPLACE_ONE if replace_one else rel.ADD_OR_REMOVE_ONE
-        self._cache: dict[tuple, float] = {}
+        self._cache: dict[tuple[tuple[Event, int], ...], float] = {}
 
-    def event(self, ev: tuple):
+    def event(self, ev: Event) -> Any:
         E = self.dp.dp_event
         kind, *args = ev
         if kind == "gaussian":
@@ -212,7 +217,7 @@ class Accountant:
         return self._cache[key]
 
 
-def add(ledger: Ledger, more: Ledger) -> dict:
+def add(ledger: Ledger, more: Ledger) -> dict[Event, int]:
     out = dict(ledger)
     for ev, c in more.items():
         out[ev] = out.get(ev, 0) + c
@@ -341,10 +346,10 @@ class ClientPrivacy:
         return out
 
 
-def spent_of(train: Mapping[str, float], z: float, label_noise: float) -> dict:
+def spent_of(train: Mapping[str, float], z: float, label_noise: float) -> dict[Event, int]:
     """A client's report (:meth:`ClientPrivacy.report`) as ledger events; the label counts'
     release is ``("labels", label_noise)``, which the server counts once per client."""
-    out: dict = {}
+    out: dict[Event, int] = {}
     if train.get("dp_releases"):
         out[("gaussian", z)] = int(train["dp_releases"])
     i = 0
@@ -410,7 +415,7 @@ def prototype_methods(p: Any) -> list[str]:
     for n in ALGORITHMS.names():
         cls = ALGORITHMS.get(n)
         try:
-            algo = cls(cls.Hyper(), None)
+            algo = cls(cls.Hyper(), cast("TaskInfo", None))  # no task: a method that needs one raises
         except Exception:  # noqa: BLE001 - a method that needs its task to be made is asked no further
             continue
         if algo.prototype_releases(p) > 0:
@@ -431,7 +436,7 @@ class ServerPrivacy:
     (:func:`noisy_label_counts` with the client's key; ``plan_exact``: the counts
     themselves, for :func:`noise_for_epsilon`'s calibration before any run)."""
 
-    def __init__(self, cfg: Config, algorithm: Any, participation: Any, client_counts: Sequence[Sequence[int]],
+    def __init__(self, cfg: Config, algorithm: Any, participation: Any, client_counts: Union[Sequence[Sequence[int]], np.ndarray[Any, Any]],
                  model: Optional[nn.Module] = None, plan_exact: bool = False) -> None:
         check_privacy(cfg, algorithm, model)
         p = self.p = cfg.privacy
@@ -451,8 +456,8 @@ class ServerPrivacy:
         self.check_count_noise()
         self.accountant = Accountant(p.accountant, p.delta, replace_one=self.mode == "client" and self.fixed)
         self.rounds = 0  # client: rounds released
-        self.ledgers: dict[int, dict] = {}  # sample: per client
-        self.last: dict[int, dict] = {}  # per client: its last turn's spend
+        self.ledgers: dict[int, dict[Event, int]] = {}  # sample: per client
+        self.last: dict[int, dict[Event, int]] = {}  # per client: its last turn's spend
         self.eps: dict[int, float] = {}  # per client: its epsilon
         self.keys: Optional[list[str]] = None  # client: the weights a reply carries
         self._noisy: dict[int, int] = {}  # n~_k of the plan
@@ -475,7 +480,7 @@ class ServerPrivacy:
         if self.p.adaptive_clip and self.z > 0 and 2 * self.sigma_b > self.z:
             self.z_update = (self.z ** -2 - (2 * self.sigma_b) ** -2) ** -0.5
         if self.mode != "client" or self.m == self.participation.K:
-            self.round_event: tuple = ("gaussian", self.z)
+            self.round_event: Event = ("gaussian", self.z)
         elif self.fixed:  # replace-one: one client's clipped update replaced by another moves the sum by 2 C
             self.round_event = ("wor", self.participation.K, self.m, self.z / 2)
         else:
@@ -493,6 +498,7 @@ class ServerPrivacy:
         ``privacy.target_epsilon`` (to 0.5 %; :func:`smallest_sigma`). Chosen once, at the
         start, from public and released values only, and kept in the checkpoint."""
         target = self.p.target_epsilon
+        assert target is not None  # the config asks for one with privacy.calibrate
 
         def spent(z: float) -> float:
             self.set_sigma(z)
@@ -529,10 +535,10 @@ class ServerPrivacy:
             return self.accountant.epsilon({self.round_event: self.rounds})
         return max(self.eps.values(), default=0.0)
 
-    def _ledger_epsilon(self, ledger: Mapping[tuple, int]) -> float:
+    def _ledger_epsilon(self, ledger: Ledger) -> float:
         """A client's epsilon: its label counts' release (("labels", std): a Gaussian of
         multiplier std, sensitivity 1) as the Gaussian event it is."""
-        merged: dict = {}
+        merged: dict[Event, int] = {}
         for ev, c in ledger.items():
             ev = ("gaussian", ev[1]) if ev[0] == "labels" else ev
             merged[ev] = merged.get(ev, 0) + c
@@ -546,13 +552,14 @@ class ServerPrivacy:
                 noisy_label_counts(c, self.p.label_noise, self.client_key(cid), self.cfg.seed, cid))
         return self._noisy[cid]
 
-    def planned(self, cid: int, evaluating: bool, final: bool = False, so_far: Optional[Mapping] = None) -> dict:
+    def planned(self, cid: int, evaluating: bool, final: bool = False,
+                so_far: Optional[Ledger] = None) -> dict[Event, int]:
         """What client ``cid`` is expected to spend in a turn (``evaluating``: one whose
         personalized model is evaluated): the method's declared fits (``private_fits``) and
         prototype releases, its label counts' release if its ledger (``so_far``: with the
         turns planned before this one) does not hold it, at least what its last turn spent."""
         tc, n = self.cfg.training, self.released_size(cid)
-        plan: dict = {}
+        plan: dict[Event, int] = {}
         for o in self.algorithm.private_fits(evaluating, final):
             B = int(o.get("batch_size", tc.batch_size))
             steps = o.get("steps", tc.steps)
@@ -577,7 +584,7 @@ class ServerPrivacy:
         if self.mode == "client":
             return self.accountant.epsilon({self.round_event: self.rounds + last - rnd + 1})
         ev = self.cfg.eval
-        ledgers: dict[int, dict] = {}
+        ledgers: dict[int, dict[Event, int]] = {}
         for r in range(rnd, last + 1):
             evaluating = everyone or (ev.personal and (r == self.cfg.rounds or (ev.every > 0 and r % ev.every == 0)))
             turns = range(len(self.counts)) if everyone else \
@@ -620,7 +627,8 @@ class ServerPrivacy:
         return Record(shared.arrays, dict(shared.metrics), {**shared.config, **extra}, shared.weights,
                       shared.num_samples)
 
-    def release(self, rnd: int, shared: Record, kept: list, server: Any) -> list[tuple[int, Record]]:
+    def release(self, rnd: int, shared: Record, kept: list[tuple[ClientTask, ClientOutput]],
+                server: Any) -> list[tuple[int, Record]]:
         """What the method's aggregate receives: the replies as they are, or under ``client``
         one reply holding the private w~ (none when nobody arrived and there is no noise)."""
         replies = [(t.cid, o.reply) for t, o in kept]
@@ -683,12 +691,12 @@ class ServerPrivacy:
         return self.epsilon()
 
     # -- checkpoints -----------------------------------------------------------------------
-    def state(self) -> dict:
+    def state(self) -> dict[str, Any]:
         return {"clip": self.clip, "rounds": self.rounds, "keys": self.keys, "secret": self.secret, "sigma": self.z,
                 "ledgers": {c: list(led.items()) for c, led in self.ledgers.items()},
                 "last": {c: list(led.items()) for c, led in self.last.items()}}
 
-    def restore(self, state: dict) -> None:
+    def restore(self, state: Mapping[str, Any]) -> None:
         self.clip, self.rounds, self.keys = state["clip"], state["rounds"], state["keys"]
         self.set_sigma(state.get("sigma", self.z))  # a calibrated sigma stays the run's
         if self.secret is not None:  # seeded: nothing to keep
@@ -703,7 +711,7 @@ class ServerPrivacy:
         self.eps = {c: self._ledger_epsilon(led) for c, led in self.ledgers.items()}
 
 
-def noise_for_epsilon(cfg: Config, epsilon: float, algorithm: Any, client_counts: Sequence[Sequence[int]],
+def noise_for_epsilon(cfg: Config, epsilon: float, algorithm: Any, client_counts: Union[Sequence[Sequence[int]], np.ndarray[Any, Any]],
                       rel: float = 0.005) -> float:
     """The noise multiplier whose run of ``cfg`` (``cfg.rounds`` rounds as planned, and the
     final evaluation of every client if it makes one; its privacy mode, clip, delta and

@@ -42,7 +42,7 @@ import time
 import warnings
 from collections import deque
 from dataclasses import fields
-from typing import Any, Callable, Optional
+from typing import TYPE_CHECKING, Any, Callable, Optional, Union
 
 import numpy as np
 import torch
@@ -56,6 +56,11 @@ from .client import ClientOutput, ClientRuntime, ClientTask
 from .executor import Executor
 from .malloc import tune_malloc
 from .task import Task
+
+if TYPE_CHECKING:
+    from ..algorithms.base import Algorithm, TaskInfo
+    from ..config import Config
+    from .simulation import Simulation
 
 STARTUP_TIMEOUT = 180.0  # seconds for all actors to be placed and ready
 CONNECT_TIMEOUT = 5.0  # seconds for the address check
@@ -101,17 +106,18 @@ def partition_digest(fed: FederatedData) -> str:
     return h.hexdigest()[:16]
 
 
-def _pack(fed: FederatedData) -> dict:
+def _pack(fed: FederatedData) -> dict[str, Any]:
     """FederatedData with numpy arrays for tensors: read zero-copy from the object store."""
     ds = {f.name: getattr(fed.dataset, f.name) for f in fields(Dataset)}
     ds = {k: (v.numpy() if isinstance(v, torch.Tensor) else v) for k, v in ds.items()}
     return {"dataset": ds, "train_idx": fed.train_idx, "test_idx": fed.test_idx, "groups": fed.groups}
 
 
-def _unpack(packed: dict) -> FederatedData:
+def _unpack(packed: dict[str, Any]) -> FederatedData:
     with warnings.catch_warnings():  # object-store buffers are read-only; the engine never writes them
         warnings.simplefilter("ignore", UserWarning)
-        ds = {k: (torch.from_numpy(v) if isinstance(v, np.ndarray) else v) for k, v in packed["dataset"].items()}
+        ds: dict[str, Any] = {k: (torch.from_numpy(v) if isinstance(v, np.ndarray) else v)
+                              for k, v in packed["dataset"].items()}
     return FederatedData(Dataset(**ds), packed["train_idx"], packed["test_idx"], packed["groups"])
 
 
@@ -122,17 +128,17 @@ class _Shipped:
     """A message whose big tensors travel as object-store references (fetched by the actor):
     ``record`` holds empty tensors in their places."""
 
-    def __init__(self, record: Record, refs: dict) -> None:
+    def __init__(self, record: Record, refs: dict[str, Any]) -> None:
         self.record, self.refs = record, refs
 
 
-def _ship(ray, msg: Record, cache: dict) -> Any:
+def _ship(ray: Any, msg: Record, cache: dict[int, Any]) -> Union[_Shipped, Record]:
     """``msg`` with each big tensor replaced by a reference, put once per round per tensor.
 
     Every client's message holds the round's broadcast (FedAvg's global weights are the
     same tensors in every client's Record): each distinct tensor crosses to a node once.
     """
-    refs = {}
+    refs: dict[str, Any] = {}
 
     def swap(name: str, t: torch.Tensor) -> torch.Tensor:
         if t.numel() * t.element_size() < SHARE_BYTES:
@@ -150,7 +156,7 @@ class FetchError(RuntimeError):
     """An actor could not fetch a task's inputs from the object store (its node is failing)."""
 
 
-def _land(ray, msg: Any) -> Record:
+def _land(ray: Any, msg: Union[_Shipped, Record]) -> Record:
     if not isinstance(msg, _Shipped):
         return msg
     try:
@@ -164,13 +170,14 @@ def _land(ray, msg: Any) -> Record:
 class ClientActor:
     """One per actor process: a ClientRuntime over the node's copy of the data."""
 
-    def __init__(self, cfg, data: Optional[dict], algorithm, info, digest: str, threads: int) -> None:
+    def __init__(self, cfg: Config, data: Optional[dict[str, Any]], algorithm: Algorithm[Any], info: TaskInfo,
+                 digest: str, threads: int) -> None:
         import ray
 
         ctx = ray.get_runtime_context()
         self.where = (ctx.get_node_id(), ray.util.get_node_ip_address(), os.getpid())
         # a set-up error, reported by node() as plain values (Ray would wrap a raised one in a traceback)
-        self.error: Optional[tuple] = None
+        self.error: Optional[tuple[str, Any]] = None
         try:
             self._setup(cfg, data, algorithm, info, digest, threads)
         except ConfigError as e:
@@ -178,7 +185,8 @@ class ClientActor:
         except Exception as e:
             self.error = (type(e).__name__, str(e))
 
-    def _setup(self, cfg, data, algorithm, info, digest: str, threads: int) -> None:
+    def _setup(self, cfg: Config, data: Optional[dict[str, Any]], algorithm: Algorithm[Any], info: TaskInfo,
+               digest: str, threads: int) -> None:
         torch.set_num_threads(max(1, threads))
         tune_malloc()
         if data is not None:
@@ -192,18 +200,18 @@ class ClientActor:
                                   f"{socket.gethostname()} gives another split than the driver's")
         self.runtime = ClientRuntime(Task(cfg, fed, algorithm, info))
 
-    def node(self) -> tuple[tuple[str, str, int], Optional[tuple]]:
+    def node(self) -> tuple[tuple[str, str, int], Optional[tuple[str, Any]]]:
         """(node id, node IP, pid), and the error that stopped the actor's set-up, if any."""
         return self.where, self.error
 
-    def run(self, cid: int, rnd: int, msg, state, evaluate: bool, full_test: bool,
-            noise_key: Optional[bytes] = None) -> ClientOutput:
+    def run(self, cid: int, rnd: int, msg: Union[_Shipped, Record], state: Optional[Record], evaluate: bool,
+            full_test: bool, noise_key: Optional[bytes] = None) -> ClientOutput:
         import ray
 
         return self.runtime.run(ClientTask(cid, rnd, _land(ray, msg), None, state, evaluate, full_test, noise_key))
 
-    def run_split(self, cid: int, rnd: int, msg, state, evaluate: bool, full_test: bool,
-                  noise_key: Optional[bytes] = None):
+    def run_split(self, cid: int, rnd: int, msg: Union[_Shipped, Record], state: Optional[Record], evaluate: bool,
+                  full_test: bool, noise_key: Optional[bytes] = None) -> tuple[ClientOutput, Optional[Record]]:
         """(output without its state, state): the state stays in this node's object store."""
         import ray
 
@@ -212,7 +220,7 @@ class ClientActor:
         return out, new_state
 
 
-def connect(ray, address: Optional[str]) -> tuple[bool, Optional[str]]:
+def connect(ray: Any, address: Optional[str]) -> tuple[bool, Optional[str]]:
     """Join ``address`` or start a private local Ray; returns (we called ray.init, temp dir)."""
     if ray.is_initialized():  # a Python user connected already: use that session as it is
         return False, None
@@ -228,7 +236,7 @@ def connect(ray, address: Optional[str]) -> tuple[bool, Optional[str]]:
         return True, tmp
 
 
-def resolve_actors(actors, cluster_cpus: float, num_cpus: float, clients_per_round: int) -> int:
+def resolve_actors(actors: Union[str, int], cluster_cpus: float, num_cpus: float, clients_per_round: int) -> int:
     """``auto`` -> as many actors as the cluster's CPUs hold, at most one per client of a round."""
     fit = int(cluster_cpus // num_cpus + 1e-9)
     if actors == "auto":
@@ -240,7 +248,7 @@ def resolve_actors(actors, cluster_cpus: float, num_cpus: float, clients_per_rou
 
 
 class RayExecutor(Executor):
-    def __init__(self, sim, log: Callable[[str], None] = _stderr) -> None:
+    def __init__(self, sim: Simulation, log: Callable[[str], None] = _stderr) -> None:
         import ray
 
         self.ray, self.log = ray, log
@@ -249,6 +257,7 @@ class RayExecutor(Executor):
         self.retries = ex.retries
         self.sizes = [len(ix) for ix in sim.fed.train_idx]
         t0 = time.perf_counter()
+        self.actors: list[Any]  # Ray's handles of ClientActor
         self.initialized, self.tmp, self.actors = False, None, []
         self.initialized, self.tmp = connect(ray, ex.address)
         try:
@@ -286,7 +295,7 @@ class RayExecutor(Executor):
         node_id, ip, _ = self.where[a]
         return f"{ip} ({node_id[:8]})"
 
-    def describe(self) -> dict:
+    def describe(self) -> dict[str, Any]:
         """For the run summary: backend, actors, nodes, start-up time, where tasks ran."""
         return {"backend": "ray", "actors": self.n, "nodes": len({w[0] for w in self.where}),
                 "threads": self.threads, "startup_s": round(self.startup_s, 3),
@@ -364,7 +373,7 @@ class RayExecutor(Executor):
                 idle.append(a)
         return results
 
-    def _retry_or_lose(self, i: int, t: ClientTask, attempts: list[int], pending: deque, why: str) -> None:
+    def _retry_or_lose(self, i: int, t: ClientTask, attempts: list[int], pending: deque[int], why: str) -> None:
         if attempts[i] <= self.retries and self.live:
             self.retried_total += 1
             pending.appendleft(i)

@@ -31,7 +31,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
-from typing import Optional
+from typing import Any, Optional
 
 
 # the deepest socket Ray makes in a node's temp dir, with a 7-digit pid, and the longest
@@ -43,10 +43,11 @@ SOCKET_PATH_MAX = 107
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+        port: int = s.getsockname()[1]
+        return port
 
 
-def ray_env(fast_failure_detection: bool = False) -> dict:
+def ray_env(fast_failure_detection: bool = False) -> dict[str, str]:
     """The environment for ``ray start`` and drivers of a local multi-node cluster."""
     env = dict(os.environ)
     env.pop("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", None)
@@ -76,7 +77,7 @@ def _procs() -> dict[int, tuple[int, int, str]]:
 
 
 class LocalRayCluster:
-    def __init__(self, root: str | os.PathLike, nodes: int = 2, cpus: int = 1,
+    def __init__(self, root: str | os.PathLike[str], nodes: int = 2, cpus: int = 1,
                  fast_failure_detection: bool = True, timeout: float = 180.0) -> None:
         self.root = Path(root)
         self.root.mkdir(parents=True, exist_ok=True)
@@ -173,5 +174,5 @@ class LocalRayCluster:
     def __enter__(self) -> "LocalRayCluster":
         return self.start()
 
-    def __exit__(self, *exc) -> None:
+    def __exit__(self, *exc: Any) -> None:
         self.stop()

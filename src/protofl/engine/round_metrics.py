@@ -9,13 +9,18 @@ the bytes moved, the clustering's purity, the weight diversity, the class geomet
 from __future__ import annotations
 
 import time
-from typing import Any, Optional, Sequence
+from typing import Any, Optional, Sequence, TYPE_CHECKING
 
 import numpy as np
 
 from .. import metrics as M
 from ..algorithms.base import weight_diversity
 from ..messages import Record
+
+if TYPE_CHECKING:
+    import torch
+
+    from .client import ClientOutput
 
 
 class RoundMetrics:
@@ -28,8 +33,9 @@ class RoundMetrics:
         self.train_s = self.eval_s = self.wall_s = self.cpu_s = 0.0
 
     # -- the round, as it happens ------------------------------------------------------------
-    def clients(self, selected: int, messages: Sequence[Record], replies: Sequence[Record], outputs: Sequence,
-                lost: int, rejected: dict[int, str], private: bool = False, client_level: bool = False) -> None:
+    def clients(self, selected: int, messages: Sequence[Record], replies: Sequence[Record],
+                outputs: Sequence[ClientOutput], lost: int, rejected: dict[int, str], private: bool = False,
+                client_level: bool = False) -> None:
         """What the round's clients did: who was asked, whose reply counts, the training loss
         (weighted by the samples each trained on) and the bytes each way.
 
@@ -50,7 +56,8 @@ class RoundMetrics:
         if rejected and not client_level:
             row["rejected_reasons"] = [f"client {cid}: {why}" for cid, why in rejected.items()]
 
-    def server(self, logs: dict[str, float], purity: Optional[float], local_models: Optional[list]) -> None:
+    def server(self, logs: dict[str, float], purity: Optional[float],
+               local_models: Optional[list[dict[str, torch.Tensor]]]) -> None:
         """What the server logged while aggregating, the purity of its clustering of the
         clients, and the weight diversity of the local models that arrived (ReBaFL eq. 24)."""
         self._row.update(logs)
@@ -59,7 +66,7 @@ class RoundMetrics:
         if local_models:
             self._row["weight_diversity"] = weight_diversity(local_models)
 
-    def global_model(self, gm: Any, class_vectors=None, last: bool = False) -> None:
+    def global_model(self, gm: Any, class_vectors: Optional[torch.Tensor] = None, last: bool = False) -> None:
         """The global model's metrics (or the handle of their evaluation) and the geometry of
         the method's class vectors: ``proto_min_angle`` (degrees), in the last round ``proto_cos``."""
         self._gm = gm
@@ -70,7 +77,7 @@ class RoundMetrics:
             if last:
                 self._after["proto_cos"] = cos
 
-    def personal(self, evaluated: Sequence[tuple[int, dict]], full_test: bool) -> None:
+    def personal(self, evaluated: Sequence[tuple[int, dict[str, float]]], full_test: bool) -> None:
         """The personalized models of the clients that were evaluated: their summary and, on
         full evaluations, PA per client (the fairness plots)."""
         evals = [ev for _, ev in evaluated if ev]

@@ -2,7 +2,7 @@
 and the global model's evaluation."""
 from __future__ import annotations
 
-from typing import Any, Mapping, Optional
+from typing import Any, cast, Mapping, Optional, Union
 
 import numpy as np
 import torch
@@ -17,7 +17,7 @@ from .task import Task
 
 
 class ServerContext:
-    def __init__(self, task: Task, device="cpu") -> None:
+    def __init__(self, task: Task, device: Union[str, torch.device] = "cpu") -> None:
         """``device``: where the server state and ``shared_model()`` live: the CPU, or the
         training device when the clients train in this process (the broadcast is then
         there already and the replies stay there)."""
@@ -49,7 +49,7 @@ class ServerContext:
         return logs
 
 
-def global_metrics(algorithm: Algorithm, state: Any, server: ServerContext,
+def global_metrics(algorithm: Algorithm[Any], state: Any, server: ServerContext,
                    runtime: ClientRuntime) -> dict[str, Any]:
     """GM of the server state on the global test set: ``gm``, ``gm_per_class``, ``gm@name``
     for extra predictors and ``gm:group`` per feature-skew test block; {} without a global model.
@@ -67,7 +67,7 @@ def global_metrics(algorithm: Algorithm, state: Any, server: ServerContext,
     for i, (name, predict) in enumerate(as_named(predictors).items()):
         sfx = f"@{name}" if i > 0 else ""
         if groups and i == 0:  # feature groups: the primary predictor per test block (gm:rot90)
-            correct = count = 0
+            correct = count = cast(np.ndarray, 0)  # 0 + each block's per-class counts
             for g, idx in groups.items():
                 t = torch.from_numpy(idx)
                 c, n = class_correct(predict, tx[t], ty[t], C, bs, cl)

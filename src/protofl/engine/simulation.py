@@ -24,7 +24,7 @@ import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Iterable, Optional
+from typing import Any, Callable, cast, Generator, Iterable, Optional, TYPE_CHECKING
 
 import numpy as np
 import torch
@@ -40,7 +40,7 @@ from ..run_folder import CHECKPOINT, CLIENTS, COMPLETE, CONFIG, METRICS, read_ro
 from .backends import EXECUTORS
 from .callbacks import Callback, JsonlWriter, progress_callback
 from .checkpoint import load_checkpoint, save_checkpoint, save_json, save_text, save_torch
-from .client import ClientRuntime, ClientTask
+from .client import ClientOutput, ClientRuntime, ClientTask
 from .malloc import tune_malloc
 from .participation import Participation
 from .precision import check_precision
@@ -52,6 +52,10 @@ from .task import Task
 from .trackers import make_trackers
 from .train import DIVERGED, NonFiniteLossError, round_lr, STOPPED
 from .validate import check_reply, check_report, update_outliers
+
+if TYPE_CHECKING:
+    from .executor import Executor
+    from .store import ClientStateStore
 
 log = logging.getLogger("protofl")
 
@@ -66,7 +70,7 @@ def default_run_name(cfg: Config) -> str:
             f"-s{cfg.seed}-{cfg.fingerprint()}")
 
 
-def spend(out) -> dict:
+def spend(out: ClientOutput) -> dict[str, float]:
     """A client output's training numbers as the privacy ledger reads them: a report the
     server cannot read (engine/validate.py check_report) counts nothing, since only its
     sender's own data is at stake."""
@@ -81,23 +85,26 @@ def run_dir_for(cfg: Config) -> Path:
     return Path(cfg.output.dir) / name
 
 
-def drive_steps(steps, run_tasks):
+def drive_steps(steps: Generator[list[ClientTask], Any, RunResult],
+                run_tasks: Callable[[list[ClientTask]], list[Optional[ClientOutput]]]) -> RunResult:
     """Drive a run's :meth:`Simulation.steps` to its end: each batch of tasks it yields is
     answered with ``run_tasks(tasks)``; an error there is thrown into the run (which records
     it in its summary and raises it). Returns the run's :class:`RunResult`."""
-    answer, error = None, None
+    answer: Optional[list[Optional[ClientOutput]]] = None
+    error: Optional[BaseException] = None
     while True:
         try:
             tasks = steps.send(answer) if error is None else steps.throw(error)
         except StopIteration as done:
-            return done.value
+            result: RunResult = done.value
+            return result
         try:
             answer, error = run_tasks(tasks), None
         except BaseException as e:  # noqa: BLE001 - handed to the run
             answer, error = None, e
 
 
-def where(execution: dict) -> str:
+def where(execution: dict[str, Any]) -> str:
     """Where a run's clients train, in words, from its executor's ``describe()``: ``cpu
     (sequential executor)``, ``cuda (NVIDIA H100 80GB HBM3, batched executor)``, ``cpu, 2 worker
     processes``, ``a Ray cluster (4 actors)``, ``Flower SuperNodes``."""
@@ -136,13 +143,13 @@ class RunResult:
     """What :func:`protofl.run` returns: the run folder, one metrics row per round, the summary."""
 
     dir: Path
-    rows: list[dict]
-    summary: dict
+    rows: list[dict[str, Any]]
+    summary: dict[str, Any]
     server_state: Any = field(repr=False, default=None)
     # True when ``run(resume=True)`` found the run already complete and did no work
     already_complete: bool = False
 
-    def to_pandas(self):
+    def to_pandas(self) -> Any:
         """The rows as a ``pandas.DataFrame`` indexed by round (needs pandas installed).
 
         Scalar metrics are columns; per-class lists (``gm_per_class``) stay one column of lists.
@@ -156,7 +163,9 @@ class RunResult:
 
 class Simulation:
     def __init__(self, cfg: Config, callbacks: Iterable[Callback] = (), run_dir: Optional[Path] = None,
-                 fed: Optional[FederatedData] = None, executor_factory=None, store=None,
+                 fed: Optional[FederatedData] = None,
+                 executor_factory: Optional[Callable[[Simulation], Executor]] = None,
+                 store: Optional[ClientStateStore] = None,
                  task: Optional[Task] = None) -> None:
         """``task``: what :func:`protofl.api.check_task` built for ``cfg`` (built here when not
         given, from ``fed`` if that is)."""
@@ -184,7 +193,7 @@ class Simulation:
         self.store = store if store is not None else make_store(cfg, self.dir)
         # how client tasks run: in-process/pool by default; the Flower transport plugs in here
         self.executor_factory = executor_factory or EXECUTORS.get(cfg.execution.backend)
-        self.execution: dict = {}  # how the clients ran (the executor's describe())
+        self.execution: dict[str, Any] = {}  # how the clients ran (the executor's describe())
         self.checkpointed = 0  # the round of the newest checkpoint on disk (0: none)
 
     # -- helpers -----------------------------------------------------------------------------
@@ -205,7 +214,7 @@ class Simulation:
     def evaluate_global(self, state: Any) -> dict[str, Any]:
         return global_metrics(self.algorithm, state, self.eval_server, self.runtime)
 
-    def diagnostics(self) -> Diagnostics:
+    def diagnostics(self) -> Diagnostics[Any]:
         """The method's optional hooks (:class:`~protofl.algorithms.base.Diagnostics`), or ones
         that answer None for a method without them."""
         return self.algorithm if isinstance(self.algorithm, Diagnostics) else Diagnostics()
@@ -226,10 +235,10 @@ class Simulation:
             "train_counts": counts.tolist(), "local_test_sizes": [len(t) for t in self.fed.test_idx],
             "class_names": self.fed.dataset.class_names,
             "groups": None if self.fed.groups is None else self.fed.groups.tolist(),
-            **({} if self.fed.feature_groups is None else {"feature_groups": [
-                self.fed.feature_group_names[g] for g in self.fed.feature_groups]})})
+            **({} if self.fed.feature_groups is None else {"feature_groups": [  # the names come with the groups
+                cast("list[str]", self.fed.feature_group_names)[g] for g in self.fed.feature_groups]})})
 
-    def _resume(self, ck: dict) -> tuple[Any, int, list[dict]]:
+    def _resume(self, ck: dict[str, Any]) -> tuple[Any, int, list[dict[str, Any]]]:
         """The server state, the first round to run and the rows kept, from checkpoint ``ck``."""
         cfg = self.cfg
         if ck.get("format") != CHECKPOINT_FORMAT:
@@ -262,7 +271,7 @@ class Simulation:
         """The whole run: :meth:`steps`, each round's client tasks run by the executor."""
         return drive_steps(self.steps(resume), lambda tasks: self.executor.run(tasks))
 
-    def steps(self, resume: bool = False):
+    def steps(self, resume: bool = False) -> Generator[list[ClientTask], list[Optional[ClientOutput]], RunResult]:
         """The run as a generator: it yields each batch of client tasks (a round's, and the
         chunks of the final evaluation of every client) and takes their outputs back; its
         value is the :class:`RunResult`. :meth:`run` answers with the executor; the packed
@@ -351,7 +360,7 @@ class Simulation:
                 cb.on_end(summary)
         return RunResult(self.dir, rows, summary, state)
 
-    def write_error(self, e: OSError, rows: list[dict]) -> WriteError:
+    def write_error(self, e: OSError, rows: list[dict[str, Any]]) -> WriteError:
         """A failed read or write of the run's files (a full disk, a folder that went away) as
         one line: which file, why (a full disk says so, with its free space), and what is
         kept for ``--resume``."""
@@ -366,7 +375,7 @@ class Simulation:
         every = self.cfg.output.checkpoint_every
         return rnd == self.cfg.rounds or bool(every and rnd % every == 0)
 
-    def overlaps(self, rnd: int, executor, callbacks: list[Callback]) -> bool:
+    def overlaps(self, rnd: int, executor: Executor, callbacks: list[Callback]) -> bool:
         """Whether round ``rnd``'s global model is evaluated in the pool while the next round
         trains (``execution.overlap_eval``). Only when nothing needs its row before the next
         round starts: not the last round, not a checkpoint round (the checkpoint waits for
@@ -378,7 +387,7 @@ class Simulation:
                 and not any(getattr(cb, "immediate", True) for cb in callbacks))
 
     @staticmethod
-    def _emit_quietly(emit, pending: Optional[RoundMetrics]) -> None:
+    def _emit_quietly(emit: Callable[[RoundMetrics], None], pending: Optional[RoundMetrics]) -> None:
         if pending is None:
             return
         try:
@@ -386,7 +395,8 @@ class Simulation:
         except Exception as e:  # the pool may be gone too; the error being raised matters more
             log.warning("the row of round %s was not written: %s", pending.rnd, e)
 
-    def run_round(self, rnd: int, state: Any, executor, overlap: bool = False):
+    def run_round(self, rnd: int, state: Any, executor: Executor, overlap: bool = False
+                  ) -> Generator[list[ClientTask], list[Optional[ClientOutput]], tuple[Any, RoundMetrics]]:
         """One round, as a generator: it yields the round's client tasks and takes their
         outputs (:meth:`steps`); its value is (new state, the round's :class:`RoundMetrics`),
         whose row is complete once :meth:`RoundMetrics.row` returns (with ``overlap``, the
@@ -466,7 +476,7 @@ class Simulation:
         None when it knows none."""
         return self.fed.feature_groups if self.fed.feature_groups is not None else self.fed.groups
 
-    def cluster_purity(self, state: Any, diag: Diagnostics) -> Optional[float]:
+    def cluster_purity(self, state: Any, diag: Diagnostics[Any]) -> Optional[float]:
         """Purity of the method's client clustering (``cluster_assignment``) against
         :meth:`known_groups`; None when either is missing."""
         truth = self.known_groups()
@@ -475,7 +485,7 @@ class Simulation:
         assignment = diag.cluster_assignment(state)
         return None if assignment is None else M.cluster_purity(np.asarray(assignment), np.asarray(truth))
 
-    def check_reply(self, task: ClientTask, out) -> Optional[str]:
+    def check_reply(self, task: ClientTask, out: ClientOutput) -> Optional[str]:
         """Why the server refuses this client output (engine/validate.py), or None."""
         if out.rejected:
             return out.rejected
@@ -490,9 +500,14 @@ class Simulation:
     def _group(self, cid: int) -> Optional[str]:
         """The client's feature group (its ``pa:<group>``), or None without feature groups."""
         names = self.fed.feature_group_names
-        return names[self.fed.feature_groups[cid]] if names is not None else None
+        if names is None:
+            return None
+        assert self.fed.feature_groups is not None  # set with their names (data/features.py)
+        group: str = names[self.fed.feature_groups[cid]]
+        return group
 
-    def evaluate_all_clients(self, state: Any):
+    def evaluate_all_clients(self, state: Any
+                             ) -> Generator[list[ClientTask], list[Optional[ClientOutput]], dict[str, Any]]:
         """Every client's personalized model after the last round (``all_*`` metrics).
 
         Each client runs the local update of a round R + 1 from the final server state (its
@@ -509,8 +524,8 @@ class Simulation:
         shared = algo.configure(state, rnd, self.server)
         cids = list(range(self.fed.num_clients))
         chunk = max(1, self.participation.m)
-        personal: list[dict] = []
-        spent: list[tuple[int, dict]] = []
+        personal: list[dict[str, float]] = []
+        spent: list[tuple[int, dict[str, float]]] = []
         for i in range(0, len(cids), chunk):
             tasks = [ClientTask(cid, rnd, shared, algo.configure_client(state, rnd, cid, self.server),
                                 self.store.get(cid), True, True, noise_key=self.noise_key(cid))
@@ -528,7 +543,8 @@ class Simulation:
         out["all_clients"] = len(personal)
         return out
 
-    def _summary(self, rows: list[dict], status: str, error: Optional[str], seconds: float) -> dict:
+    def _summary(self, rows: list[dict[str, Any]], status: str, error: Optional[str],
+                 seconds: float) -> dict[str, Any]:
         final: dict[str, Any] = {}
         for row in rows:  # latest value of every metric
             final.update({k: v for k, v in row.items() if k not in ("round",)})

@@ -17,11 +17,14 @@ from __future__ import annotations
 import os
 from collections import OrderedDict
 from pathlib import Path
-from typing import NamedTuple, Optional, Union
+from typing import TYPE_CHECKING, Any, Mapping, NamedTuple, Optional, Union
 
 from ..errors import CheckpointError
 from ..messages import Record
 from .checkpoint import allow_in_checkpoints, load_torch, save_torch
+
+if TYPE_CHECKING:
+    from ..config import Config
 
 
 class ClientStateStore:
@@ -35,13 +38,13 @@ class ClientStateStore:
     def put(self, cid: int, state: Optional[Record]) -> None:
         raise NotImplementedError
 
-    def snapshot(self) -> dict:
+    def snapshot(self) -> Mapping[int, Union[Record, Spilled, None]]:
         raise NotImplementedError
 
-    def restore(self, states: dict) -> None:
+    def restore(self, states: Mapping[int, Record]) -> None:
         raise NotImplementedError
 
-    def resume(self, states: dict, run_dir: Union[str, os.PathLike]) -> None:
+    def resume(self, states: Mapping[int, Union[Record, Spilled]], run_dir: Union[str, os.PathLike[str]]) -> None:
         """Restore a checkpoint's snapshot of the run in ``run_dir``; states a
         :class:`SpillStore` left on disk there (:class:`Spilled` references) are read back."""
         self.restore(load_spilled(states, Path(run_dir) / STATE_DIR))
@@ -52,7 +55,7 @@ class ClientStateStore:
     def checkpointed(self) -> None:
         """A checkpoint now holds the last snapshot: what only it referenced may go."""
 
-    def usage(self) -> Optional[dict]:
+    def usage(self) -> Optional[dict[str, Any]]:
         """How much state the store holds (the run summary's ``client_state``); None: unknown."""
         return None
 
@@ -76,10 +79,10 @@ class MemoryStore(ClientStateStore):
     def snapshot(self) -> dict[int, Record]:
         return dict(self._states)
 
-    def restore(self, states: dict[int, Record]) -> None:
+    def restore(self, states: Mapping[int, Record]) -> None:
         self._states = dict(states)
 
-    def usage(self) -> dict:
+    def usage(self) -> dict[str, Any]:
         """How much state the store holds (the run summary's ``client_state``)."""
         return {"clients": len(self._states), "memory_clients": len(self._states),
                 "memory_bytes": sum(s.nbytes() for s in self._states.values() if isinstance(s, Record)),
@@ -106,10 +109,11 @@ def _write(path: Path, state: Record) -> None:
 def _read(path: Path) -> Record:
     """A state file, loaded as checkpoints are: a file that holds anything but a Record's
     tensors and values (it could run code) is refused, not loaded."""
-    return load_torch(path, STATE_TYPES)
+    state: Record = load_torch(path, STATE_TYPES)
+    return state
 
 
-def load_spilled(states: dict, root: Union[str, os.PathLike]) -> dict[int, Record]:
+def load_spilled(states: Mapping[int, Union[Record, Spilled]], root: Union[str, os.PathLike[str]]) -> dict[int, Record]:
     """A snapshot with its :class:`Spilled` references read back (for a store that keeps
     everything in memory, e.g. a cluster store resuming a checkpoint written by a SpillStore)."""
     return {cid: _read(Path(root) / s.file) if isinstance(s, Spilled) else s for cid, s in states.items()}
@@ -134,7 +138,7 @@ class SpillStore(ClientStateStore):
     the files written after the checkpoint it restores.
     """
 
-    def __init__(self, budget_bytes: Optional[int], root: Union[str, os.PathLike]) -> None:
+    def __init__(self, budget_bytes: Optional[int], root: Union[str, os.PathLike[str]]) -> None:
         self.budget = budget_bytes
         self.root = Path(root)
         self._clear_state()
@@ -256,11 +260,11 @@ class SpillStore(ClientStateStore):
         for name in gone - self._kept[0] - self._kept[1] - live:
             self._drop_file(name)
 
-    def resume(self, states: dict, run_dir: Union[str, os.PathLike]) -> None:
+    def resume(self, states: Mapping[int, Union[Record, Spilled]], run_dir: Union[str, os.PathLike[str]]) -> None:
         """A SpillStore keeps the snapshot's file references (its own folder holds them)."""
         self.restore(states)
 
-    def restore(self, states: dict[int, Union[Record, Spilled]]) -> None:
+    def restore(self, states: Mapping[int, Union[Record, Spilled]]) -> None:
         """Resume from a snapshot: its file references become the clients' latest files;
         every other file in the folder (written after that checkpoint) is deleted."""
         self._clear_state()
@@ -290,7 +294,7 @@ class SpillStore(ClientStateStore):
             for p in self.root.iterdir():
                 p.unlink()
 
-    def usage(self) -> dict:
+    def usage(self) -> dict[str, Any]:
         """How much state the store holds (the run summary's ``client_state``): states in
         memory, clients whose latest state is on disk, and the bytes of all state files
         (those the kept checkpoints refer to included)."""
@@ -306,7 +310,7 @@ def _mb(n: int) -> str:
     return f"{n / 2**20:.1f} MB" if n >= 2**20 // 10 or n == 0 else f"{n / 2**10:.0f} kB"
 
 
-def usage_line(usage: Optional[dict]) -> Optional[str]:
+def usage_line(usage: Optional[Mapping[str, Any]]) -> Optional[str]:
     """``client state: 900 clients; 512.0 MB in memory (220), 1.62 GB on disk (700)``, or None
     when no client holds state."""
     if not usage or not usage.get("clients"):
@@ -324,7 +328,7 @@ class DiskStore(ClientStateStore):
     """One file per client under ``root`` (written and read as the SpillStore's); the
     snapshot is the dict of all states."""
 
-    def __init__(self, root: str | os.PathLike) -> None:
+    def __init__(self, root: str | os.PathLike[str]) -> None:
         self.root = Path(root)
         self.root.mkdir(parents=True, exist_ok=True)
 
@@ -345,10 +349,10 @@ class DiskStore(ClientStateStore):
     def __len__(self) -> int:
         return sum(1 for _ in self.root.glob("*.pkl"))
 
-    def snapshot(self) -> dict[int, Record]:
+    def snapshot(self) -> dict[int, Optional[Record]]:  # None: a file deleted meanwhile
         return {int(p.stem): self.get(int(p.stem)) for p in self.root.glob("*.pkl")}
 
-    def restore(self, states: dict[int, Record]) -> None:
+    def restore(self, states: Mapping[int, Record]) -> None:
         for p in self.root.glob("*.pkl"):
             p.unlink()
         for cid, s in states.items():
@@ -368,7 +372,8 @@ class ClusterStore(MemoryStore):
     """
 
     def snapshot(self) -> dict[int, Record]:
-        refs = {cid: s for cid, s in self._states.items() if not isinstance(s, Record)}
+        # the ObjectRefs the Ray executor stored as states
+        refs: dict[int, Any] = {cid: s for cid, s in self._states.items() if not isinstance(s, Record)}
         out = {cid: s for cid, s in self._states.items() if isinstance(s, Record)}
         if refs:
             import ray
@@ -379,7 +384,7 @@ class ClusterStore(MemoryStore):
         return dict(sorted(out.items()))
 
 
-def make_store(cfg, run_dir: Union[str, os.PathLike]):
+def make_store(cfg: Config, run_dir: Union[str, os.PathLike[str]]) -> ClientStateStore:
     """The store ``execution.state`` asks for: in the cluster, or on the driver (default)
     within ``execution.state_memory_mb`` of memory, spilling to ``run_dir/client_state``."""
     if cfg.execution.state == "cluster":

@@ -9,7 +9,7 @@ Flower nodes build their own from the parts they are sent. Model objects live in
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Mapping, Optional
+from typing import Any, Mapping, Optional, TYPE_CHECKING, Union
 
 import torch
 from torch import nn
@@ -22,8 +22,12 @@ from ..data.federated import FederatedData
 from ..models import MODELS, build_model
 from ..rng import seed_for
 
+if TYPE_CHECKING:
+    from ..data.dataset import Dataset
+    from ..models import FLModel
 
-def arch_kwargs(cfg: Config, cid: int) -> dict:
+
+def arch_kwargs(cfg: Config, cid: int) -> dict[str, Any]:
     """Model kwargs of client ``cid``: the shared ones plus its heterogeneous overrides."""
     kw = dict(cfg.model.params)
     K = cfg.partition.num_clients
@@ -43,7 +47,7 @@ def use_channels_last(cfg: Config, model: nn.Module) -> bool:
     return bool(flag)
 
 
-def _versions(tensors: Mapping[str, torch.Tensor]) -> tuple:
+def _versions(tensors: Mapping[str, torch.Tensor]) -> tuple[int, ...]:
     """The in-place version counters of ``tensors``: any write to one of them changes it."""
     return tuple(t._version for t in tensors.values())
 
@@ -52,13 +56,14 @@ class ModelCache:
     """One live model object per architecture on one device; weights are copied in, never
     deep-copied, and only when the model does not hold them already."""
 
-    def __init__(self, cfg: Config, algorithm: Algorithm, info: TaskInfo, device: torch.device) -> None:
+    def __init__(self, cfg: Config, algorithm: Algorithm[Any], info: TaskInfo,
+                 device: Union[str, torch.device]) -> None:
         self.cfg, self.algorithm, self.info, self.device = cfg, algorithm, info, torch.device(device)
-        self._models: dict[str, tuple[nn.Module, dict]] = {}
+        self._models: dict[str, tuple[nn.Module, dict[str, torch.Tensor]]] = {}
         # id(model) -> (weights it holds, their versions, the model's own versions)
-        self._holds: dict[int, tuple[Mapping, tuple, tuple]] = {}
+        self._holds: dict[int, tuple[Mapping[str, torch.Tensor], tuple[int, ...], tuple[int, ...]]] = {}
 
-    def get(self, kwargs: dict, weights: Optional[Mapping[str, torch.Tensor]] = None) -> nn.Module:
+    def get(self, kwargs: dict[str, Any], weights: Optional[Mapping[str, torch.Tensor]] = None) -> nn.Module:
         """The live model of this architecture holding ``weights`` (None: the initial ones)."""
         model, init = self.live(kwargs)
         weights = init if weights is None else weights
@@ -77,7 +82,7 @@ class ModelCache:
         return (held is not None and held[0] is weights and held[1] == _versions(weights)
                 and held[2] == _versions(model.state_dict()))
 
-    def live(self, kwargs: dict) -> tuple[nn.Module, dict]:
+    def live(self, kwargs: dict[str, Any]) -> tuple[nn.Module, dict[str, torch.Tensor]]:
         """The live model of this architecture (its weights whatever was loaded last) and its
         initial weights."""
         key = repr(sorted(kwargs.items()))
@@ -90,7 +95,8 @@ class ModelCache:
                                    pretrained=self.cfg.model.pretrained, **kwargs)
                 model = self.algorithm.adapt_model(base).to(self.device)
             if use_channels_last(self.cfg, model):
-                model = model.to(memory_format=torch.channels_last)
+                model = model.to(  # type: ignore[call-overload]  # torch's Module.to overloads omit memory_format
+                    memory_format=torch.channels_last)
             init = {k: v.detach().clone() for k, v in model.state_dict().items()}
             self._models[key] = (model, init)
         return self._models[key]
@@ -103,7 +109,7 @@ class Task:
 
     cfg: Config
     fed: FederatedData
-    algorithm: Algorithm
+    algorithm: Algorithm[Any]
     info: TaskInfo
     # the server state before round 1, when a check built it already (api.check_task);
     # a fresh run takes it instead of building it again
@@ -134,19 +140,19 @@ class Task:
         state, self.initial_state = self.initial_state, None
         return state
 
-    def models(self, device) -> ModelCache:
+    def models(self, device: Union[str, torch.device]) -> ModelCache:
         """The model objects of this process on ``device`` (one cache per device)."""
         device = torch.device(device)
         if str(device) not in self._caches:
             self._caches[str(device)] = ModelCache(self.cfg, self.algorithm, self.info, device)
         return self._caches[str(device)]
 
-    def arch(self, cid: int) -> dict:
+    def arch(self, cid: int) -> dict[str, Any]:
         """Client ``cid``'s model kwargs."""
         return arch_kwargs(self.cfg, cid)
 
 
-def build_probe(cfg: Config, ds, kwargs: dict):
+def build_probe(cfg: Config, ds: Dataset, kwargs: dict[str, Any]) -> FLModel:
     """The configured model for dataset ``ds``'s inputs; a model that cannot be built for
     them (an image model on 8x8 digits, an LSTM on images) is a :class:`ConfigError` that
     names the registered models that can take them."""
@@ -163,7 +169,7 @@ def build_probe(cfg: Config, ds, kwargs: dict):
         raise model_mismatch(cfg, ds, str(e), kwargs) from e
 
 
-def model_mismatch(cfg: Config, ds, why: str, kwargs: dict) -> ConfigError:
+def model_mismatch(cfg: Config, ds: Dataset, why: str, kwargs: dict[str, Any]) -> ConfigError:
     """The error for a model that cannot take ``ds``'s inputs, with the models that can."""
     inputs = f"{ds.name}: {ds.kind} inputs of shape {tuple(ds.input_shape)}"
     own = {k: v for k, v in kwargs.items() if k in cfg.model.per_client}
@@ -175,7 +181,7 @@ def model_mismatch(cfg: Config, ds, why: str, kwargs: dict) -> ConfigError:
                        f"{why} ({inputs}); models that take them: {', '.join(fits) or 'none registered'}")
 
 
-def models_for(ds) -> list[str]:
+def models_for(ds: Dataset) -> list[str]:
     """The registered models that build for ``ds``'s inputs with their default parameters
     and compute class scores from two of its samples (used on the error path only)."""
     x = ds.normalize(ds.x_train[:2])

@@ -26,12 +26,19 @@ import re
 import shutil
 import time
 from pathlib import Path
-from typing import Any, Iterator, Optional
+from typing import TYPE_CHECKING, Any, Iterator, Optional
 
 from ..run_folder import CONFIG, SUCCEEDED, SUMMARY
 from ..config.machine import check_trackers, TRACKERS  # noqa: F401  (re-exported)
 from ..errors import ConfigError, one_line
 from .callbacks import Callback
+
+if TYPE_CHECKING:
+    from mlflow.tracking import MlflowClient
+    from torch.utils.tensorboard import SummaryWriter
+    from wandb import Run
+
+    from ..config import Config
 
 log = logging.getLogger("protofl")
 
@@ -53,7 +60,7 @@ def metric_items(row: dict[str, Any]) -> Iterator[tuple[str, float]]:
                     yield f"{name}/{i}", float(x)
 
 
-def flat_params(d: dict, prefix: str = "") -> dict[str, str]:
+def flat_params(d: dict[str, Any], prefix: str = "") -> dict[str, str]:
     """The config as ``{"training.lr": "0.05", ...}`` (lists as their JSON text)."""
     out: dict[str, str] = {}
     for k, v in d.items():
@@ -74,9 +81,9 @@ class TensorBoardTracker(Callback):
 
     immediate = False  # records rows only
 
-    def __init__(self, cfg) -> None:
+    def __init__(self, cfg: Config) -> None:
         self.cfg = cfg
-        self.writer = None
+        self.writer: Optional[SummaryWriter] = None
 
     def on_start(self, info: dict[str, Any]) -> None:
         from torch.utils.tensorboard import SummaryWriter
@@ -105,7 +112,7 @@ class MLflowTracker(Callback):
 
     immediate = False  # records rows only
 
-    def __init__(self, cfg) -> None:
+    def __init__(self, cfg: Config) -> None:
         self.cfg = cfg
         out = cfg.output
         root = Path(out.dir).resolve()
@@ -114,7 +121,7 @@ class MLflowTracker(Callback):
         self.uri = out.tracking_uri or f"sqlite:///{root / 'mlflow.db'}"
         self.artifacts = None if out.tracking_uri else (root / "mlartifacts").as_uri()
         self.experiment = out.experiment
-        self.client = None
+        self.client: Optional[MlflowClient] = None
         self.run_id: Optional[str] = None
         self.dir: Optional[Path] = None
 
@@ -134,6 +141,7 @@ class MLflowTracker(Callback):
 
         self.dir = Path(info["dir"])
         exp_id = self.experiment_id()
+        assert self.client is not None  # experiment_id() made it
         run = self.client.create_run(exp_id, run_name=info["name"], tags={
             "protofl.fingerprint": self.cfg.fingerprint(), "protofl.dir": str(self.dir.resolve()),
             "protofl.start_round": str(info["start_round"])})
@@ -145,6 +153,7 @@ class MLflowTracker(Callback):
     def on_round(self, row: dict[str, Any]) -> None:
         if self.client is None:
             return
+        assert self.run_id is not None  # on_start set it
         from mlflow.entities import Metric
 
         ts = int(time.time() * 1000)
@@ -155,6 +164,7 @@ class MLflowTracker(Callback):
     def on_end(self, summary: dict[str, Any]) -> None:
         if self.client is None:
             return
+        assert self.run_id is not None and self.dir is not None  # on_start set them
         self.client.log_dict(self.run_id, summary, SUMMARY)
         for p in [self.dir / CONFIG, *_reports(self.dir)]:
             if p.exists():
@@ -177,9 +187,9 @@ class WandbTracker(Callback):
 
     immediate = False  # records rows only
 
-    def __init__(self, cfg) -> None:
+    def __init__(self, cfg: Config) -> None:
         self.cfg = cfg
-        self.run = None
+        self.run: Optional[Run] = None
         self.dir: Optional[Path] = None
 
     def on_start(self, info: dict[str, Any]) -> None:
@@ -214,6 +224,7 @@ class WandbTracker(Callback):
     def on_end(self, summary: dict[str, Any]) -> None:
         if self.run is None:
             return
+        assert self.dir is not None  # on_start set it before the run
         # the latest value of every metric is W&B's summary already; the rest of protofl's
         self.run.summary.update({k: v for k, v in summary.items() if k != "final"})
         for p in [self.dir / CONFIG, *_reports(self.dir)]:
@@ -223,7 +234,7 @@ class WandbTracker(Callback):
         self.run = None
 
 
-def prepare_trackers(cfg) -> None:
+def prepare_trackers(cfg: Config) -> None:
     """Create the trackers' stores once, before runs in parallel processes share them
     (two processes creating one MLflow database at once would race)."""
     if "mlflow" in cfg.output.trackers:
@@ -231,7 +242,7 @@ def prepare_trackers(cfg) -> None:
         MLflowTracker(cfg).experiment_id()
 
 
-def make_trackers(cfg) -> list[Callback]:
+def make_trackers(cfg: Config) -> list[Callback]:
     """The callbacks for ``cfg.output.trackers``."""
     check_trackers(list(cfg.output.trackers))
     classes = {"tensorboard": TensorBoardTracker, "mlflow": MLflowTracker, "wandb": WandbTracker}

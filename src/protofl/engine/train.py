@@ -28,7 +28,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, fields, replace
-from typing import Any, Callable, Mapping, Optional, Sequence
+from typing import Any, Callable, Mapping, Optional, Sequence, TYPE_CHECKING, Union, cast
 
 import numpy as np
 import torch
@@ -40,6 +40,10 @@ from ..nn.privacy import NoiseStream, private_gradient
 from .augment import apply, Augment, augment_plan
 from .precision import autocast
 
+if TYPE_CHECKING:
+    from ..config import TrainingConfig
+    from ..models.base import FLModel
+
 OPTIMIZERS = ("sgd", "adam", "adamw", "rmsprop", "adagrad")
 SCHEDULES = ("exponential", "cosine", "step")
 
@@ -47,7 +51,7 @@ SCHEDULES = ("exponential", "cosine", "step")
 # the summary statuses of a run stopped by a NaN/inf training loss and of one stopped at its
 # privacy target: results of its config (protofl/run_folder.py), where "failed" is an error
 # of the machine
-from ..run_folder import DIVERGED, STOPPED  # noqa: E402,F401 (re-exported)
+from ..run_folder import DIVERGED as DIVERGED, STOPPED as STOPPED  # noqa: E402,F401 (re-exported)
 
 
 class NonFiniteLossError(FloatingPointError):
@@ -57,14 +61,15 @@ class NonFiniteLossError(FloatingPointError):
         self.rnd, self.cid, self.value = rnd, cid, value
         super().__init__(f"non-finite training loss ({value}) in round {rnd} on client {cid}")
 
-    def __reduce__(self):  # survives the trip back from a worker process
+    # survives the trip back from a worker process
+    def __reduce__(self) -> tuple[type[NonFiniteLossError], tuple[int, int, float]]:
         return (type(self), (self.rnd, self.cid, self.value))
 
 
 # ---------------------------------------------------------------------------------------
 # settings
 # ---------------------------------------------------------------------------------------
-def round_lr(tc, rnd: int, rounds: int) -> float:
+def round_lr(tc: TrainingConfig, rnd: int, rounds: int) -> float:
     """The learning rate of round ``rnd`` (1-based) of ``rounds`` under ``training.schedule``,
     as torch.optim.lr_scheduler's scheduler stepped once after each round (round r runs
     at the scheduler's epoch r - 1; ``tests/test_train_schedules.py`` checks every one
@@ -108,7 +113,7 @@ class TrainSettings:
     steps: Optional[int] = None
     clip_grad: Optional[float] = None
     optimizer: str = "sgd"
-    betas: tuple = (0.9, 0.999)
+    betas: tuple[float, ...] = (0.9, 0.999)
     eps: float = 1e-8
     alpha: float = 0.99  # rmsprop
     # DP-SGD (privacy.mode: sample): each sample's gradient clipped to dp_clip, Gaussian
@@ -120,7 +125,7 @@ class TrainSettings:
     dp_n: Optional[int] = None
 
     @classmethod
-    def of_round(cls, tc, rnd: int, rounds: int) -> "TrainSettings":
+    def of_round(cls, tc: TrainingConfig, rnd: int, rounds: int) -> "TrainSettings":
         return cls(lr=round_lr(tc, rnd, rounds), momentum=tc.momentum, weight_decay=tc.weight_decay,
                    batch_size=tc.batch_size, epochs=tc.epochs, steps=tc.steps, clip_grad=tc.clip_grad,
                    optimizer=tc.optimizer, betas=tuple(tc.betas), eps=tc.eps, alpha=tc.alpha)
@@ -272,7 +277,7 @@ def optimizer_state(s: TrainSettings, params: Sequence[torch.Tensor]) -> dict[st
     raise ValueError(f"unknown optimizer {s.optimizer!r}; expected one of {OPTIMIZERS}")
 
 
-def reset_rows(state: Mapping[str, list[torch.Tensor]], row) -> None:
+def reset_rows(state: Mapping[str, list[torch.Tensor]], row: Union[int, slice]) -> None:
     """Zero the optimizer state of ``row`` (an index, or a slice): a new client there."""
     for tensors in state.values():
         for t in tensors:
@@ -282,7 +287,9 @@ def reset_rows(state: Mapping[str, list[torch.Tensor]], row) -> None:
 def _row_norms(g: torch.Tensor) -> torch.Tensor:
     """(S,) the L2 norm of each row of ``g`` (S, ...), summed in ``g``'s memory order (as the
     norm of the tensor itself is: a reshape would reorder a channels_last tensor's sum)."""
-    return torch.linalg.vector_norm(g.unsqueeze(1) if g.dim() == 1 else g, 2.0, dim=tuple(range(1, max(g.dim(), 2))))
+    norms: torch.Tensor = torch.linalg.vector_norm(g.unsqueeze(1) if g.dim() == 1 else g, 2.0,
+                                                   dim=tuple(range(1, max(g.dim(), 2))))
+    return norms
 
 
 def _rows(v: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
@@ -360,28 +367,36 @@ def optimizer_step(params: Sequence[torch.Tensor], grads: Sequence[torch.Tensor]
 # ---------------------------------------------------------------------------------------
 # per-sample gradients (DP-SGD)
 # ---------------------------------------------------------------------------------------
+def as_parts(model: nn.Module) -> "FLModel":
+    """The model as a loss receives it (``LossFn``): the engine builds every model as an
+    ``FLModel`` (body, head); a plain module (a test's) meets only losses that read no part."""
+    return cast("FLModel", model)
+
+
 class Objective(nn.Module):
     """``loss(model, x, y, extras)`` as a module, so that ``functional_call`` can swap in one
     client's parameters (under vmap: every client's) for the whole loss, sub-modules included."""
 
-    def __init__(self, model: nn.Module, loss) -> None:
+    def __init__(self, model: nn.Module, loss: LossFn) -> None:
         super().__init__()
         self.model, self.loss = model, loss
 
-    def forward(self, x, y, extras):
-        return self.loss(self.model, x, y, extras)
+    def forward(self, x: torch.Tensor, y: torch.Tensor, extras: Mapping[str, Any]) -> torch.Tensor:
+        return self.loss(as_parts(self.model), x, y, extras)
 
 
-def per_sample(fn: Callable, rows: Sequence[str] = ()) -> Callable:
+def per_sample(fn: Callable[..., torch.Tensor], rows: Sequence[str] = ()) -> Callable[..., Any]:
     """``fn(params, frozen, buffers, extras, x, y)`` (a batch's loss) -> the gradient and the
     loss of each sample: (b, ...) per parameter and (b,). Each sample is a batch of one;
     the extras named in ``rows`` are per-sample rows (b, ...), the others shared."""
 
-    def one(params, frozen, buffers, extras, x, y):
+    def one(params: dict[str, torch.Tensor], frozen: dict[str, torch.Tensor], buffers: dict[str, torch.Tensor],
+            extras: dict[str, Any], x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
         ex = {k: (v.unsqueeze(0) if k in rows else v) for k, v in extras.items()}
         return fn(params, frozen, buffers, ex, x.unsqueeze(0), y.unsqueeze(0))
 
-    def batch(params, frozen, buffers, extras, x, y):
+    def batch(params: dict[str, torch.Tensor], frozen: dict[str, torch.Tensor], buffers: dict[str, torch.Tensor],
+              extras: dict[str, Any], x: torch.Tensor, y: torch.Tensor) -> Any:
         dims = {k: (0 if k in rows else None) for k in extras}
         return vmap(grad_and_value(one), in_dims=(None, None, None, dims, 0, 0),
                     randomness="different")(params, frozen, buffers, extras, x, y)
@@ -400,9 +415,12 @@ def sample_gradients(model: nn.Module, loss: LossFn, names: Sequence[str], x: to
     frozen = {k: p.detach() for k, p in named.items() if k not in params}
     buffers = dict(model.named_buffers())
 
-    def batch_loss(params, frozen, buffers, extras, x, y):
+    def batch_loss(params: dict[str, torch.Tensor], frozen: dict[str, torch.Tensor],
+                   buffers: dict[str, torch.Tensor], extras: dict[str, Any], x: torch.Tensor,
+                   y: torch.Tensor) -> torch.Tensor:
         weights = {"model." + k: v for part in (params, frozen, buffers) for k, v in part.items()}
-        return functional_call(objective, weights, (x, y, extras))
+        value: torch.Tensor = functional_call(objective, weights, (x, y, extras))
+        return value
 
     grads, values = per_sample(batch_loss, rows)(params, frozen, buffers, dict(extras), x, y)
     return [grads[k] for k in names], values
@@ -411,13 +429,15 @@ def sample_gradients(model: nn.Module, loss: LossFn, names: Sequence[str], x: to
 # ---------------------------------------------------------------------------------------
 # the sequential driver (and DP-SGD's)
 # ---------------------------------------------------------------------------------------
-def minibatch(x: torch.Tensor, y: torch.Tensor, rows: np.ndarray, step: int, b: int, plan: Optional[dict],
-              augment: Optional[tuple], channels_last: bool) -> tuple[torch.Tensor, torch.Tensor]:
+def minibatch(x: torch.Tensor, y: torch.Tensor, rows: np.ndarray, step: int, b: int,
+              plan: Optional[dict[str, np.ndarray]], augment: Optional[tuple[Augment, torch.Generator, torch.Tensor]],
+              channels_last: bool) -> tuple[torch.Tensor, torch.Tensor]:
     """Step ``step``'s minibatch: the first ``b`` of its ``rows``, augmented by ``plan`` (the
     draws of :func:`~protofl.engine.augment.augment_plan`), in channels_last if asked."""
     idx = torch.from_numpy(rows[step, :b]).to(y.device)
     xb, yb = x[idx], y[idx]
     if plan is not None:
+        assert augment is not None  # a plan is drawn for an augmentation only (fit, private_fit)
         xb = apply(augment[0], xb, torch.from_numpy(plan["offsets"][step, :b]).to(x.device),
                    torch.from_numpy(plan["flips"][step, :b]).to(x.device), augment[2])
     if channels_last and xb.dim() == 4:
@@ -426,7 +446,7 @@ def minibatch(x: torch.Tensor, y: torch.Tensor, rows: np.ndarray, step: int, b: 
 
 
 def fit(model: nn.Module, x: torch.Tensor, y: torch.Tensor, *, loss: LossFn, extras: Mapping[str, Any],
-        names: Sequence[str], settings: TrainSettings, generator: torch.Generator,
+        names: Sequence[str], settings: TrainSettings, generator: Union[torch.Generator, NoiseStream],
         per_step: Optional[Mapping[str, torch.Tensor]] = None, grad: Optional[GradFn] = None,
         channels_last: bool = False, precision: str = "fp32",
         augment: Optional[tuple[Augment, torch.Generator, torch.Tensor]] = None,
@@ -445,8 +465,9 @@ def fit(model: nn.Module, x: torch.Tensor, y: torch.Tensor, *, loss: LossFn, ext
     secret batch stream (a :class:`~protofl.nn.privacy.NoiseStream`).
     """
     if settings.dp_clip is not None:
-        return private_fit(model, x, y, loss=loss, extras=extras, names=names, settings=settings, generator=generator,
-                           grad=grad, channels_last=channels_last, precision=precision, augment=augment, noise=noise)
+        return private_fit(model, x, y, loss=loss, extras=extras, names=names, settings=settings,
+                           generator=cast(NoiseStream, generator), grad=grad, channels_last=channels_last,
+                           precision=precision, augment=augment, noise=noise)
     named = dict(model.named_parameters())
     params = [named[k] for k in names]
     n = len(y)
@@ -454,7 +475,7 @@ def fit(model: nn.Module, x: torch.Tensor, y: torch.Tensor, *, loss: LossFn, ext
     total = total_steps(n, settings.batch_size, settings.epochs, settings.steps, drop)
     if total == 0 or not params:
         return TrainStats(loss=0.0, steps=0, samples=0)
-    rows = batch_rows(n, settings.batch_size, total, generator, drop)
+    rows = batch_rows(n, settings.batch_size, total, cast(torch.Generator, generator), drop)  # no DP-SGD: torch's
     sizes = batch_sizes(n, settings.batch_size, total, drop)
     plan = augment_plan(augment[0], total, settings.batch_size, augment[1]) if augment else None
     as_rows = [p.unsqueeze(0) for p in params]  # the live parameters as one row each
@@ -468,7 +489,7 @@ def fit(model: nn.Module, x: torch.Tensor, y: torch.Tensor, *, loss: LossFn, ext
         xb, yb = minibatch(x, y, rows, step, b, plan, augment, channels_last)
         ex = extras if per_step is None else {**extras, **{k: v[step, :b] for k, v in per_step.items()}}
         with autocast(precision, x.device.type):
-            value = loss(model, xb, yb, ex)
+            value = loss(as_parts(model), xb, yb, ex)
         for p in params:
             p.grad = None
         value.backward()
@@ -479,7 +500,7 @@ def fit(model: nn.Module, x: torch.Tensor, y: torch.Tensor, *, loss: LossFn, ext
             grads = [new[k] for k in names]
         else:
             live = [i for i, p in enumerate(params) if p.grad is not None]
-            grads = [params[i].grad for i in live]
+            grads = cast("list[torch.Tensor]", [params[i].grad for i in live])  # those with a gradient
         optimizer_step([as_rows[i] for i in live], [g.unsqueeze(0) for g in grads],
                        {k: [v[i] for i in live] if k != "t" else v for k, v in state.items()}, settings)
         loss_sum += value.detach() * b
@@ -528,9 +549,9 @@ def private_fit(model: nn.Module, x: torch.Tensor, y: torch.Tensor, *, loss: Los
             seen += b
         else:  # nobody sampled: the step is the noise alone
             per = [torch.zeros((1, 0, *p.shape), dtype=p.dtype, device=p.device) for p in params]
-        z = (noise.normal((sum(p.numel() for p in params),)).to(y.device).unsqueeze(0)
+        z = (cast(NoiseStream, noise).normal((sum(p.numel() for p in params),)).to(y.device).unsqueeze(0)
              if settings.dp_noise > 0 else None)
-        grads = [g[0] for g in private_gradient(per, settings.dp_clip, settings.dp_noise, z,
+        grads = [g[0] for g in private_gradient(per, cast(float, settings.dp_clip), settings.dp_noise, z,
                                                 batch=settings.batch_size)]
         if grad is not None:  # after the noise: a transform of the private gradient
             new = grad(dict(zip(names, grads)), extras, values)

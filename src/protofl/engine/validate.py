@@ -53,7 +53,7 @@ from __future__ import annotations
 import fnmatch
 import math
 import re
-from typing import Optional, Sequence
+from typing import Any, Optional, Sequence
 
 import torch
 
@@ -71,7 +71,8 @@ def _real(v: object) -> bool:
     return isinstance(v, (int, float)) and not isinstance(v, bool)
 
 
-def check_report(evaluation: Optional[dict], training: Optional[dict], group: Optional[str] = None) -> Optional[str]:
+def check_report(evaluation: Optional[dict[Any, Any]], training: Optional[dict[Any, Any]],
+                 group: Optional[str] = None) -> Optional[str]:
     """The reason to reject what a client reports of itself (see above), or None.
     ``group``: the client's feature group, whose local accuracy it reports as ``pa:<group>``."""
     for name, v in (evaluation or {}).items():

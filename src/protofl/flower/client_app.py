@@ -27,7 +27,7 @@ is always queried before its first ``train`` message.
 """
 from __future__ import annotations
 
-from typing import Any, Optional
+from typing import Any, Mapping, Optional, cast
 
 import torch
 from flwr.app import ConfigRecord, Context, Message, RecordDict
@@ -74,7 +74,7 @@ def _runtime(context: Context):
     nc = context.node_config
     run_config = dict(context.run_config)
     if not run_config.get(CONFIG_KEY) and RUN_KEY in context.state:  # learnt from the server's query
-        run_config[CONFIG_KEY] = context.state[RUN_KEY][CONFIG_KEY]
+        run_config[CONFIG_KEY] = cast("Mapping[str, str]", context.state[RUN_KEY])[CONFIG_KEY]  # the config text
     key = (context.run_id, str(run_config.get(CONFIG_KEY, "")), tuple(str(nc.get(k, "")) for k in NODE_OVERRIDES))
     if _CACHE.get("key") != key:
         from ..engine.client import ClientRuntime
@@ -113,14 +113,14 @@ def _noise_key(context: Context, store) -> bytes:
         from ..engine.privacy import new_secret
 
         context.state[NOISE_KEY] = ConfigRecord({"key": new_secret()})
-    return bytes(context.state[NOISE_KEY]["key"])
+    return bytes(cast("Mapping[str, bytes]", context.state[NOISE_KEY])["key"])
 
 
 @app.query()
 def query(msg: Message, context: Context) -> Message:
     """Which client this node serves (no torch, no data: answered fast)."""
     if RUN_KEY in msg.content:  # the run's config, for runtimes that give an empty run config
-        context.state[RUN_KEY] = ConfigRecord(dict(msg.content[RUN_KEY]))
+        context.state[RUN_KEY] = ConfigRecord(dict(cast(ConfigRecord, msg.content[RUN_KEY])))
     nc = context.node_config
     info: dict[str, Any] = {"partition-id": int(nc.get("partition-id", -1)),
                             "num-partitions": int(nc.get("num-partitions", -1))}
@@ -139,7 +139,8 @@ def train(msg: Message, context: Context) -> Message:
         raise ValueError(f"this SuperNode serves client {pid}, the message is for client {task.cid}")
     store = _disk_store(msg, context, cfg, pid)
     state: Optional[Any] = (load_state(context.state) if store is None
-                            else store.load(task.rnd, context.run_id, int(msg.content[RUN_INFO_KEY]["base-round"]))[0])
+                            else store.load(task.rnd, context.run_id,
+                                            int(cast("Mapping[str, int]", msg.content[RUN_INFO_KEY])["base-round"]))[0])
     task.state = state
     if cfg.privacy.mode != "none" and cfg.privacy.noise == "secret":
         runtime.node_key = _noise_key(context, store)

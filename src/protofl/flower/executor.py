@@ -37,7 +37,7 @@ Which node may serve a client (``bind_clients``):
 from __future__ import annotations
 
 import time
-from typing import Callable, Optional
+from typing import Any, Callable, Mapping, Optional, cast
 
 from flwr.app import ConfigRecord, Message, RecordDict
 from flwr.serverapp import Grid
@@ -109,7 +109,7 @@ class FlowerExecutor(Executor):
             self.log(f"[flower] node {node} did not answer the query ({reply.error.reason})")
             return  # asked again next round if it is still online
         try:
-            info = reply.content[NODE_KEY]
+            info = cast("Mapping[str, Any]", reply.content[NODE_KEY])  # checked: a malformed one raises
             cid, n = int(info["partition-id"]), int(info["num-partitions"])
         except Exception as e:  # noqa: BLE001 - a malformed answer: that node's problem, not the run's
             self.log(f"[flower] node {node} answered the query with something else ({type(e).__name__}): ignored")
@@ -206,7 +206,7 @@ class FlowerExecutor(Executor):
                     # a client's word that its training diverged concerns its own reply only:
                     # the round and the client are the server's, whatever the report names
                     try:
-                        value = float(reply.content[ERROR_KEY]["value"])
+                        value = float(cast("Mapping[str, Any]", reply.content[ERROR_KEY])["value"])
                     except Exception:  # noqa: BLE001 - a malformed report
                         value = float("nan")
                     if self.stop_on_nonfinite:

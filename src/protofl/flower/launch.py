@@ -494,7 +494,8 @@ class LocalDeployment:
     def serverapp_pids(self) -> list[int]:
         """PIDs of the running ServerApp processes (``flwr-serverapp``, started by the SuperLink's
         ``flower-superexec``, which leads a session of its own: found by ancestry, Linux only)."""
-        if self.superlink is None or not Path("/proc").is_dir():
+        superlink = self.superlink
+        if superlink is None or not Path("/proc").is_dir():
             return []
         parent, exe = {}, {}
         for d in Path("/proc").iterdir():
@@ -512,7 +513,7 @@ class LocalDeployment:
         def under_superlink(pid: int) -> bool:
             for _ in range(8):
                 pid = parent.get(pid, 0)
-                if pid == self.superlink.pid:
+                if pid == superlink.pid:
                     return True
             return False
 

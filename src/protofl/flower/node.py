@@ -123,7 +123,7 @@ def _relay(stream, refused: list[bool]) -> None:
 
 
 def _life(node_cmd: Sequence[str], runtime_api_address: str, signals: list[int], stop_timeout: float,
-          poll_interval: Optional[float]) -> tuple[Optional[int], bool]:
+          poll_interval: Optional[float]) -> tuple[int, bool]:
     """One SuperNode process and its worker(s), until the node exits or a signal arrives.
 
     Returns the node's exit status and whether the SuperLink refused to activate it.

@@ -32,7 +32,7 @@ What else crosses the wire:
 """
 from __future__ import annotations
 
-from typing import Optional
+from typing import TYPE_CHECKING, Any, Mapping, Optional, Union, cast
 
 import numpy as np
 import torch
@@ -40,7 +40,10 @@ from flwr.app import Array, ArrayRecord, ConfigRecord, MetricRecord, RecordDict
 
 from ..engine.client import ClientOutput
 from ..engine.executor import ClientTask
-from ..messages import Record
+from ..messages import Record, Scalar, Setting
+
+if TYPE_CHECKING:
+    from flwr.app.typing import MetricRecordValues
 
 NUMPY_STYPE = "numpy.ndarray"  # Flower's SType.NUMPY
 NUM_EXAMPLES = "num-examples"  # the reply's sample count, the key Flower's strategies weight by
@@ -81,14 +84,14 @@ def array_to_tensor(a: Array) -> torch.Tensor:
 # ---------------------------------------------------------------------------------------
 # Record <-> RecordDict entries
 # ---------------------------------------------------------------------------------------
-def _number(v) -> int | float:
+def _number(v: Union[float, np.number[Any], np.bool_]) -> int | float:
     # bool is an int to Python but not a number here (Record rejects it too)
     if isinstance(v, (bool, np.bool_)):
         raise TypeError(f"a metric must be int or float, got {type(v).__name__}")
     return int(v) if isinstance(v, (int, np.integer)) else float(v)
 
 
-def _arrays(tensors) -> ArrayRecord:
+def _arrays(tensors: Mapping[str, torch.Tensor]) -> ArrayRecord:
     return ArrayRecord({k: tensor_to_array(v) for k, v in tensors.items()})
 
 
@@ -102,7 +105,7 @@ def put_record(rd: RecordDict, rec: Record, prefix: str = "") -> RecordDict:
             rd[prefix + "arrays" + GROUP + g] = _arrays(v)
     if rec.weights:
         rd[prefix + "weights"] = _arrays(rec.weights)
-    metrics = {k: _number(v) for k, v in rec.metrics.items()}
+    metrics: dict[str, MetricRecordValues] = {k: _number(v) for k, v in rec.metrics.items()}
     if rec.num_samples is not None:
         metrics[NUM_EXAMPLES] = int(rec.num_samples)
     rd[prefix + "metrics"] = MetricRecord(metrics)
@@ -114,13 +117,15 @@ def get_record(rd: RecordDict, prefix: str = "") -> Optional[Record]:
     """The Record stored under ``prefix``, or None when there is none."""
     if prefix + "arrays" not in rd:
         return None
-    groups = {k[len(prefix + "arrays" + GROUP):]: {n: array_to_tensor(a) for n, a in v.items()}
+    # the entries put_record wrote: ArrayRecords, numbers in the MetricRecord, settings in the ConfigRecord
+    groups = {k[len(prefix + "arrays" + GROUP):]: {n: array_to_tensor(a) for n, a in cast(ArrayRecord, v).items()}
               for k, v in rd.items() if k.startswith(prefix + "arrays" + GROUP)}
-    arrays = {k: array_to_tensor(a) for k, a in rd[prefix + "arrays"].items()}
-    weights = {k: array_to_tensor(a) for k, a in rd.get(prefix + "weights", ArrayRecord()).items()}
-    metrics = dict(rd.get(prefix + "metrics", MetricRecord()))
+    arrays = {k: array_to_tensor(a) for k, a in cast(ArrayRecord, rd[prefix + "arrays"]).items()}
+    weights = {k: array_to_tensor(a) for k, a in cast(ArrayRecord, rd.get(prefix + "weights", ArrayRecord())).items()}
+    metrics = dict(cast("Mapping[str, Scalar]", rd.get(prefix + "metrics", MetricRecord())))
     n = metrics.pop(NUM_EXAMPLES, None)
-    return Record(arrays={**arrays, **groups}, metrics=metrics, config=dict(rd.get(prefix + "config", ConfigRecord())),
+    return Record(arrays={**arrays, **groups}, metrics=metrics,
+                  config=dict(cast("Mapping[str, Setting]", rd.get(prefix + "config", ConfigRecord()))),
                   weights=weights, num_samples=None if n is None else int(n))
 
 
@@ -155,7 +160,7 @@ def task_to_content(task: ClientTask) -> RecordDict:
 
 def content_to_task(rd: RecordDict) -> ClientTask:
     """The ClientTask of a ``train`` message; its ``state`` is the node's business (None)."""
-    t = rd[TASK_KEY]
+    t = cast("Mapping[str, int]", rd[TASK_KEY])  # task_to_content's ints and bools
     return ClientTask(cid=int(t["cid"]), rnd=int(t["round"]), shared=recorddict_to_record(rd), own=None, state=None,
                       evaluate=bool(t["evaluate"]), full_test=bool(t["full_test"]))
 
@@ -174,8 +179,8 @@ def content_to_output(rd: RecordDict) -> ClientOutput:
     """The engine's ClientOutput; ``state`` is None (it stays in the node's Context)."""
     rejected = rd.get(REJECTED_KEY)
     return ClientOutput(reply=recorddict_to_record(rd), state=None,
-                        eval=dict(rd.get(EVAL_KEY, MetricRecord())),
-                        train=dict(rd.get(TRAIN_KEY, MetricRecord())),
+                        eval=dict(cast("Mapping[str, float]", rd.get(EVAL_KEY, MetricRecord()))),
+                        train=dict(cast("Mapping[str, float]", rd.get(TRAIN_KEY, MetricRecord()))),
                         rejected=None if rejected is None else str(rejected["reason"]))
 
 

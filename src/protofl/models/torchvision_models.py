@@ -23,7 +23,7 @@ import hashlib
 import os
 import re
 from pathlib import Path
-from typing import Any, Callable, Optional
+from typing import Any, Callable, cast, Optional
 from urllib.parse import urlparse
 
 import torch
@@ -100,7 +100,7 @@ def build_torchvision(name: str, input_shape: tuple, num_classes: int, weights: 
         if enum is None:
             net = tvm.get_model(name, weights=None, num_classes=num_classes, **kwargs)
         else:
-            with state_dict_from(enum, hub_checkpoint(enum, weights)):
+            with state_dict_from(enum, hub_checkpoint(enum, cast(str, weights))):  # enum: weights named it
                 net = tvm.get_model(name, weights=enum, progress=False, **kwargs)
     except ConfigError:
         raise

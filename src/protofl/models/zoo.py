@@ -306,6 +306,7 @@ def resnet18(input_shape: tuple, num_classes: int, norm: Literal["batch", "group
     if proj_dim is not None:
         _positive("resnet18", proj_dim=proj_dim)
     c = _image_shape("resnet18", input_shape)[0]
+    make: Callable[[int], nn.Module]
     if norm == "group":
         for width in (64, 128, 256, 512):
             if width % groups:

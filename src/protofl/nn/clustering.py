@@ -20,8 +20,9 @@ Shapes: points (N, d), centroids (k', d), labels (N,).
 """
 from __future__ import annotations
 
+from contextlib import AbstractContextManager
 from dataclasses import dataclass
-from typing import Optional, Sequence
+from typing import Any, Optional, Sequence
 
 import numpy as np
 import torch
@@ -34,10 +35,10 @@ class KMeansResult:
     inertia: float  # sum of squared distances of the points to their centroid
 
 
-_ONE_THREAD = None  # a threadpoolctl controller, made on first use (after scikit-learn loaded its libraries)
+_ONE_THREAD: Any = None  # a threadpoolctl controller, made on first use (after scikit-learn loaded its libraries)
 
 
-def _one_thread():
+def _one_thread() -> AbstractContextManager[Any]:
     """A context that runs BLAS and OpenMP on one thread (scikit-learn's k-means reduces
     per-thread partial sums, so its last bits would depend on the thread count)."""
     global _ONE_THREAD

@@ -27,9 +27,13 @@ from __future__ import annotations
 
 import math
 from functools import lru_cache
+from typing import cast, TYPE_CHECKING
 
 import torch
 from torch import nn
+
+if TYPE_CHECKING:
+    from ..models.base import FLModel
 
 # numerical solver settings (C > d+1): restarts run as one batch; their number shrinks
 # with the problem size (the work per step grows like C^2 d) within these bounds
@@ -172,6 +176,9 @@ class FixedHead(nn.Module):
     learnable parameter when ``learn_scale`` is true, else a buffer.
     """
 
+    weight: torch.Tensor  # (C, d), a buffer
+    scale: torch.Tensor  # a parameter or a buffer
+
     def __init__(self, weight: torch.Tensor, scale: float = 1.0, learn_scale: bool = False) -> None:
         super().__init__()
         self.register_buffer("weight", weight.detach().to(torch.float32).clone())  # (C, d)
@@ -199,6 +206,7 @@ def add_projection(model: nn.Module) -> nn.Module:
     ``Sequential(old_body, Linear)``: state-dict keys gain a ``body.0.`` / ``body.1.``
     prefix. Called inside the run's seeded init, so the projection is the same everywhere.
     """
-    d = model.feature_dim
-    model.body = nn.Sequential(model.body, nn.Linear(d, d))
+    flm = cast("FLModel", model)  # a protofl model: a body and a head
+    d = flm.feature_dim
+    flm.body = nn.Sequential(flm.body, nn.Linear(d, d))
     return model

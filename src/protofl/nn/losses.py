@@ -21,6 +21,8 @@ one the client holds.
 """
 from __future__ import annotations
 
+from typing import cast
+
 import torch
 import torch.nn.functional as F
 
@@ -76,4 +78,5 @@ def proximal(model: torch.nn.Module, anchor: dict[str, torch.Tensor]) -> torch.T
     Ditto's eq. 2 without their factor mu/2, lam/2): the squared distance of the model's
     current parameters to the anchor."""
     params = dict(model.named_parameters())
-    return sum(torch.sum((params[k] - a) ** 2) for k, a in anchor.items())
+    # cast: an empty anchor would give the int 0
+    return cast(torch.Tensor, sum(torch.sum((params[k] - a) ** 2) for k, a in anchor.items()))

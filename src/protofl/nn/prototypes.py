@@ -50,6 +50,9 @@ class NearestPrototype(nn.Module):
     A module (not a closure) so that the evaluator switches the body to eval mode.
     """
 
+    protos: torch.Tensor  # (P, d), a buffer
+    labels: torch.Tensor  # (P,), a buffer
+
     def __init__(self, body: nn.Module, protos: torch.Tensor, labels: torch.Tensor, num_classes: int) -> None:
         super().__init__()
         self.body = body

@@ -14,7 +14,7 @@ import html
 import io
 import json
 from pathlib import Path
-from typing import Optional
+from typing import Optional, Sequence
 
 import numpy as np
 
@@ -47,7 +47,7 @@ def _img(fig, alt: str) -> str:
     return f'<img alt="{html.escape(alt)}" src="data:image/png;base64,{data}">'
 
 
-def _table(header: list[str], rows: list[list[str]], raw: bool = False, fit: bool = False) -> str:
+def _table(header: list[str], rows: Sequence[Sequence[object]], raw: bool = False, fit: bool = False) -> str:
     """An HTML table; ``fit``: as wide as the page and never wider (long cells wrap)."""
     esc = (lambda x: x) if raw else html.escape
     cls = " class='fit'" if fit else ""
@@ -176,15 +176,15 @@ def build_report(folder: Path, select: str = "final") -> str:
     window = min(tables.STABILITY_WINDOW, R - 1)
     stab = tables.stability_rows(groups, window) if window >= 1 else []
     if stab:
-        def cells(st: dict, key: str, fmt: str) -> str:
+        def stab_cells(st: dict, key: str, fmt: str) -> str:
             per = " / ".join(format(s[key], fmt) for s in st["per_seed"])
             return per if len(st["per_seed"]) == 1 else f"{per} ({st['mean'][key]:.1f})"
 
         parts += [f"<h2>Stability of the global model over the last {window} rounds</h2>",
                   _table(["method", "change per round (points)", "worst round (%)", "best round (%)",
                           "mean of the rounds (%)"],
-                         [[st["label"], cells(st, "step", ".1f"), cells(st, "worst", ".0f"),
-                           cells(st, "best", ".0f"), cells(st, "mean", ".1f")] for st in stab]),
+                         [[st["label"], stab_cells(st, "step", ".1f"), stab_cells(st, "worst", ".0f"),
+                           stab_cells(st, "best", ".0f"), stab_cells(st, "mean", ".1f")] for st in stab]),
                   "<p class='note'>GM of each run (seeds in the order of the Runs table; in brackets their "
                   "mean): the mean absolute change from one round to the next, the worst and the best round. "
                   "A method whose "

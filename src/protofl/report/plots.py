@@ -13,7 +13,7 @@ import json
 import re
 import warnings
 from pathlib import Path
-from typing import Optional, Sequence
+from typing import Mapping, Optional, Sequence
 
 import numpy as np
 import yaml
@@ -278,7 +278,7 @@ def _nanstats(ys: np.ndarray, band: str) -> tuple[np.ndarray, Optional[tuple[np.
     return mean, (lo, hi)
 
 
-def curves_figure(runs: dict[str, Path | Sequence[Path]], metrics: Sequence[str] = ("gm",),
+def curves_figure(runs: Mapping[str, Path | Sequence[Path]], metrics: Sequence[str] = ("gm",),
                   title: Optional[str] = None, band: str = "std", ncols: Optional[int] = None,
                   say_band: bool = True):
     """One panel per metric, one line per label: the mean over its runs (seeds) with a
@@ -296,8 +296,8 @@ def curves_figure(runs: dict[str, Path | Sequence[Path]], metrics: Sequence[str]
     if band not in ("std", "minmax"):
         raise ReportError(f"band must be 'std' or 'minmax', got {band!r}")
     plt = _plt()
-    runs = {label: [Path(d)] if isinstance(d, (str, Path)) else [Path(x) for x in d] for label, d in runs.items()}
-    all_dirs = [d for ds in runs.values() for d in ds]
+    by_label = {label: [Path(d)] if isinstance(d, (str, Path)) else [Path(x) for x in d] for label, d in runs.items()}
+    all_dirs = [d for ds in by_label.values() for d in ds]
     for d in all_dirs:
         if not d.exists() or not is_run_dir(d):
             expand_runs([d])  # raises with what exists
@@ -307,7 +307,7 @@ def curves_figure(runs: dict[str, Path | Sequence[Path]], metrics: Sequence[str]
             raise ReportError(f"metric {m!r} is not in these runs; available: {', '.join(available)}")
     R = total_rounds(all_dirs)
     colors = plt.rcParams["axes.prop_cycle"].by_key()["color"]
-    color = {label: colors[i % len(colors)] for i, label in enumerate(runs)}
+    color = {label: colors[i % len(colors)] for i, label in enumerate(by_label)}
     ncols = min(len(metrics), ncols or len(metrics))
     nrows = -(-len(metrics) // ncols)
     fig, grid = plt.subplots(nrows, ncols, figsize=(4.6 * ncols, 3.3 * nrows + 0.4), squeeze=False,
@@ -320,7 +320,7 @@ def curves_figure(runs: dict[str, Path | Sequence[Path]], metrics: Sequence[str]
     styles = ["-", "--", ":", "-."]
     for ax, metric in zip(axes[0], metrics):
         scale, _ = metric_unit(metric)
-        for i, (label, dirs) in enumerate(runs.items()):
+        for i, (label, dirs) in enumerate(by_label.items()):
             x, ys = _series(dirs, metric)
             if not len(x):
                 continue
@@ -332,7 +332,7 @@ def curves_figure(runs: dict[str, Path | Sequence[Path]], metrics: Sequence[str]
                 names = class_names(dirs[0], ys.shape[2])
                 cmap = plt.get_cmap("tab10" if ys.shape[2] <= 10 else "tab20")
                 for c in range(ys.shape[2]):
-                    name = f"class {names[c]}" if len(runs) == 1 else f"{label}: class {names[c]}"
+                    name = f"class {names[c]}" if len(by_label) == 1 else f"{label}: class {names[c]}"
                     ax.plot(x, _nanstats(ys[:, :, c], band)[0], color=cmap(c % cmap.N), ls=styles[i % 4],
                             lw=1.2, label=name, **kw)
                 ax.legend(fontsize=6, ncol=2 if ys.shape[2] > 5 else 1, loc="best")
@@ -356,7 +356,7 @@ def curves_figure(runs: dict[str, Path | Sequence[Path]], metrics: Sequence[str]
         ax.set_ylabel(axis_label(metric))
         ax.grid(alpha=0.3)
     if method_handles:
-        n_runs = sorted({len(runs[label]) for label in method_handles})
+        n_runs = sorted({len(by_label[label]) for label in method_handles})
         seeds = "/".join(map(str, n_runs))
         legend_title = f"{BANDS[band]}, {seeds} run(s) per method" if banded and say_band else None
         fig.legend(list(method_handles.values()), list(method_handles), loc="outside lower center",
@@ -377,7 +377,7 @@ def _clip(metric: str, lo: np.ndarray, hi: np.ndarray, ys: np.ndarray) -> tuple[
     return lo, hi
 
 
-def curves(runs: dict[str, Path | Sequence[Path]], out: Path, metrics: Sequence[str] = ("gm",),
+def curves(runs: Mapping[str, Path | Sequence[Path]], out: Path, metrics: Sequence[str] = ("gm",),
            title: Optional[str] = None, band: str = "std", ncols: Optional[int] = None) -> Path:
     """:func:`curves_figure` saved to ``out`` (PNG, SVG, PDF by extension)."""
     return _save(curves_figure(runs, metrics, title, band, ncols), out)
@@ -386,7 +386,7 @@ def curves(runs: dict[str, Path | Sequence[Path]], out: Path, metrics: Sequence[
 # ---------------------------------------------------------------------------------------
 # privacy: accuracy against epsilon
 # ---------------------------------------------------------------------------------------
-def accuracy_epsilon_figure(points: dict[str, Sequence[tuple[float, float, float]]], metric: str = "ga",
+def accuracy_epsilon_figure(points: Mapping[str, Sequence[tuple[float, float, float]]], metric: str = "ga",
                             title: Optional[str] = None, references: Optional[dict[str, float]] = None):
     """Accuracy against the privacy spent: per label, points (epsilon, mean accuracy, std
     over seeds) joined in the order of epsilon, the std as error bars; epsilon on a log

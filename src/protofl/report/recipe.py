@@ -152,7 +152,7 @@ def recipe_lines(runs: Mapping[str, Iterable[Config]], what: str = "runs") -> li
     common, changes = [], []
     for how in PARTS:
         texts = {label: Counter(how(c) for c in cfgs) for label, cfgs in per.items() if cfgs}
-        overall = Counter()
+        overall: Counter[str] = Counter()
         for c in texts.values():
             overall.update(c)
         main = overall.most_common(1)[0][0]

@@ -12,7 +12,7 @@ import csv
 import io
 import math
 from pathlib import Path
-from typing import Iterable, Optional, Sequence
+from typing import Any, cast, Iterable, Optional, Sequence
 
 import numpy as np
 
@@ -161,11 +161,12 @@ def compare_rows(groups: dict[str, list[Path]], metrics: Optional[Iterable[str]]
         sums = [s for s in map(load_summary, dirs) if s is not None]
         secs = [s for s in (seconds_per_round(r) for r in rows_per_run) if s is not None]
         cpu = [seconds_per_round(r, "cpu_s") for r in rows_per_run]
+        row: dict[str, Any]
         row = {"method": name, "runs": len(dirs), "select": select,
                "rounds": max((s.get("rounds_completed", 0) for s in sums), default=0),
                "s_per_round": float(np.mean(secs)) if secs else float("nan"),
                # CPU seconds only where every run has them: a mean over some runs would mix
-               "cpu_per_round": float(np.mean(cpu)) if cpu and None not in cpu else float("nan"),
+               "cpu_per_round": float(np.mean(cast(list[float], cpu))) if cpu and None not in cpu else float("nan"),
                "global_model": any("gm" in r for rows in rows_per_run for r in rows),
                # privacy.noise: seeded: an epsilon that no noise stands behind (its rows say so)
                "seeded": any(r.get(SEEDED_KEY) for rows in rows_per_run for r in rows),
@@ -317,6 +318,7 @@ def stability_rows(groups: dict[str, list[Path]], window: int = STABILITY_WINDOW
     for name, dirs in groups.items():
         st = [stability(d, window) for d in dirs]
         if st and all(s is not None for s in st):
-            out.append({"label": name, "per_seed": st,
-                        "mean": {k: float(np.mean([s[k] for s in st])) for k in st[0]}})
+            per_seed = cast(list[dict], st)  # every run has the window
+            out.append({"label": name, "per_seed": per_seed,
+                        "mean": {k: float(np.mean([s[k] for s in per_seed])) for k in per_seed[0]}})
     return out

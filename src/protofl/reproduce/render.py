@@ -19,7 +19,7 @@ import os
 import platform
 import re
 from pathlib import Path
-from typing import Optional
+from typing import cast, Optional
 
 import torch
 
@@ -31,7 +31,7 @@ from . import stats
 from ..run_folder import SUMMARY as RUN_SUMMARY
 from .pages import page_data, read_summary, SUMMARY
 from .run import Cell, claim_out, command_line, Results
-from .spec import Claim, TableSpec
+from .spec import Claim, Split, TableSpec
 
 # the scale of the published pages: a table's "changes" describe its published page, so a
 # page made at another scale (a user's smoke check) does not carry them
@@ -158,7 +158,7 @@ def ranking_lines(res: Results) -> list[str]:
         if rc is None:
             continue
         cells = res.cells[sp.setting.id]
-        paper_vals = {lab: cells[lab][met.id].paper for lab in rc.paper_order}
+        paper_vals = {lab: cast(float, cells[lab][met.id].paper) for lab in rc.paper_order}  # ranked: not None
         our_vals = {lab: cells[lab][met.id].mean for lab in rc.our_order}
         if not rc.paper_order:
             out.append(f"* {sp.setting.label}, {met.label}: the paper gives no values to rank.")
@@ -265,7 +265,7 @@ def exploratory_lines(res: Results) -> list[str]:
                 both = [s for s in a if a[s] is not None and b.get(s) is not None]
                 if both:
                     diffs.append(f"* `{c.id}`, {c.a} − {r} ({spec.metric(c.metric).label}): "
-                                 + ", ".join(f"{a[s] - b[s]:+.2f} (s{s})" for s in both))
+                                 + ", ".join(f"{cast(float, a[s]) - cast(float, b[s]):+.2f} (s{s})" for s in both))
         if diffs:
             lines += ["", *diffs]
     if res.explore_missing:
@@ -416,7 +416,7 @@ def no_result_lines(res: Results) -> list[str]:
 def splits_lines(res: Results) -> list[str]:
     """One line per setting whose cells average over splits."""
     return [f"{sp.setting.label}: each cell (and each seed's value in table.csv) is the mean over the splits "
-            f"{', '.join(pt.split.label for pt in sp.parts)}, one run each per method and seed."
+            f"{', '.join(cast(Split, pt.split).label for pt in sp.parts)}, one run each per method and seed."
             for sp in res.plan.settings if len(sp.parts) > 1]
 
 
@@ -489,7 +489,8 @@ def index_text(pages: Path, specs: dict[str, TableSpec], relative_to: Path, also
     ``protofl reproduce``, ``<table>.paper-data.md`` for the paper's data): one row per
     page with its data, seeds and every verdict, then the shipped tables that have no page
     yet, and those whose paper-data page is still to be made."""
-    rows, have, old_rules = [], set(), False
+    have: set[tuple[str, Optional[str]]] = set()  # (table, data); data None: a page made before summaries
+    rows, old_rules = [], False
     for page in [*sorted(Path(pages).glob("*.md")), *map(Path, also)]:
         s = read_summary(page)
         link = f"[{page.stem}]({Path(os.path.relpath(page, relative_to)).as_posix()})"
@@ -616,7 +617,7 @@ def build_html(res: Results, date: Optional[str] = None, mach: Optional[str] = N
             keys.append(k)
     for sp in p.settings:
         used = set(res.seeds.get(sp.setting.id, []))
-        groups = {}
+        groups: dict[str, list[Path]] = {}
         for r in sp.runs:
             if r.seed in used and (r.dir / RUN_SUMMARY).exists():
                 groups.setdefault(r.label, []).append(r.dir)

@@ -39,7 +39,7 @@ import re
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable, Iterator, Optional, Sequence
+from typing import Any, Callable, cast, Iterator, Optional, Sequence
 
 import numpy as np
 
@@ -140,8 +140,9 @@ def plan(spec: TableSpec, scale: str = "cpu", seeds: Optional[list[int]] = None,
     settings = []
     for s in spec.settings_at(scale):
         methods = method_specs(spec, s, scale)
-        sp = SettingPlan(s, None, methods, out / s.id)
-        for split in s.splits or [None]:
+        sp = SettingPlan(s, cast(Config, None), methods, out / s.id)  # its cfg is set below, from its parts
+        splits: Sequence[Optional[Split]] = s.splits or [None]
+        for split in splits:
             changes = {**spec.config, **s.config, **sc.config, **s.scales.get(scale, {}),
                        **(split.config if split else {}), **user}
             where = f"table {spec.name}, setting {s.id}" + (f", split {split.id}" if split else "") + f", scale {scale}"
@@ -287,9 +288,11 @@ def records_carried(p: Plan, log: Optional[Callable[[str], None]] = None) -> Ite
 def _same_table(p: Plan, folders: list[Path]) -> None:
     """A records file (protofl.records.pack) holds this table's runs: one of its runs at
     least is a run of the plan (another table's, or another data's, share none)."""
-    if not p.records.exists():
+    records = p.records
+    assert records is not None  # called for a plan with records
+    if not records.exists():
         return
-    have = {r["run"] for r in read_packed(p.records)}
+    have = {r["run"] for r in read_packed(records)}
     if have and not have & {f.as_posix() for f in folders}:
         raise ConfigError("--records", str(p.records), f"holds none of the runs of {p.spec.name} on the "
                           f"{p.spec.runs_on} data at scale {p.scale} (another table's, or runs of other configs)")
@@ -348,13 +351,14 @@ def parts_value(parts: list[list[dict]], metric: Metric) -> Optional[float]:
     vals = [run_value(rows, metric) for rows in parts]
     if any(v is None for v in vals):
         return None
-    return vals[0] if len(vals) == 1 else float(np.mean(vals))
+    return vals[0] if len(vals) == 1 else float(np.mean(cast(list[float], vals)))
 
 
 def run_value(rows: list[dict], metric: Metric) -> Optional[float]:
     """The metric's selected value of one run, in percent (None: the run never logged it).
     ``spread:K``: the sample std of its last K evaluations (None with fewer than two)."""
     m = _METRIC_KEY.match(metric.key)
+    assert m is not None  # spec.py checked every metric's key
     key, idx = m.group(1), m.group(2)
     if idx is not None:
         i = int(idx)
@@ -364,8 +368,8 @@ def run_value(rows: list[dict], metric: Metric) -> Optional[float]:
     if k is not None:
         v = [float(r[key]) for r in rows if isinstance(r.get(key), (int, float)) and not math.isnan(r[key])][-k:]
         return 100.0 * float(np.std(v, ddof=1)) if len(v) >= 2 else None
-    v = select_value(rows, key, metric.select)
-    return None if v is None else 100.0 * v
+    val = select_value(rows, key, metric.select)
+    return None if val is None else 100.0 * val
 
 
 def sample_count(key: str, fed) -> Optional[int]:
@@ -376,12 +380,13 @@ def sample_count(key: str, fed) -> Optional[int]:
     group's for ``pa:group``) for ``pa``. ``all_`` / ``_std`` / ``@name`` forms count as
     their metric."""
     m = _METRIC_KEY.match(key)
+    assert m is not None  # spec.py checked every metric's key
     name, idx = m.group(1), m.group(2)
     name = name[4:] if name.startswith("all_") else name
     name = name[:-4] if name.endswith("_std") else name
     name, _, group = name.split("@")[0].partition(":")
     if name == "pa":
-        clients = range(fed.num_clients)
+        clients: Sequence[int] = range(fed.num_clients)
         if group:
             names = fed.feature_group_names or []
             clients = [c for c in clients if fed.feature_groups is not None and names[fed.feature_groups[c]] == group]
@@ -399,8 +404,9 @@ class OneSample:
     fingerprint of the config). Built only when a constant difference asks, once per
     seed; the largest over the seeds (local test sets differ with the partition)."""
 
-    def __init__(self, sp: SettingPlan, seeds: list[int]):
-        self.sp, self.seeds, self._fed = sp, seeds, {}
+    def __init__(self, sp: SettingPlan, seeds: list[int]) -> None:
+        self.sp, self.seeds = sp, seeds
+        self._fed: dict[tuple[int, int], Any] = {}  # (seed, part) -> the data rebuilt, None when it is gone
 
     def of(self, metric: Metric):
         return lambda: self.points(metric)
@@ -450,7 +456,7 @@ class Cell:
 
 @dataclass
 class ClaimResult:
-    claim: object  # spec.Claim
+    claim: Claim
     setting: Setting
     verdict: stats.Verdict
 
@@ -462,7 +468,7 @@ class Results:
     claims: list[ClaimResult]
     ranks: dict[str, stats.RankCorrelation]  # setting id -> rank correlation on spec.rank
     missing: list[str]  # runs of the planned seeds not complete (failed or not run)
-    extras: dict[str, dict[str, dict[str, float]]] = field(default_factory=dict)  # e.g. cluster purity
+    extras: dict[str, dict[str, dict[str, list[float]]]] = field(default_factory=dict)  # e.g. cluster purity
     seeds: dict[str, list[int]] = field(default_factory=dict)  # setting id -> the seeds of its cells
     # setting id -> method label -> metric id -> {seed: value}: finished runs on any other seed
     explore: dict[str, dict[str, dict[str, dict[int, Optional[float]]]]] = field(default_factory=dict)
@@ -489,13 +495,16 @@ def collect(p: Plan) -> Results:
         # runs of every split finished
         # a run that ended but is no result (it diverged, or collapsed: run_folder.health)
         # counts as run: its seed is not missing, but its value is no value
-        rows_of, cut, bad = {}, set(), {}
+        rows_of: dict[tuple[str, int], list[list[dict]]] = {}
+        cut: set[tuple[str, int]] = set()
+        bad: dict[tuple[str, int], list[str]] = {}
         for pt in sp.parts:
             for r in pt.runs:
                 split = f" / {pt.split.id}" if pt.split else ""
                 why = health(r.dir)
                 if why is not None:
-                    bad.setdefault((r.label, r.seed), []).append(f"{why}{' (split ' + pt.split.id + ')' if split else ''}")
+                    bad.setdefault((r.label, r.seed), []).append(
+                        f"{why}{' (split ' + pt.split.id + ')' if pt.split else ''}")
                     rows_of.setdefault((r.label, r.seed), []).append([])
                 elif is_complete(r.dir, r.cfg.rounds):
                     rows_of.setdefault((r.label, r.seed), []).append(read_metrics(r.dir))
@@ -521,9 +530,9 @@ def collect(p: Plan) -> Results:
                     met.id: {seed: None if (m.label, seed) in bad else parts_value(rows_of[(m.label, seed)], met)
                              for seed in other} for met in p.metrics}
             # clustering methods: the final purity against the scenario's known groups
-            pur = [rows[-1].get("cluster_purity") for seed in shared if seed not in out
-                   for rows in rows_of[(m.label, seed)] if rows]
-            pur = [x for x in pur if isinstance(x, (int, float))]
+            logged = [rows[-1].get("cluster_purity") for seed in shared if seed not in out
+                      for rows in rows_of[(m.label, seed)] if rows]
+            pur = [x for x in logged if isinstance(x, (int, float))]
             if pur:
                 res.extras.setdefault(s.id, {}).setdefault(m.label, {})["cluster_purity"] = pur
         res.cells[s.id] = per
@@ -541,7 +550,8 @@ def collect(p: Plan) -> Results:
     if spec.rank is not None:
         for sp in p.settings:
             cells = res.cells[sp.setting.id]
-            paper = {lab: cs[spec.rank].paper for lab, cs in cells.items() if cs[spec.rank].paper is not None}
+            paper_of = {lab: cs[spec.rank].paper for lab, cs in cells.items()}
+            paper = {lab: v for lab, v in paper_of.items() if v is not None}
             # a mean over fewer seeds (a run that is no result) is not ranked against the others
             ours = {lab: cs[spec.rank].mean for lab, cs in cells.items()
                     if cs[spec.rank].present and not cs[spec.rank].excluded}
@@ -593,16 +603,16 @@ def judge(claim: Claim, cells: dict[str, dict[str, Cell]], step: stats.Step = No
     if a is None:
         return stats.Verdict(stats.NOT_COMPARABLE, f"{claim.a} has no {label} in this setting")
     if claim.kind == "equal":
-        b = values(claim.b)
+        b = values(cast(str, claim.b))  # an equal claim names b (spec.py)
         if b is None:
             return stats.Verdict(stats.NOT_COMPARABLE, f"{claim.b} has no {label} in this setting")
         return stats.equal(a, b, claim.margin, step)
     test = {"not_worse": lambda x, y: stats.not_worse(x, y, claim.margin, step),
             "smaller_std": stats.smaller_std}.get(
         claim.kind, lambda x, y: stats.greater(x, y, step, min_effect=claim.effect))
-    others = {lab: values(lab) for lab in claim.rivals}
-    lacking = [lab for lab, v in others.items() if v is None]
-    others = {lab: v for lab, v in others.items() if v is not None}
+    found = {lab: values(lab) for lab in claim.rivals}
+    lacking = [lab for lab, v in found.items() if v is None]
+    others = {lab: v for lab, v in found.items() if v is not None}
     if claim.b:
         if lacking:
             return stats.Verdict(stats.NOT_COMPARABLE, f"{claim.b} has no {label} in this setting")

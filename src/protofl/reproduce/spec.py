@@ -292,8 +292,8 @@ def _dotted(d: Any, where: str) -> dict:
     return dict(d)
 
 
-PAPER_DATA_KEYS = {"title": None, "left_out": None, "base": None, "config": {}, "settings": None, "metrics": None,
-                   "scales": {}, "notes": None, "changes": "", "claims": {}}
+PAPER_DATA_KEYS: dict[str, Any] = {"title": None, "left_out": None, "base": None, "config": {}, "settings": None,
+                                   "metrics": None, "scales": {}, "notes": None, "changes": "", "claims": {}}
 
 
 def paper_data_raw(raw: dict, w: str) -> dict:

@@ -71,7 +71,7 @@ from __future__ import annotations
 import math
 import warnings
 from dataclasses import dataclass, field
-from typing import Callable, Optional, Sequence, Union
+from typing import Callable, cast, Optional, Sequence, Union
 
 import numpy as np
 
@@ -86,7 +86,7 @@ SHOWN, NOT_SHOWN, CONTRADICTED, NOT_COMPARABLE = "shown", "not shown", "contradi
 Step = Union[None, float, Callable[[], Optional[float]]]
 
 
-def _p(p: float) -> str:
+def _p(p: Optional[float]) -> str:
     if p is None or math.isnan(p):
         return "–"
     return f"{p:.3f}" if p >= 0.001 else f"{p:.1e}"
@@ -95,9 +95,9 @@ def _p(p: float) -> str:
 def pairs(a: dict[int, Optional[float]], b: dict[int, Optional[float]]) -> tuple[np.ndarray, list[int]]:
     """Per-seed differences a - b over the seeds where both have a value (in the order of
     ``a``'s seeds), and those seeds."""
-    seeds = [s for s, v in a.items() if v is not None and b.get(s) is not None
-             and not math.isnan(v) and not math.isnan(b[s])]
-    return np.array([a[s] - b[s] for s in seeds], dtype=np.float64), seeds
+    seeds = [s for s, v in a.items() if v is not None and (w := b.get(s)) is not None
+             and not math.isnan(v) and not math.isnan(w)]
+    return np.array([cast(float, a[s]) - cast(float, b[s]) for s in seeds], dtype=np.float64), seeds
 
 
 @dataclass
@@ -333,13 +333,14 @@ def holm(verdicts: Sequence[Verdict], what: str = "claims tested together") -> i
     tested = [v for v in verdicts if v.verdict != NOT_COMPARABLE and v.p is not None and not math.isnan(v.p)]
     m = len(tested)
     holding = True
-    for i, v in enumerate(sorted(tested, key=lambda v: v.p)):
+    for i, v in enumerate(sorted(tested, key=lambda v: cast(float, v.p))):
+        p = cast(float, v.p)  # tested holds the verdicts with a p
         cut = ALPHA / (m - i)
-        holding = holding and v.p < cut
+        holding = holding and p < cut
         if v.verdict == SHOWN and not holding:
             v.verdict = NOT_SHOWN
-            why = f"needs p < {cut:.3g}" if v.p >= cut else "a smaller p missed its cut, and Holm stops there"
-            note = f"shown alone (p = {_p(v.p)}), not after Holm's correction over {m} {what} ({why})"
+            why = f"needs p < {cut:.3g}" if p >= cut else "a smaller p missed its cut, and Holm stops there"
+            note = f"shown alone (p = {_p(p)}), not after Holm's correction over {m} {what} ({why})"
             v.note = f"{v.note}; {note}" if v.note else note
     return m
 

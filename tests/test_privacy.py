@@ -576,3 +576,29 @@ def test_sample_epsilon_is_each_clients_ledger_recounted(name, releases, digits_
     want[-1] = max(acc.epsilon(led) for led in ledgers.values())
     assert [r["epsilon"] for r in res.rows] == pytest.approx(want, rel=1e-12)
     assert plan == pytest.approx(want[-1], rel=1e-12)  # the plan counts each client's label release once
+
+
+@pytest.mark.parametrize("executor", ["sequential", "batched"])
+def test_the_final_evaluation_of_every_client_noises_with_the_calibrated_sigma(executor, digits_cfg, monkeypatch):
+    """The turn after the last round (eval.final_all_clients) trains every client with DP-SGD
+    and its spend is accounted with the run's calibrated sigma: its clients must noise with
+    that sigma too (they used privacy.noise_multiplier, so the epsilon the run reported was
+    not a bound whenever the calibrated sigma was the larger)."""
+    from protofl.engine.client import ClientContext
+
+    used: list[tuple[int, float]] = []
+    settings = ClientContext.fit_settings
+
+    def spy(self, req):
+        s = settings(self, req)
+        used.append((self.rnd, s.dp_noise))
+        return s
+
+    monkeypatch.setattr(ClientContext, "fit_settings", spy)
+    result = run(digits_cfg("rounds=1", "privacy.mode=sample", "privacy.noise_multiplier=0.5", "privacy.calibrate=true",
+                            "privacy.target_epsilon=2", "eval.final_all_clients=true",
+                            f"execution.executor={executor}"))
+    assert "all_pm_l" in result.summary["final"]  # the final evaluation ran
+    assert {r for r, _ in used} == {1, 2}
+    sigmas = {s for _, s in used}
+    assert len(sigmas) == 1 and sigmas.pop() > 0.5  # the calibrated one, every turn

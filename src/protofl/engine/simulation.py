@@ -522,6 +522,8 @@ class Simulation:
             log.info("%s", stop)
             return {}
         shared = algo.configure(state, rnd, self.server)
+        if self.privacy is not None:  # the turn's clip C_t, or the calibrated sigma its DP-SGD must use
+            shared = self.privacy.broadcast(shared)
         cids = list(range(self.fed.num_clients))
         chunk = max(1, self.participation.m)
         personal: list[dict[str, float]] = []

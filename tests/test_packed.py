@@ -94,3 +94,58 @@ def test_an_interrupted_pack_resumes_each_run_from_its_own_checkpoint(tmp_path, 
     _, alone, _ = sweep(small(tmp_path), {}, [0, 1], tmp_path / "alone", methods=methods, jobs=1, log=lambda m: None)
     assert not failed
     same_runs(alone, packed, done(alone))
+
+
+def test_a_run_that_fails_on_the_one_by_one_path_stops_alone_with_its_error(tmp_path, monkeypatch):
+    """A packed run whose clients cannot be stacked (dropout, an LSTM) runs one client after
+    another inside the pack; its failure is its own result, as on the stacked path (the
+    error was lost there: the run went on as if none of its clients had replied)."""
+    import protofl.engine.batched as batched
+
+    stackable = batched.why_not_batched
+    monkeypatch.setattr(batched, "why_not_batched", lambda rt: "one by one here" if rt.cfg.training.lr > 1
+                        else stackable(rt))
+    lines = []
+    cfg = small(tmp_path, "training.clip_grad=null").replace(**{"execution.pack_runs": True})
+    _, out, failed = sweep(cfg, {"training.lr": [0.05, 1e30]}, [0], tmp_path / "packed",
+                           methods=parse_methods("fedavg"), log=lines.append)
+    assert [r.label for r in failed] == ["fedavg lr=1e+30"]
+    status = sorted(json.loads((out / r / "summary.json").read_text())["status"] for r in done(out))
+    assert status == ["complete", "diverged"]
+    assert sum(x.startswith("[diverged]") and "non-finite training loss" in x for x in lines) == 1
+
+
+def test_packed_runs_that_differ_in_augmentation_train_as_they_would_alone(tmp_path):
+    """A stack applies one augmentation: packed runs with and without one train in different
+    stacks, each as it would alone (job 0's augmentation was applied to every run)."""
+    cfg = small(tmp_path)
+    grid = {"data.augment": [{}, {"flip": True, "crop": 1}]}
+    _, packed, failed = sweep(cfg.replace(**{"execution.pack_runs": True}), grid, [0], tmp_path / "packed",
+                              methods=parse_methods("fedavg"), log=lambda m: None)
+    _, alone, _ = sweep(cfg, grid, [0], tmp_path / "alone", methods=parse_methods("fedavg"), jobs=1,
+                        log=lambda m: None)
+    names = done(alone)
+    assert not failed and len(names) == 2 and done(packed) == names
+    same_runs(alone, packed, names)
+
+
+def test_packed_runs_under_dp_sgd_stack_only_with_their_own_noise(tmp_path, monkeypatch):
+    """DP-SGD's noise multiplier is one per stack: packed runs whose calibrated sigmas differ
+    (targets 2 and 8, the same configured noise_multiplier) never share one (job 0's sigma
+    was used for every run of the stack)."""
+    from protofl.engine.batched import BatchedExecutor
+
+    fit, seen = BatchedExecutor._fit, []
+
+    def spy(self, jobs):
+        seen.append({j.ctx.privacy.sigma for j in jobs})
+        return fit(self, jobs)
+
+    monkeypatch.setattr(BatchedExecutor, "_fit", spy)
+    cfg = small(tmp_path, "privacy.mode=sample", "privacy.clip=1.0", "privacy.calibrate=true", "privacy.target_epsilon=4",
+                "rounds=1").replace(
+        **{"execution.pack_runs": True})
+    _, _, failed = sweep(cfg, {"privacy.target_epsilon": [2.0, 8.0]}, [0], tmp_path / "packed",
+                         methods=parse_methods("fedavg"), log=lambda m: None)
+    assert not failed
+    assert seen and all(len(s) == 1 for s in seen) and len(set().union(*seen)) == 2

@@ -438,7 +438,9 @@ class BatchedExecutor(Executor):
             reason = why_not_batched(rt)
             if reason is not None:  # e.g. dropout: this batch runs one client after another
                 self._note(reason)
-                results[b] = self._guarded(b, results, isolate, lambda: self._sequential(rt).run(tasks))
+                outputs = self._guarded(b, results, isolate, lambda: self._sequential(rt).run(tasks))
+                if outputs is not None:  # None: its exception is already the batch's result
+                    results[b] = outputs
                 continue
             started = self._guarded(b, results, isolate, lambda: [
                 self._start(t, shared, rt, b) for t, shared in zip(tasks, place_broadcasts(rt, tasks))])
@@ -519,13 +521,18 @@ class BatchedExecutor(Executor):
 
     def _signature(self, job: _Job) -> Signature:
         """What jobs must share to train in one stack: the model (architecture, the method
-        that adapts it, memory format, precision), the objective and the training settings.
-        Runs of the same method and hyper-parameters share a loss: a bound method counts
-        by its function, since the method class and ``hp`` are part of the model's key."""
+        that adapts it, memory format, precision), the objective and the training settings,
+        the augmentation with its padding value, and DP-SGD's noise multiplier (a stack runs
+        one of each: packed runs that differ in them train in different stacks). Runs of
+        the same method and hyper-parameters share a loss: a bound method counts by its
+        function, since the method class and ``hp`` are part of the model's key."""
         req, ctx = job.fit, job.ctx  # only jobs that await a Fit have a signature
         extras = tuple((k, tuple(v.shape), v.dtype) for k, v in _leaves(req.extras))
-        return (model_key(ctx.runtime, ctx.cid), _function(req.loss), _function(req.grad), req.trainable,
-                ctx.training_settings(req.settings), extras, req.step_extras is not None)
+        rt = ctx.runtime
+        augment = (rt.augment, tuple(rt.pad_value.flatten().tolist())) if rt.augment.active else None
+        sigma = ctx.privacy.sigma if ctx.privacy is not None and ctx.dp_sgd else None  # fit_settings' dp_noise
+        return (model_key(rt, ctx.cid), _function(req.loss), _function(req.grad), req.trainable,
+                ctx.training_settings(req.settings), extras, req.step_extras is not None, augment, sigma)
 
     # -- features ----------------------------------------------------------------------------
     @torch.no_grad()

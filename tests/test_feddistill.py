@@ -89,6 +89,11 @@ def test_a_reply_naming_a_class_twice_or_outside_the_classes_is_refused():
     assert "more than once" in m.check_reply(rec([0, 0]), Record())
     assert "outside the class indices" in m.check_reply(rec([3]), Record())
     assert "outside the class indices" in m.check_reply(rec([-1]), Record())
+    # aggregate reads all three arrays: a reply without one, or with a group in its place, is refused
+    assert "must carry" in m.check_reply(Record(), Record())
+    assert "must carry" in m.check_reply(Record(arrays={**rec([0]).arrays, "protos": {"p": torch.zeros(1, 3)}}),
+                                         Record())
+    assert m.check_reply(rec([]), Record()) is None  # a client without data sends them empty
     assert expect_indices(rec([0, 0]), "classes", 3) is None  # duplicates refused only when asked
 
 

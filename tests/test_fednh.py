@@ -234,3 +234,20 @@ def test_fednh_is_registered_with_its_ablation():
 
     assert ALGORITHMS.get("fednh") is FedNH
     assert issubclass(ALGORITHMS.get("feduh"), FedNH)
+
+
+def test_a_reply_without_its_prototypes_is_refused_while_the_head_moves():
+    """aggregate reads "proto" and "counts" when rho < 1: a reply that lacks them, or sends
+    a group in their place, is refused by check_reply (not a KeyError on the server)."""
+    from protofl.algorithms.base import TaskInfo
+    from protofl.algorithms.fednh import FedNHHyper
+
+    info = TaskInfo(num_classes=3, num_clients=2, feature_dim=2, input_shape=(4,), seed=0, rounds=1)
+    good = {"proto": torch.zeros(3, 2), "counts": torch.ones(3)}
+    nh = FedNH(FedNHHyper(), info)
+    assert nh.check_reply(Record(arrays=good), Record()) is None
+    assert "must carry" in nh.check_reply(Record(), Record())
+    assert "must carry" in nh.check_reply(Record(arrays={**good, "proto": {"p": torch.zeros(3, 2)}}), Record())
+    assert "shape" in nh.check_reply(Record(arrays={**good, "proto": torch.zeros(2, 2)}), Record())
+    uh = FedNH(FedNHHyper(rho=1.0), info)  # FedUH: W stays, the clients send no prototypes
+    assert uh.check_reply(Record(), Record()) is None

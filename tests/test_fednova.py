@@ -104,6 +104,9 @@ def test_replies_without_a_and_adam_are_refused_and_bad_settings_are_config_erro
         assert "split the model's weights" in algo.check_reply(Record(arrays=arrays, metrics={"a": 1.0}), sent)
     assert "no normalized update d" in algo.check_reply(Record(arrays={"d": {}, "rest": split["d"]},
                                                                metrics={"a": 1.0}), sent)
+    # rest as one array instead of a group: refused (aggregate would call .items() on it)
+    assert "rest is one array" in algo.check_reply(Record(arrays={"d": split["d"], "rest": torch.zeros(1)},
+                                                          metrics={"a": 1.0}), sent)
     with pytest.raises(ConfigError, match="algorithm.weighting"):
         check_dataclass(FedNovaHyper, {"weighting": "steps"}, "algorithm")
     cfg = digits_cfg("algorithm.name=fednova", "rounds=1", "training.optimizer=adam", "training.momentum=0")

@@ -74,7 +74,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from ..errors import require
-from ..messages import expect_indices, expect_shapes, Record
+from ..messages import expect_arrays, expect_indices, expect_shapes, Record
 from ..nn.privacy import release_class_means
 from ..nn.prototypes import class_means
 from .base import Algorithm, ClientContext, ClientResult, register, ServerContext, weights_of
@@ -154,7 +154,9 @@ class FedDistill(Algorithm[DistillState]):
         return Record(arrays=sparse(*teachers(state, cid, self.info.num_classes)))
 
     def check_reply(self, reply: Record, sent: Record) -> Optional[str]:
-        n = len(reply.arrays.get("classes", ()))
+        if (missing := expect_arrays(reply, "protos", "classes", "counts")) is not None:
+            return missing  # aggregate reads them all (a client without data sends them empty)
+        n = len(cast(torch.Tensor, reply.arrays["classes"]))
         return (expect_shapes(reply, protos=(n, self.info.num_classes), classes=(n,), counts=(n,))
                 or expect_indices(reply, "classes", self.info.num_classes, unique=True))
 

@@ -82,7 +82,7 @@ from torch import nn
 from torch.nn import functional as F
 
 from ..errors import require
-from ..messages import Arrays, Record, expect_shapes
+from ..messages import Arrays, Record, expect_arrays, expect_shapes
 from ..models.base import FLModel
 from ..nn.heads import FixedHead, add_projection, max_separated_prototypes, min_pairwise_distance
 from ..nn.privacy import release_class_means
@@ -180,7 +180,9 @@ class FedNH(GlobalModel[FedNHState]):
 
     def check_reply(self, reply: Record, sent: Record) -> Optional[str]:
         C, d = self.info.num_classes, self.info.feature_dim
-        return expect_shapes(reply, proto=(C, d), counts=(C,))
+        # with a moving head, aggregate reads both arrays: asked for, not only shaped
+        return ((expect_arrays(reply, "proto", "counts") if self.updates_head else None)
+                or expect_shapes(reply, proto=(C, d), counts=(C,)))
 
     # -- client -------------------------------------------------------------------------------
     async def client_update(self, msg: Record, state: Optional[Record], ctx: ClientContext) -> ClientResult:

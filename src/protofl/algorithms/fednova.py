@@ -105,10 +105,11 @@ class FedNova(GlobalModel[WeightsState]):
         a = reply.metrics.get("a")
         if a is None or a < 0:
             return "no ||a_i||_1 >= 0 (metric 'a')"
-        # rest taken for a group: a reply whose rest is one tensor fails in .items() below, unrejected
-        d, rest = reply.arrays.get("d"), cast(dict[str, torch.Tensor], reply.arrays.get("rest", {}))
+        d, rest = reply.arrays.get("d"), reply.arrays.get("rest", {})
         if not isinstance(d, dict) or not d:
             return "no normalized update d"
+        if not isinstance(rest, dict):
+            return "rest is one array, not a group of the model's other weights"
         for group, part in (("d", d), ("rest", rest)):
             for k, t in part.items():
                 ref = sent.weights.get(k)

@@ -190,3 +190,25 @@ def test_clients_json_names_the_feature_group(tmp_path):
     res = run(cfg)
     assert json.loads((res.dir / "clients.json").read_text())["feature_groups"] == ["rot0", "rot90", "rot180", "rot270"]
     assert "-rotate-" in res.dir.name
+
+
+def test_data_shipped_to_ray_actors_keeps_the_feature_skew():
+    """execution.data: ship sends the federated data through Ray's object store: the
+    transform and the feature groups travel with the split (they were dropped, so the
+    actors trained on clean inputs and a per-group run failed on the nodes)."""
+    import cloudpickle
+
+    from protofl.engine.ray_executor import _pack, _unpack
+
+    fed = build_federated(_digits("features.name=rotate"))
+    back = _unpack(cloudpickle.loads(cloudpickle.dumps(_pack(fed))))  # as Ray serializes it
+    assert back.feature_group_names == fed.feature_group_names
+    assert np.array_equal(back.feature_groups, fed.feature_groups)
+    assert back.test_groups.keys() == fed.test_groups.keys()
+    assert all(np.array_equal(back.test_groups[k], fed.test_groups[k]) for k in fed.test_groups)
+    assert torch.equal(back.dataset.x_train, fed.dataset.x_train)  # rotate: rotated at load time
+    fed = build_federated(_digits("features.name=noise"))  # noise: a load-time transform
+    back = _unpack(cloudpickle.loads(cloudpickle.dumps(_pack(fed))))
+    x = fed.dataset.normalize(fed.dataset.x_train[fed.train_idx[1]])
+    assert torch.equal(back.transform(x, 1, 1, "train"), fed.transform(x, 1, 1, "train"))
+    assert not torch.equal(back.transform(x, 1, 1, "train"), x)  # client 1's noise

@@ -107,10 +107,12 @@ def partition_digest(fed: FederatedData) -> str:
 
 
 def _pack(fed: FederatedData) -> dict[str, Any]:
-    """FederatedData with numpy arrays for tensors: read zero-copy from the object store."""
+    """FederatedData with numpy arrays for tensors: read zero-copy from the object store.
+    Every field travels: the split and, under feature skew, the load-time transform and the
+    feature groups (a node without them would train on other inputs than the driver's)."""
     ds = {f.name: getattr(fed.dataset, f.name) for f in fields(Dataset)}
     ds = {k: (v.numpy() if isinstance(v, torch.Tensor) else v) for k, v in ds.items()}
-    return {"dataset": ds, "train_idx": fed.train_idx, "test_idx": fed.test_idx, "groups": fed.groups}
+    return {"dataset": ds, **{f.name: getattr(fed, f.name) for f in fields(FederatedData) if f.name != "dataset"}}
 
 
 def _unpack(packed: dict[str, Any]) -> FederatedData:
@@ -118,7 +120,7 @@ def _unpack(packed: dict[str, Any]) -> FederatedData:
         warnings.simplefilter("ignore", UserWarning)
         ds: dict[str, Any] = {k: (torch.from_numpy(v) if isinstance(v, np.ndarray) else v)
                               for k, v in packed["dataset"].items()}
-    return FederatedData(Dataset(**ds), packed["train_idx"], packed["test_idx"], packed["groups"])
+    return FederatedData(Dataset(**ds), **{k: v for k, v in packed.items() if k != "dataset"})
 
 
 SHARE_BYTES = 100 * 1024  # tensors this big go to the object store once per round (Ray inlines smaller args)

@@ -202,3 +202,14 @@ def test_bad_state_budget_exits_2_with_one_line(value, tmp_path, capsys):
     assert rc == EXIT_BAD_INPUT
     err = capsys.readouterr().err.strip()
     assert "state_memory_mb" in err and len(err.splitlines()) == 1
+
+
+def test_a_record_hands_out_an_array_or_a_group_as_what_it_is():
+    r = Record(arrays={"proto": torch.ones(2), "c": {"w": torch.zeros(1)}})
+    assert torch.equal(r.array("proto"), torch.ones(2)) and r.group("c").keys() == {"w"}
+    with pytest.raises(TypeError, match="'c'.* is a group"):
+        r.array("c")
+    with pytest.raises(TypeError, match="'proto'.* is one tensor"):
+        r.group("proto")
+    with pytest.raises(KeyError):
+        r.array("missing")

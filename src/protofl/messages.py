@@ -58,6 +58,22 @@ class Record:
             raise TypeError(f"Record.num_samples must be an int, got {type(self.num_samples).__name__}")
 
     # -- helpers -----------------------------------------------------------------------
+    def array(self, name: str) -> torch.Tensor:
+        """The array ``name``, a tensor (KeyError when absent, TypeError when it is a group).
+        A method reads what its ``check_reply`` asked for (``expect_arrays``) this way."""
+        a = self.arrays[name]
+        if isinstance(a, dict):
+            raise TypeError(f"Record.arrays[{name!r}] is a group, not one tensor")
+        return a
+
+    def group(self, name: str) -> dict[str, torch.Tensor]:
+        """The group ``name``, a dict of tensors (KeyError when absent, TypeError when it is
+        one tensor)."""
+        g = self.arrays[name]
+        if not isinstance(g, dict):
+            raise TypeError(f"Record.arrays[{name!r}] is one tensor, not a group")
+        return g
+
     def tensors(self) -> Iterator[tuple[str, torch.Tensor]]:
         """Every tensor, named by where it is: ``weights/<key>``, ``<name>``, ``<group>/<key>``."""
         for k, t in self.weights.items():

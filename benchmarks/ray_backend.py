@@ -34,7 +34,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from harness import emit, header  # noqa: E402
 from peers import workload  # noqa: E402
 
-from protofl.engine.ray_local import LocalRayCluster, ray_env  # noqa: E402
+from protofl.testing.ray_cluster import LocalRayCluster, ray_env  # noqa: E402
 from protofl.engine.simulation import Simulation  # noqa: E402
 
 TIMING = {"train_s", "eval_s", "wall_s"}

@@ -24,7 +24,7 @@ pytest.importorskip("ray")
 
 from protofl.config import ConfigError, load_config  # noqa: E402
 from protofl.engine.callbacks import Callback  # noqa: E402
-from protofl.engine.ray_local import LocalRayCluster, free_port, ray_env  # noqa: E402
+from protofl.testing.ray_cluster import LocalRayCluster, free_port, ray_env  # noqa: E402
 from protofl.engine.simulation import Simulation, read_rows  # noqa: E402
 
 from conftest import DIGITS, strip_timing  # noqa: E402
@@ -102,7 +102,7 @@ def test_a_deep_root_gets_short_node_folders_for_rays_sockets():
     import tempfile
     from pathlib import Path
 
-    from protofl.engine.ray_local import SOCKET_PATH_MAX, SOCKET_TAIL
+    from protofl.testing.ray_cluster import SOCKET_PATH_MAX, SOCKET_TAIL
 
     base = Path(tempfile.mkdtemp())  # the system temp dir: shallower than pytest's tmp_path
     try:

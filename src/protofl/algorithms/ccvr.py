@@ -208,7 +208,7 @@ class CCVR(CalibratedEachRound):
                   ctx: ServerContext) -> dict[str, torch.Tensor]:
         """The classifier g^: g re-trained on M_c virtual features of each class present."""
         hp = self.hp
-        mean, Sigma, N = global_gaussians(*([cast(torch.Tensor, r.arrays[k]).to(ctx.device) for r in replies]
+        mean, Sigma, N = global_gaussians(*([r.array(k).to(ctx.device) for r in replies]
                                             for k in ("mean", "cov", "counts")))
         present = torch.nonzero(N > 0).flatten()  # (P,) the classes some arriving client holds
         rng = ctx.rng(rnd, "ccvr")

@@ -62,6 +62,7 @@ from torch.func import functional_call
 
 from ..errors import ConfigError, require, require_size
 from ..messages import Record
+from ..models.base import FLModel
 from ..nn.modes import eval_mode
 from .base import ClientContext, ClientResult, Predictors, register, ServerContext, WeightsState
 from .fedavg import FedAvg
@@ -196,7 +197,7 @@ class CReFF(FedAvg[CReFFState]):
         if not isinstance(grads, dict):
             return "grad must be a group of per-class gradients"
         # W_re as sent: one class gradient per parameter of it
-        head = cast(dict[str, torch.Tensor], sent.arrays["head"])
+        head = sent.group("head")
         if set(grads) != set(head):
             return f"grad has {sorted(grads)}, the classifier sent has {sorted(head)}"
         bad = [k for k, g in grads.items() if tuple(g.shape) != (C, *head[k].shape)]
@@ -210,11 +211,11 @@ class CReFF(FedAvg[CReFFState]):
             return state
         C, M = self.info.num_classes, self.hp.num_features
         # per class, the mean over the clients that sent it
-        sent = torch.stack([cast(torch.Tensor, r.arrays["grad_mask"])
+        sent = torch.stack([r.array("grad_mask")
                             for _, r in replies]).to(torch.float32)  # (K, C)
         n = sent.sum(0)  # (C,)
         mask = n > 0
-        grads = [cast(dict[str, torch.Tensor], r.arrays["grad"]) for _, r in replies]
+        grads = [r.group("grad") for _, r in replies]
         targets: dict[str, torch.Tensor] = {}
         for k in state.head:
             total = cast(torch.Tensor, sum(g[k] * sent[j].view(-1, *[1] * (g[k].dim() - 1))
@@ -245,7 +246,7 @@ class CReFF(FedAvg[CReFFState]):
         return ctx.shared_model(weights)
 
     # -- client ------------------------------------------------------------------------------
-    def real_gradients(self, model: nn.Module, head: dict[str, torch.Tensor],
+    def real_gradients(self, model: FLModel, head: dict[str, torch.Tensor],
                        ctx: ClientContext) -> tuple[dict[str, torch.Tensor], torch.Tensor]:
         """Per class, the mean of ``repeats`` classifier gradients on real features."""
         x, y = ctx.data
@@ -263,16 +264,16 @@ class CReFF(FedAvg[CReFFState]):
                     if ctx.channels_last and xb.dim() == 4:
                         xb = xb.contiguous(memory_format=torch.channels_last)
                     with torch.no_grad():
-                        h: torch.Tensor = cast(nn.Module, model.body)(xb)
-                    for k, g in class_gradient(cast(nn.Module, model.head), params, h, c).items():
+                        h: torch.Tensor = model.body(xb)
+                    for k, g in class_gradient(model.head, params, h, c).items():
                         grads[k][c] += g / hp.repeats
                 mask[c] = 1
         return grads, mask
 
     async def client_update(self, msg: Record, state: Optional[Record], ctx: ClientContext) -> ClientResult:
         w_t = msg.weights
-        head = cast(dict[str, torch.Tensor], msg.arrays["head"])
-        grads, mask = self.real_gradients(ctx.shared_model(w_t), head, ctx)  # before training
+        head = msg.group("head")
+        grads, mask = self.real_gradients(cast(FLModel, ctx.shared_model(w_t)), head, ctx)  # before training
         fitted = await ctx.fit(w_t)  # FedAvg's local update
         reply = Record(weights=fitted.weights, arrays={"grad": grads, "grad_mask": mask})
         return ClientResult(reply, personal=ctx.shared_model(fitted.weights))

@@ -33,14 +33,14 @@ Defaults and deviations:
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, cast, Mapping, Optional
+from typing import Any, Mapping, Optional
 
 import torch
-from torch import nn
 from torch.nn import functional as F
 
 from ..errors import require
 from ..messages import Record
+from ..models.base import FLModel
 from ..nn.losses import proximal
 from .base import ClientContext, ClientResult, register, weights_of, WeightsState
 from .fedavg import FedAvg, FedAvgHyper
@@ -62,6 +62,7 @@ class Ditto(FedAvg[WeightsState]):
     name = "ditto"
     family = "personalization"
     Hyper = DittoHyper
+    hp: DittoHyper
 
     def client_init(self, ctx: ClientContext) -> Record:
         return Record(weights=weights_of(ctx.shared_model()))  # v_k^0 = w^0
@@ -80,7 +81,7 @@ class Ditto(FedAvg[WeightsState]):
         """The global solver's update and the personal model's (eq. 2), every turn."""
         return [{}, {} if self.hp.personal_epochs is None else {"epochs": self.hp.personal_epochs}]
 
-    def personal_loss(self, model: nn.Module, x: torch.Tensor, y: torch.Tensor,
+    def personal_loss(self, model: FLModel, x: torch.Tensor, y: torch.Tensor,
                       extras: Mapping[str, Any]) -> torch.Tensor:
         """h_k(v; w_t) = CE + (lam / 2) sum ||v - w_t||^2 over the trainable parameters (eq. 2)."""
-        return cast(torch.Tensor, F.cross_entropy(model(x), y) + 0.5 * self.hp.lam * proximal(model, extras["w_t"]))
+        return F.cross_entropy(model(x), y) + 0.5 * self.hp.lam * proximal(model, extras["w_t"])

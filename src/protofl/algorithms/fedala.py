@@ -60,7 +60,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Any, cast, Mapping, Optional
+from typing import Any, Mapping, Optional
 
 import numpy as np
 import torch
@@ -141,7 +141,7 @@ class FedALA(FedAvg[WeightsState]):
         if state is None:  # first participation: Theta_i = Theta, W_i = 1, no ALA yet
             start, W, started = theta, {k: torch.ones_like(theta[k]) for k in top}, False
         else:
-            local, W = state.weights, cast(dict[str, torch.Tensor], state.arrays["W"])  # a group it stored itself
+            local, W = state.weights, state.group("W")  # a group it stored itself
             W = await self.adaptive_local_aggregation(theta, local, W, bool(state.config["started"]), ctx)
             start, started = {**theta, **local_aggregation(local, theta, W)}, True
         fitted = await ctx.fit(start)  # E epochs of SGD on CE from Theta^_i

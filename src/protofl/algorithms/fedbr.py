@@ -139,6 +139,7 @@ class FedBR(FedAvg[FedBRState]):
     name = "fedbr"
     family = "calibrated softmax"
     Hyper = FedBRHyper
+    hp: FedBRHyper
     reply_arrays = ("pseudo",)  # the random sample means, in the pseudo-data round only
     couples_samples = True  # L_con pairs the pseudo-data with the samples of the batch
 
@@ -160,7 +161,7 @@ class FedBR(FedAvg[FedBRState]):
                   ctx: ServerContext) -> FedBRState:
         new = super().aggregate(state, rnd, replies, ctx)
         # check_reply: a reply's "pseudo" is a tensor
-        means = [cast(torch.Tensor, r.arrays["pseudo"]) for _, r in replies if "pseudo" in r.arrays]
+        means = [r.array("pseudo") for _, r in replies if "pseudo" in r.arrays]
         if state.pseudo is None and means:  # the pseudo-data round: slot j from a client drawn uniformly
             pick = ctx.rng(rnd, "fedbr-pseudo").integers(0, len(means), size=self.hp.num_pseudo)
             pseudo = torch.stack([means[int(k)][j] for j, k in enumerate(pick)])
@@ -195,20 +196,20 @@ class FedBR(FedAvg[FedBRState]):
                                trainable=moving, grad=self.ascend_projection if self.hp.mu > 0 else None)
         return self.result(fitted, ctx)
 
-    def fedbr_loss(self, model: nn.Module, x: torch.Tensor, y: torch.Tensor, extras: Mapping[str, Any]) -> torch.Tensor:
+    def fedbr_loss(self, model: FLModel, x: torch.Tensor, y: torch.Tensor, extras: Mapping[str, Any]) -> torch.Tensor:
         """CE(h(phi(x)), y) + lam CE(h(phi(x_p)), 1/C) + mu L_con."""
-        z = cast(nn.Module, model.body)(x)
-        value: torch.Tensor = F.cross_entropy(cast(nn.Module, model.head)(z), y)
+        z = model.body(x)
+        value: torch.Tensor = F.cross_entropy(model.head(z), y)
         if self.hp.lam == 0 and self.hp.mu == 0:
             return value
-        z_p = cast(nn.Module, model.body)(extras["pseudo"])
-        value = value + self.hp.lam * balancing_loss(cast(nn.Module, model.head)(z_p))
+        z_p = model.body(extras["pseudo"])
+        value = value + self.hp.lam * balancing_loss(model.head(z_p))
         if self.hp.mu == 0:
             return value
         pair = torch.arange(len(z_p), device=z.device) % len(z)  # pseudo-datum j with local sample j mod B
         proj = cast(nn.Module, model.proj)
         l_con = contrastive_loss(proj(z_p), proj(extras["glob"]), proj(z[pair]), self.hp.tau1, self.hp.tau2)
-        return cast(torch.Tensor, value + self.hp.mu * l_con)
+        return value + self.hp.mu * l_con
 
     def ascend_projection(self, grads: dict[str, torch.Tensor], extras: Mapping[str, Any],
                           params: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:

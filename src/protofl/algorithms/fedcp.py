@@ -135,6 +135,7 @@ class ConditionalPolicy(nn.Module):
 class FedCP(FedPer[WeightsState]):
     name = "fedcp"
     Hyper = FedCPHyper
+    hp: FedCPHyper
     couples_samples = True  # the MMD compares the batch's features as a set
     personal_prefixes = ("head.", "gbody.")  # gbody: set from the received body, never sent
 
@@ -150,14 +151,14 @@ class FedCP(FedPer[WeightsState]):
         w0 = weights_of(ctx.shared_model())
         return Record(weights={k: v for k, v in w0.items() if k.startswith("head.")})  # the initial h_i
 
-    def cp_loss(self, model: nn.Module, x: torch.Tensor, y: torch.Tensor,
+    def cp_loss(self, model: FLModel, x: torch.Tensor, y: torch.Tensor,
                 extras: Mapping[str, Any]) -> torch.Tensor:
         net = cast("CPModel", model)
         z: torch.Tensor = net.body(x)
         s = masks(model, z, extras["c"], self.hp.tau, extras["gumbel"])
         with torch.no_grad():
             z_g: torch.Tensor = net.gbody(x)
-        return cast(torch.Tensor, F.cross_entropy(split_logits(model, z, s), y) + self.hp.lam * mmd_rbf(z, z_g))
+        return F.cross_entropy(split_logits(model, z, s), y) + self.hp.lam * mmd_rbf(z, z_g)
 
     def gumbel_noise(self, ctx: ClientContext) -> Callable[[Sequence[int]], dict[str, torch.Tensor]]:
         """Per step, -log(-log U) for (batch, 2, d), drawn from the client's own stream."""

@@ -148,7 +148,7 @@ class FedDBE(FedPer[FedDBEState]):
         new = super().aggregate(state, rnd, replies, ctx)
         if state.global_mean is None and replies:  # the initialization period: fix z-bar^g
             g = average((r for _, r in replies), self.hp.weighting,
-                        part=lambda r: {"m": cast(torch.Tensor, r.arrays["mean"])})
+                        part=lambda r: {"m": r.array("mean")})
             if g:
                 new = dataclasses.replace(new, global_mean=g["m"])
         return new
@@ -161,7 +161,7 @@ class FedDBE(FedPer[FedDBEState]):
         return expect_shapes(reply, mean=(self.info.feature_dim,))
 
     # -- client ------------------------------------------------------------------------------
-    def init_loss(self, model: nn.Module, x: torch.Tensor, y: torch.Tensor,
+    def init_loss(self, model: FLModel, x: torch.Tensor, y: torch.Tensor,
                   extras: Mapping[str, Any]) -> torch.Tensor:
         """The initialization period: plain CE, z-bar_i tracked."""
         net = cast("DBEModel", model)
@@ -169,7 +169,7 @@ class FedDBE(FedPer[FedDBEState]):
         tracked_mean(model, z, self.hp.momentum)
         return F.cross_entropy(net.head(z), y)
 
-    def dbe_loss(self, model: nn.Module, x: torch.Tensor, y: torch.Tensor,
+    def dbe_loss(self, model: FLModel, x: torch.Tensor, y: torch.Tensor,
                  extras: Mapping[str, Any]) -> torch.Tensor:
         """CE(h(z + z-bar_i^p), y) + kappa mean_d (z-bar_i - z-bar^g)^2 / 2."""
         net = cast("DBEModel", model)

@@ -75,6 +75,7 @@ from torch import nn
 
 from ..errors import require
 from ..messages import expect_arrays, expect_indices, expect_shapes, Record
+from ..models.base import FLModel
 from ..nn.privacy import release_class_means
 from ..nn.prototypes import class_means
 from .base import Algorithm, ClientContext, ClientResult, register, ServerContext, weights_of
@@ -137,6 +138,7 @@ class FedDistill(Algorithm[DistillState]):
     name = "feddistill"
     family = "prototype exchange"
     Hyper = FedDistillHyper
+    hp: FedDistillHyper
     has_global_model = False
     heterogeneous_models = True
     reply_arrays = ("protos", "classes", "counts")
@@ -156,7 +158,7 @@ class FedDistill(Algorithm[DistillState]):
     def check_reply(self, reply: Record, sent: Record) -> Optional[str]:
         if (missing := expect_arrays(reply, "protos", "classes", "counts")) is not None:
             return missing  # aggregate reads them all (a client without data sends them empty)
-        n = len(cast(torch.Tensor, reply.arrays["classes"]))
+        n = len(reply.array("classes"))
         return (expect_shapes(reply, protos=(n, self.info.num_classes), classes=(n,), counts=(n,))
                 or expect_indices(reply, "classes", self.info.num_classes, unique=True))
 
@@ -165,8 +167,8 @@ class FedDistill(Algorithm[DistillState]):
         if not replies:
             return state
         # "protos" and "classes": tensors, as the clients send them (check_reply checks their shapes)
-        rows = [(cid, cast(torch.Tensor, r.arrays["protos"]).detach().cpu().float(),
-                 cast(torch.Tensor, r.arrays["classes"]).cpu()) for cid, r in replies]
+        rows = [(cid, r.array("protos").detach().cpu().float(),
+                 r.array("classes").cpu()) for cid, r in replies]
         averages = torch.cat([p for _, p, _ in rows])
         classes = torch.cat([c for _, _, c in rows])
         owner = torch.cat([torch.full((len(c),), cid, dtype=torch.int64) for cid, _, c in rows])
@@ -182,14 +184,14 @@ class FedDistill(Algorithm[DistillState]):
     def client_init(self, ctx: ClientContext) -> Record:
         return Record(weights=weights_of(ctx.shared_model()))
 
-    def distill_loss(self, model: nn.Module, x: torch.Tensor, y: torch.Tensor,
+    def distill_loss(self, model: FLModel, x: torch.Tensor, y: torch.Tensor,
                      extras: Mapping[str, Any]) -> torch.Tensor:
         teacher, has = extras["teacher"], extras["has"]
         scores = model(x)  # (B, C) raw outputs
         m = has[y]  # (B,) samples whose label has a teacher
         target = torch.where(m.unsqueeze(1), teacher[y], outputs(scores.detach(), self.hp.distill))
         term = torch.where(m, distillation(scores, target, self.hp.distill), torch.zeros_like(scores[:, 0]))
-        return cast(torch.Tensor, F.cross_entropy(scores, y) + self.hp.lam * term.mean())
+        return F.cross_entropy(scores, y) + self.hp.lam * term.mean()
 
     async def client_update(self, msg: Record, state: Optional[Record], ctx: ClientContext) -> ClientResult:
         C = self.info.num_classes

@@ -44,7 +44,7 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass
-from typing import Any, cast, Literal, Mapping, Optional
+from typing import Any, Literal, Mapping, Optional
 
 import torch
 from torch import nn
@@ -115,8 +115,7 @@ class FedDyn(GlobalModel[FedDynState]):
     async def client_update(self, msg: Record, state: Optional[Record], ctx: ClientContext) -> ClientResult:
         anchor = ctx.like_model(msg.weights)  # theta^{t-1}
         keys = list(ctx.trainable(anchor))
-        grad_k = (cast(dict[str, torch.Tensor], state.arrays["grad"]) if state is not None
-                  else {k: torch.zeros_like(anchor[k]) for k in keys})
+        grad_k = state.group("grad") if state is not None else {k: torch.zeros_like(anchor[k]) for k in keys}
         fitted = await ctx.fit(anchor, self.regularized_loss, trainable=tuple(keys),
                                extras={"grad_k": grad_k, "anchor": {k: anchor[k] for k in keys}})
         theta = fitted.weights

@@ -73,15 +73,15 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass
-from typing import Any, cast, Mapping, Optional
+from typing import Any, Mapping, Optional
 
 import numpy as np
 import torch
 import torch.nn.functional as F
-from torch import nn
 
 from ..errors import require
 from ..messages import Record, expect_arrays, expect_shapes
+from ..models.base import FLModel
 from ..nn.privacy import release_class_means
 from .base import ClientContext, ClientResult, average, register, ServerContext, WeightsState
 from .fedavg import FedAvg, FedAvgHyper
@@ -157,7 +157,7 @@ class FedFA(FedAvg[FedFAState]):
         new = super().aggregate(state, rnd, replies, ctx)  # FedAvg (and the server optimizer's moments)
         # check_reply: every reply's "anchors" is a tensor
         avg = average((r for _, r in replies), self.hp.weighting,
-                      part=lambda r: {"a": cast(torch.Tensor, r.arrays["anchors"])})
+                      part=lambda r: {"a": r.array("anchors")})
         if not avg:
             return new  # nobody arrived: the anchors stay
         return dataclasses.replace(new, anchors=avg["a"].to(state.anchors))
@@ -169,19 +169,18 @@ class FedFA(FedAvg[FedFAState]):
         return 1  # the class means and counts behind the local anchors
 
     # -- client ------------------------------------------------------------------------------
-    def anchored_loss(self, model: nn.Module, x: torch.Tensor, y: torch.Tensor,
+    def anchored_loss(self, model: FLModel, x: torch.Tensor, y: torch.Tensor,
                       extras: Mapping[str, Any]) -> torch.Tensor:
         a = extras["anchors"]  # (C, d)
-        z = cast(nn.Module, model.body)(x)
-        value: torch.Tensor = F.cross_entropy(cast(nn.Module, model.head)(z), y) + self.hp.lam * anchor_loss(z, y, a)
+        z = model.body(x)
+        value: torch.Tensor = F.cross_entropy(model.head(z), y) + self.hp.lam * anchor_loss(z, y, a)
         if self.hp.calibration:  # every anchor labelled with its class by the classifier
-            value = value + self.hp.calibration * F.cross_entropy(cast(nn.Module, model.head)(a),
-                                                                  torch.arange(len(a), device=a.device))
+            value = value + self.hp.calibration * F.cross_entropy(model.head(a), torch.arange(len(a), device=a.device))
         return value
 
     async def client_update(self, msg: Record, state: Optional[Record], ctx: ClientContext) -> ClientResult:
         _, y = ctx.data
-        a = cast(torch.Tensor, msg.arrays["anchors"]).to(y.device)  # configure sends a tensor
+        a = msg.array("anchors").to(y.device)  # configure sends a tensor
         fitted = await ctx.fit(msg.weights, self.anchored_loss, extras={"anchors": a})
         z = await ctx.features(fitted.weights)
         means, counts = release_class_means(ctx, z, y, self.info.num_classes)  # private under privacy.*

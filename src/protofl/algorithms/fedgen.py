@@ -72,6 +72,7 @@ from torch.func import functional_call
 
 from ..errors import require, require_size
 from ..messages import Arrays, Record, expect_shapes
+from ..models.base import FLModel
 from .base import ClientContext, ClientResult, register, ServerContext, WeightsState
 from .fedavg import FedAvg
 from .serveropt import ServerOptHyper
@@ -150,6 +151,7 @@ class FedGen(FedAvg[FedGenState]):
     family = "global-model baselines"
     reply_arrays = ("counts",)  # besides theta_k
     Hyper = FedGenHyper
+    hp: FedGenHyper
 
     def generator(self, feature_dim: int) -> Generator:
         return Generator(self.hp.noise_dim, self.info.num_classes, self.hp.hidden, feature_dim)
@@ -190,13 +192,13 @@ class FedGen(FedAvg[FedGenState]):
         avg = super().aggregate(state, rnd, replies, ctx)
         counts = state.counts.clone()
         for cid, r in replies:
-            counts[cid] = cast(torch.Tensor, r.arrays["counts"]).to(torch.int64).cpu()
+            counts[cid] = r.array("counts").to(torch.int64).cpu()
         prior = self.prior(counts).to(ctx.device)
         head = cast(nn.Module, ctx.shared_model().head)
         heads = [{k[len("head."):]: v for k, v in r.weights.items() if k.startswith("head.")} for _, r in replies]
         label_weights = None
         if self.hp.ensemble == "counts":
-            n = torch.stack([cast(torch.Tensor, r.arrays["counts"]).to(torch.float32)
+            n = torch.stack([r.array("counts").to(torch.float32)
                              for _, r in replies]).to(ctx.device)  # (K, C)
             label_weights = n / n.sum(0).clamp_min(1.0)
         gen = self.generator(cast(int, ctx.shared_model().feature_dim)).to(ctx.device)
@@ -237,9 +239,9 @@ class FedGen(FedAvg[FedGenState]):
         """The features G_w(z | y) the client's steps distill from: per step, as many labels
         y ~ p^(y) and noise draws as the step has samples, from the client's own stream, then
         G's features (G fixed, no gradient)."""
-        prior, nd = cast(torch.Tensor, msg.arrays["prior"]), self.hp.noise_dim
+        prior, nd = msg.array("prior"), self.hp.noise_dim
         gen = self.generator(cast(int, ctx.architecture.feature_dim)).to(prior.device)
-        gen.load_state_dict(cast(dict[str, torch.Tensor], msg.arrays["generator"]))
+        gen.load_state_dict(msg.group("generator"))
         gen.eval()
         g = torch.Generator(device=prior.device)
         g.manual_seed(int(ctx.rng("fedgen").integers(2**62)))
@@ -256,10 +258,9 @@ class FedGen(FedAvg[FedGenState]):
 
         return draw
 
-    def distilled_loss(self, model: nn.Module, x: torch.Tensor, y: torch.Tensor,
+    def distilled_loss(self, model: FLModel, x: torch.Tensor, y: torch.Tensor,
                        extras: Mapping[str, Any]) -> torch.Tensor:
         """L_k + alpha * CE(g(z; theta^p), y) on the step's generated features."""
         value = F.cross_entropy(model(x), y)
         z, y_gen = extras["z"], extras["y_gen"]
-        head = cast(nn.Module, model.head)
-        return cast(torch.Tensor, value + self.hp.alpha * F.cross_entropy(head(z.to(x.device)), y_gen.to(y.device)))
+        return value + self.hp.alpha * F.cross_entropy(model.head(z.to(x.device)), y_gen.to(y.device))

@@ -203,8 +203,8 @@ class FedNH(GlobalModel[FedNHState]):
             return new  # nobody arrived: keep theta_t, s_t, W_t
         W = state.weights[HEAD_W]
         # "proto" and "counts": tensors, as the clients send them (check_reply checks their shapes)
-        mu = torch.stack([cast(torch.Tensor, r.arrays["proto"]) for _, r in replies]).to(W)  # (K, C, d)
-        counts = torch.stack([cast(torch.Tensor, r.arrays["counts"]) for _, r in replies]).to(W.device)  # (K, C)
+        mu = torch.stack([r.array("proto") for _, r in replies]).to(W)  # (K, C, d)
+        counts = torch.stack([r.array("counts") for _, r in replies]).to(W.device)  # (K, C)
         new.weights[HEAD_W] = prototype_update(W, mu, counts, self.rho, self.hp.proto_weighting)  # eq. (4)
         ctx.log("head_min_dist", min_pairwise_distance(new.weights[HEAD_W]))
         return new

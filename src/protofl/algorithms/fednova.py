@@ -137,7 +137,7 @@ class FedNova(GlobalModel[WeightsState]):
         weights = [reply_weight(r, self.hp.weighting) for r in arrived]
         p = [w / sum(weights) for w in weights]
         # check_reply let through only replies whose d and rest are groups (dicts of tensors)
-        x_bar = normalized_average(state.weights, [cast(dict[str, torch.Tensor], r.arrays["d"]) for r in arrived],
+        x_bar = normalized_average(state.weights, [r.group("d") for r in arrived],
                                    [float(r.metrics["a"]) for r in arrived], p)
         x_bar.update(average(arrived, self.hp.weighting,
                              part=lambda r: cast(dict[str, torch.Tensor], r.arrays.get("rest", {}))))

@@ -47,6 +47,7 @@ from torch.func import functional_call
 
 from ..errors import require
 from ..messages import Record
+from ..models.base import FLModel
 from ..nn.modes import eval_mode
 from .base import ClientContext, LossFn, register, WeightsState
 from .fedavg import FedAvg, FedAvgHyper
@@ -89,16 +90,17 @@ class FedNTD(FedAvg[WeightsState]):
     name = "fedntd"
     family = "calibrated softmax"
     Hyper = FedNTDHyper
+    hp: FedNTDHyper
 
     def objective(self, msg: Record, ctx: ClientContext) -> tuple[LossFn, dict[str, Any]]:
         """CE + beta L_NTD against the received global model (its weights are the client's extras)."""
         return self.ntd_loss, {"glob": ctx.like_model(msg.weights)}
 
-    def ntd_loss(self, model: nn.Module, x: torch.Tensor, y: torch.Tensor,
+    def ntd_loss(self, model: FLModel, x: torch.Tensor, y: torch.Tensor,
                  extras: Mapping[str, Any]) -> torch.Tensor:
         z = model(x)
         value = F.cross_entropy(z, y)
         if self.hp.beta == 0:
             return value
         z_g = frozen_logits(model, extras["glob"], x)
-        return cast(torch.Tensor, value + self.hp.beta * not_true_distillation(z, z_g, y, self.hp.tau))
+        return value + self.hp.beta * not_true_distillation(z, z_g, y, self.hp.tau)

@@ -68,7 +68,6 @@ import numpy as np
 import numpy.typing as npt
 import torch
 import torch.nn.functional as F
-from torch import nn
 
 from ..errors import require
 from ..messages import Record, expect_arrays, expect_shapes
@@ -151,7 +150,7 @@ def model_heads_only(replies: list[tuple[int, Record]], heads: Mapping[str, torc
     The warning names ``method`` and goes to its module's logger (``protofl.algorithms.<method>``)."""
     shapes = {k: v.shape[1:] for k, v in heads.items()}
     odd = [cid for cid, r in replies
-           if {k: t.shape for k, t in cast(dict[str, torch.Tensor], r.arrays["head"]).items()} != shapes]
+           if {k: t.shape for k, t in r.group("head").items()} != shapes]
     if odd:
         logging.getLogger(f"{__package__}.{method.lower()}").warning(
             "%s: left out the replies of clients %s, whose classifier entries are not the model's", method, odd)
@@ -196,15 +195,15 @@ class FedPAC(FedPer[FedPACState]):
         if not replies:
             return state
         new = super().aggregate(state, rnd, replies, ctx)  # f: FedAvg over the shared entries
-        fresh, n = aggregate_prototypes([cast(torch.Tensor, r.arrays["proto"]) for _, r in replies],
-                                        [cast(torch.Tensor, r.arrays["counts"]) for _, r in replies], "counts")
+        fresh, n = aggregate_prototypes([r.array("proto") for _, r in replies],
+                                        [r.array("counts") for _, r in replies], "counts")
         seen = n > 0
         protos = torch.where(seen.unsqueeze(1), fresh.to(state.protos), state.protos)
         counts = torch.where(seen, n, state.counts)
         # classifier collaboration among the round's clients
-        V = torch.cat([cast(torch.Tensor, r.arrays["v"]).detach().cpu().reshape(1) for _, r in replies])  # (K,)
-        H = torch.stack([cast(torch.Tensor, r.arrays["h"]).detach().cpu() for _, r in replies])  # (K, C, d)
-        phis = {k: torch.stack([cast(dict[str, torch.Tensor], r.arrays["head"])[k].detach().cpu() for _, r in replies])
+        V = torch.cat([r.array("v").detach().cpu().reshape(1) for _, r in replies])  # (K,)
+        H = torch.stack([r.array("h").detach().cpu() for _, r in replies])  # (K, C, d)
+        phis = {k: torch.stack([r.group("head")[k].detach().cpu() for _, r in replies])
                 for k in state.heads}
         heads = {k: v.clone() for k, v in state.heads.items()}
         combined = state.combined.clone()
@@ -222,11 +221,11 @@ class FedPAC(FedPer[FedPACState]):
         return state.protos
 
     # -- client ------------------------------------------------------------------------------
-    def aligned_loss(self, model: nn.Module, x: torch.Tensor, y: torch.Tensor,
+    def aligned_loss(self, model: FLModel, x: torch.Tensor, y: torch.Tensor,  # extractor f, classifier phi
                      extras: Mapping[str, Any]) -> torch.Tensor:
-        m = cast(FLModel, model)  # extractor f, classifier phi
-        z = m.body(x)  # (B, d)
-        return cast(torch.Tensor, F.cross_entropy(m.head(z), y) + self.hp.lam * ((z - extras["target"][y]) ** 2).mean())
+        z = model.body(x)  # (B, d)
+        return cast(torch.Tensor,
+                    F.cross_entropy(model.head(z), y) + self.hp.lam * ((z - extras["target"][y]) ** 2).mean())
 
     async def client_update(self, msg: Record, state: Optional[Record], ctx: ClientContext) -> ClientResult:
         C = self.info.num_classes
@@ -238,9 +237,9 @@ class FedPAC(FedPer[FedPACState]):
         v, h = feature_statistics(z, y, C)
         lr = {} if self.hp.head_lr is None else {"lr": self.hp.head_lr}
         head = await ctx.fit(w, trainable=self.personal_prefixes, epochs=self.hp.head_epochs, **lr)  # 1. phi_i
-        g_counts = cast(torch.Tensor, msg.arrays["proto_counts"]).to(y.device)
+        g_counts = msg.array("proto_counts").to(y.device)
         if bool((g_counts > 0).any()) and self.hp.lam != 0:  # 2. f with feature alignment
-            target = torch.where((g_counts > 0).unsqueeze(1), cast(torch.Tensor, msg.arrays["protos"]).to(y.device), mu)
+            target = torch.where((g_counts > 0).unsqueeze(1), msg.array("protos").to(y.device), mu)
             loss, extras = self.aligned_loss, {"target": target}
         else:
             loss, extras = cross_entropy, {}

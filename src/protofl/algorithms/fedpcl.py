@@ -166,13 +166,13 @@ class FedPCL(FedProto[PCLState]):
         return self.global_prototypes(state)[0]
 
     # -- client ------------------------------------------------------------------------------
-    def zero_loss(self, model: nn.Module, x: torch.Tensor, y: torch.Tensor, extras: Mapping[str, Any]) -> torch.Tensor:
-        z: torch.Tensor = cast(FLModel, model).body(x)
+    def zero_loss(self, model: FLModel, x: torch.Tensor, y: torch.Tensor, extras: Mapping[str, Any]) -> torch.Tensor:
+        z: torch.Tensor = model.body(x)
         return z.sum() * 0.0  # the code's 0 * loss: only weight decay moves the weights
 
-    def contrastive_loss(self, model: nn.Module, x: torch.Tensor, y: torch.Tensor,
+    def contrastive_loss(self, model: FLModel, x: torch.Tensor, y: torch.Tensor,
                          extras: Mapping[str, Any]) -> torch.Tensor:
-        z = cast(FLModel, model).body(x)  # (B, d), unit length
+        z = model.body(x)  # (B, d), unit length
         l_g = prototype_softmax(z, y, extras["global"].unsqueeze(0), extras["has"].unsqueeze(0), self.hp.tau)[0]
         return l_g + prototype_softmax(z, y, extras["locals"], extras["locals_has"], self.hp.tau).mean()
 

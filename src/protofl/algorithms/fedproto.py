@@ -79,6 +79,7 @@ from torch import nn
 
 from ..errors import require
 from ..messages import Arrays, Record, expect_arrays, expect_indices, expect_shapes
+from ..models.base import FLModel
 from ..nn.privacy import release_class_means
 from ..nn.prototypes import NearestPrototype, aggregate_prototypes
 from .base import (Algorithm, ClientContext, ClientResult, cross_entropy, Diagnostics, LossFn, register,
@@ -132,9 +133,9 @@ def dense(rec: Record, num_classes: int, dim: int) -> tuple[torch.Tensor, torch.
     """The inverse of :func:`sparse`: (C, d) prototypes with zero rows, (C,) counts."""
     protos = torch.zeros(num_classes, dim, dtype=torch.float32)
     counts = torch.zeros(num_classes, dtype=torch.int64)
-    cls = cast(torch.Tensor, rec.arrays["classes"]).cpu()
-    protos[cls] = cast(torch.Tensor, rec.arrays["protos"]).detach().cpu().float()
-    counts[cls] = cast(torch.Tensor, rec.arrays["counts"]).cpu()
+    cls = rec.array("classes").cpu()
+    protos[cls] = rec.array("protos").detach().cpu().float()
+    counts[cls] = rec.array("counts").cpu()
     return protos, counts
 
 
@@ -165,7 +166,7 @@ class FedProto(Algorithm[PS], Diagnostics[PS]):
         missing = expect_arrays(reply, "protos", "classes", "counts")
         if missing:
             return missing
-        classes, counts = cast(torch.Tensor, reply.arrays["classes"]), cast(torch.Tensor, reply.arrays["counts"])
+        classes, counts = reply.array("classes"), reply.array("counts")
         if classes.dtype != torch.int64 or counts.dtype != torch.int64:
             return "arrays 'classes' and 'counts' must be int64"
         if classes.dim() != 1:
@@ -204,11 +205,11 @@ class FedProto(Algorithm[PS], Diagnostics[PS]):
             return cross_entropy, {}
         return self.prototype_loss, {"c_bar": c_bar, "has": has}
 
-    def prototype_loss(self, model: nn.Module, x: torch.Tensor, y: torch.Tensor,
+    def prototype_loss(self, model: FLModel, x: torch.Tensor, y: torch.Tensor,
                        extras: Mapping[str, Any]) -> torch.Tensor:
         c_bar, has = extras["c_bar"], extras["has"]
-        z: torch.Tensor = cast(nn.Module, model.body)(x)  # (B, d)
-        l_s = F.cross_entropy(cast(nn.Module, model.head)(z), y)
+        z: torch.Tensor = model.body(x)  # (B, d)
+        l_s = F.cross_entropy(model.head(z), y)
         m = has[y]  # (B,) samples whose class has a global prototype
         target = torch.where(m.unsqueeze(1), c_bar[y], z.detach())  # own embedding: distance 0
         l_r = torch.where(m, prototype_distance(z, target, self.hp.distance), torch.zeros_like(l_s)).mean()

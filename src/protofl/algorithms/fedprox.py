@@ -13,13 +13,13 @@ note was written). The ReBaFL authors' baseline uses mu = 0.001.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, cast, Mapping
+from typing import Any, Mapping
 
 import torch
-from torch import nn
 
 from ..errors import require
 from ..messages import Record
+from ..models.base import FLModel
 from ..nn.losses import proximal
 from .base import ClientContext, LossFn, register, WeightsState
 from .fedavg import FedAvg, FedAvgHyper
@@ -38,12 +38,12 @@ class FedProx(FedAvg[WeightsState]):
     name = "fedprox"
     family = "baselines"
     Hyper = FedProxHyper
+    hp: FedProxHyper
 
     def objective(self, msg: Record, ctx: ClientContext) -> tuple[LossFn, dict[str, Any]]:
         """Eq. (2); the anchor w_t is the client's own tensors (its trainable parameters)."""
         return self.proximal_loss, {"anchor": ctx.trainable(ctx.like_model(msg.weights))}
 
-    def proximal_loss(self, model: nn.Module, x: torch.Tensor, y: torch.Tensor,
+    def proximal_loss(self, model: FLModel, x: torch.Tensor, y: torch.Tensor,
                       extras: Mapping[str, Any]) -> torch.Tensor:
-        return cast(torch.Tensor, torch.nn.functional.cross_entropy(model(x), y)
-                    + 0.5 * self.hp.mu * proximal(model, extras["anchor"]))
+        return torch.nn.functional.cross_entropy(model(x), y) + 0.5 * self.hp.mu * proximal(model, extras["anchor"])

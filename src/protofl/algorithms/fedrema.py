@@ -62,7 +62,7 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass
-from typing import cast, Optional
+from typing import Optional
 
 import numpy as np
 import torch
@@ -154,8 +154,8 @@ class FedReMa(FedPer[FedReMaState]):
         d = self.info.feature_dim
         if self.hp.probe == "prototypes":
             # check_reply: "proto" and "counts" are tensors
-            glob, n = aggregate_prototypes([cast(torch.Tensor, r.arrays["proto"]) for _, r in replies],
-                                           [cast(torch.Tensor, r.arrays["counts"]) for _, r in replies], "uniform")
+            glob, n = aggregate_prototypes([r.array("proto") for _, r in replies],
+                                           [r.array("counts") for _, r in replies], "uniform")
             return [glob[n > 0].double()] * len(replies)
         return [torch.from_numpy(ctx.rng(rnd, "fedrema-probe", cid).uniform(0.0, self.hp.probe_scale, (1, d)))
                 for cid, _ in replies]
@@ -169,7 +169,7 @@ class FedReMa(FedPer[FedReMaState]):
         new = super().aggregate(state, rnd, replies, ctx)  # the body: FedAvg over the shared entries
         ids = [cid for cid, _ in replies]
         # check_reply: the group "head" (a dict of tensors)
-        phis = {k: torch.stack([cast(dict[str, torch.Tensor], r.arrays["head"])[k].detach().cpu().double()
+        phis = {k: torch.stack([r.group("head")[k].detach().cpu().double()
                                 for _, r in replies])
                 for k in state.heads}  # entry -> (K, ...)
         W, b = phis["head.weight"], phis.get("head.bias")

@@ -45,22 +45,23 @@ import torch.nn.functional as F
 from torch import nn
 
 from ..messages import Record
+from ..models.base import FLModel
 from ..nn.losses import balanced_softmax_loss, relaxed_prior
 from .base import ClientContext, Fitted, register, WeightsState
 from .fedper import FedPer
 
 
-def rod_losses(model: nn.Module, x: torch.Tensor, y: torch.Tensor,
+def rod_losses(model: FLModel, x: torch.Tensor, y: torch.Tensor,
                prior: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """(L_G, L_P) on a batch: the generic head's balanced softmax and the personal CE."""
-    h = cast(nn.Module, model.body)(x)  # (B, d)
-    z_g = cast(nn.Module, model.head)(h)  # (B, C) generic logits
+    h = model.body(x)  # (B, d)
+    z_g = model.head(h)  # (B, C) generic logits
     generic = balanced_softmax_loss(z_g, y, prior)
     personal = F.cross_entropy(z_g.detach() + cast(nn.Module, model.phead)(h.detach()), y)
     return generic, personal
 
 
-def rod_loss(model: nn.Module, x: torch.Tensor, y: torch.Tensor, extras: Mapping[str, Any]) -> torch.Tensor:
+def rod_loss(model: FLModel, x: torch.Tensor, y: torch.Tensor, extras: Mapping[str, Any]) -> torch.Tensor:
     """L_G + L_P: one SGD step moves theta and g by L_G and p_k by L_P."""
     generic, personal = rod_losses(model, x, y, extras["prior"])
     return generic + personal

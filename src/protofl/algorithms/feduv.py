@@ -53,14 +53,14 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Any, cast, Mapping
+from typing import Any, Mapping
 
 import torch
 import torch.nn.functional as F
-from torch import nn
 
 from ..errors import require
 from ..messages import Record
+from ..models.base import FLModel
 from .base import ClientContext, LossFn, register, WeightsState
 from .fedavg import FedAvg, FedAvgHyper
 
@@ -113,10 +113,10 @@ class FedUV(FedAvg[WeightsState]):
         """The local objective and the client's own tensors it reads (none)."""
         return self.uv_loss, {}
 
-    def uv_loss(self, model: nn.Module, x: torch.Tensor, y: torch.Tensor,
+    def uv_loss(self, model: FLModel, x: torch.Tensor, y: torch.Tensor,
                 extras: Mapping[str, Any]) -> torch.Tensor:
-        z: torch.Tensor = cast(nn.Module, model.body)(x)  # (N, d): the classifier's input
-        logits: torch.Tensor = cast(nn.Module, model.head)(z)
+        z: torch.Tensor = model.body(x)  # (N, d): the classifier's input
+        logits: torch.Tensor = model.head(z)
         value = F.cross_entropy(logits, y)
         if self.hp.lam:
             value = value + self.hp.lam * classifier_variance(logits)

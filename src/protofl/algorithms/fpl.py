@@ -58,11 +58,10 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass
-from typing import Any, cast, Mapping, Optional
+from typing import Any, Mapping, Optional
 
 import torch
 import torch.nn.functional as F
-from torch import nn
 
 from ..errors import require
 from ..messages import Record
@@ -122,8 +121,8 @@ class FPL(FedAvg[PoolState]):
         new = super().aggregate(state, rnd, replies, ctx)  # FedAvg (and the server optimizer's moments)
         groups: dict[int, list[torch.Tensor]] = {}
         for _, r in replies:  # client-id order
-            protos = cast(torch.Tensor, r.arrays["protos"]).detach().cpu().float()
-            classes = cast(torch.Tensor, r.arrays["classes"]).cpu()
+            protos = r.array("protos").detach().cpu().float()
+            classes = r.array("classes").cpu()
             for row, k in zip(protos, classes.tolist()):
                 groups.setdefault(int(k), []).append(row)
         pool_parts, label_parts = [torch.zeros(0, self.info.feature_dim)], [torch.zeros(0, dtype=torch.int64)]
@@ -152,11 +151,10 @@ class FPL(FedAvg[PoolState]):
         u, has = unbiased_prototypes(pool, labels, self.info.num_classes)
         return self.prototype_loss, {"pool": pool, "labels": labels, "u": u, "has": has}
 
-    def prototype_loss(self, model: nn.Module, x: torch.Tensor, y: torch.Tensor,
+    def prototype_loss(self, model: FLModel, x: torch.Tensor, y: torch.Tensor,  # body f, head g
                        extras: Mapping[str, Any]) -> torch.Tensor:
-        m = cast(FLModel, model)  # body f, head g
-        z = m.body(x)  # (B, d)
-        value = F.cross_entropy(m.head(z), y)
+        z = model.body(x)  # (B, d)
+        value = F.cross_entropy(model.head(z), y)
         has = extras["has"][y]  # (B,) samples whose class has prototypes
         frac = has.sum() / len(y)  # the per-sample terms summed over those samples, / B
         if self.hp.cpcl:  # -log(sum_pos exp / sum_all exp) of cosines / tau, mean over samples with a positive
@@ -169,7 +167,7 @@ class FPL(FedAvg[PoolState]):
 
     async def client_update(self, msg: Record, state: Optional[Record], ctx: ClientContext) -> ClientResult:
         _, y = ctx.data
-        pool = cast(dict[str, torch.Tensor], msg.arrays["pool"])  # the group: protos (P, d), labels (P,)
+        pool = msg.group("pool")  # the group: protos (P, d), labels (P,)
         loss, extras = self.local_objective(pool["protos"].to(y.device), pool["labels"].to(y.device))
         fitted = await ctx.fit(msg.weights, loss, extras=extras)
         z = await ctx.features(fitted.weights)

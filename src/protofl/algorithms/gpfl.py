@@ -130,6 +130,7 @@ if TYPE_CHECKING:
 class GPFL(FedPer[WeightsState]):
     name = "gpfl"
     Hyper = GPFLHyper
+    hp: GPFLHyper
     couples_samples = True  # the magnitude term is one norm over the whole batch
 
     def adapt_model(self, model: nn.Module) -> nn.Module:
@@ -138,17 +139,17 @@ class GPFL(FedPer[WeightsState]):
         model.cov = CoV(model.feature_dim)
         return model
 
-    def gpfl_loss(self, model: nn.Module, x: torch.Tensor, y: torch.Tensor,
+    def gpfl_loss(self, model: FLModel, x: torch.Tensor, y: torch.Tensor,
                   extras: Mapping[str, Any]) -> torch.Tensor:
         hp = self.hp
         model = cast("GPFLModel", model)  # adapt_model's
         z = model.body(x)
         z_G, z_P = model.cov(z, extras["g"]), model.cov(z, extras["p"])
         E = model.gce.weight
-        loss = F.cross_entropy(model.head(z_P), y) + angle_loss(z_G, E, y)
+        loss: torch.Tensor = F.cross_entropy(model.head(z_P), y) + angle_loss(z_G, E, y)
         loss = loss + hp.lam * torch.linalg.vector_norm(z_G - extras["E0"][y])
         l2 = sum((p ** 2).sum() for p in [*model.gce.parameters(), *model.cov.parameters()])
-        return cast(torch.Tensor, loss + 0.5 * hp.mu * l2)
+        return loss + 0.5 * hp.mu * l2
 
     async def client_update(self, msg: Record, state: Optional[Record], ctx: ClientContext) -> ClientResult:
         assert state is not None  # client_init made it (the initial head)

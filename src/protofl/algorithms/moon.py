@@ -85,9 +85,9 @@ def model_contrastive_loss(z: torch.Tensor, z_glob: torch.Tensor, z_prev: torch.
     return F.cross_entropy(logits, torch.zeros(len(z), dtype=torch.long, device=z.device))
 
 
-def representation(model: nn.Module, weights: dict[str, torch.Tensor], x: torch.Tensor) -> torch.Tensor:
+def representation(model: FLModel, weights: dict[str, torch.Tensor], x: torch.Tensor) -> torch.Tensor:
     """z = R_w(x) of a frozen model: ``model.body`` with other weights, in eval mode, no grad."""
-    body = cast(nn.Module, model.body)
+    body = model.body
     with eval_mode(body), torch.no_grad():
         return cast(torch.Tensor, functional_call(body, weights, (x,)))
 
@@ -97,6 +97,7 @@ class MOON(FedAvg[WeightsState]):
     name = "moon"
     family = "global-model baselines"
     Hyper = MOONHyper
+    hp: MOONHyper
 
     def adapt_model(self, model: nn.Module) -> nn.Module:
         model = cast(FLModel, model)  # the zoo's models
@@ -114,14 +115,14 @@ class MOON(FedAvg[WeightsState]):
         w = fitted.weights
         return ClientResult(Record(weights=w), state=Record(weights=w), personal=ctx.shared_model(w))
 
-    def contrastive_loss(self, model: nn.Module, x: torch.Tensor, y: torch.Tensor,
+    def contrastive_loss(self, model: FLModel, x: torch.Tensor, y: torch.Tensor,
                          extras: Mapping[str, Any]) -> torch.Tensor:
         """Eq. 3: l_sup + mu * l_con, the frozen representations computed with the global and
         the previous weights (equal for a client's first participation: l_con = log 2, no gradient)."""
-        z = cast(nn.Module, model.body)(x)
-        value = F.cross_entropy(cast(nn.Module, model.head)(z), y)
+        z = model.body(x)
+        value = F.cross_entropy(model.head(z), y)
         if self.hp.mu == 0:
             return value
         z_glob = representation(model, extras["glob"], x)
         z_prev = representation(model, extras["prev"], x)
-        return cast(torch.Tensor, value + self.hp.mu * model_contrastive_loss(z, z_glob, z_prev, self.hp.tau))
+        return value + self.hp.mu * model_contrastive_loss(z, z_glob, z_prev, self.hp.tau)

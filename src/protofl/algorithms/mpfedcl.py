@@ -119,6 +119,7 @@ from torch import nn
 
 from ..errors import require, require_size
 from ..messages import Record, expect_arrays, expect_indices, expect_shapes
+from ..models.base import FLModel
 from ..nn.clustering import dbscan_centroids, kmeans, pad_groups
 from ..nn.contrastive import prototype_supcon_loss
 from ..nn.privacy import prototype_privacy, release_class_kmeans, release_class_means
@@ -233,7 +234,7 @@ class MPFedCL(FedAvg[PoolState]):
         missing = expect_arrays(reply, "protos", "labels")
         if missing:
             return missing
-        labels = cast(torch.Tensor, reply.arrays["labels"])
+        labels = reply.array("labels")
         if labels.dim() != 1:
             return f"array 'labels' has shape {tuple(labels.shape)}, expected (m,)"
         n = len(labels)
@@ -255,12 +256,12 @@ class MPFedCL(FedAvg[PoolState]):
         # eq. (10): every arriving client has a group of every class that some arriving client
         # holds; a client without class j contributes an empty group, which pad_groups fills
         # with U_bar_j (K copies; DP-FedCL: as many as the class's largest group)
-        held = torch.unique(torch.cat([cast(torch.Tensor, r.arrays["labels"]).cpu()
+        held = torch.unique(torch.cat([r.array("labels").cpu()
                                        for _, r in replies])).tolist()
         groups: dict[int, list[torch.Tensor]] = {j: [] for j in held}
         for _, r in replies:  # client-id order
-            protos = cast(torch.Tensor, r.arrays["protos"]).detach().cpu().float()
-            labels = cast(torch.Tensor, r.arrays["labels"]).cpu()
+            protos = r.array("protos").detach().cpu().float()
+            labels = r.array("labels").cpu()
             for j in held:
                 groups[j].append(protos[labels == j])
         pool, labels = build_pool(groups, self.pad_size(), self.info.feature_dim)
@@ -291,17 +292,17 @@ class MPFedCL(FedAvg[PoolState]):
             return cross_entropy, {}
         return self.contrastive_loss, {"pool": pool, "labels": labels}
 
-    def contrastive_loss(self, model: nn.Module, x: torch.Tensor, y: torch.Tensor,
+    def contrastive_loss(self, model: FLModel, x: torch.Tensor, y: torch.Tensor,
                          extras: Mapping[str, Any]) -> torch.Tensor:
-        z: torch.Tensor = cast(nn.Module, model.body)(x)  # (B, d)
-        l_ce = F.cross_entropy(cast(nn.Module, model.head)(z), y)
+        z: torch.Tensor = model.body(x)  # (B, d)
+        l_ce = F.cross_entropy(model.head(z), y)
         return cast(torch.Tensor, l_ce + self.hp.lam * prototype_supcon_loss(z, y, extras["pool"], extras["labels"],
                                                                              self.hp.tau, self.hp.positives))
 
     async def client_update(self, msg: Record, state: Optional[Record], ctx: ClientContext) -> ClientResult:
         C = self.info.num_classes
         _, y = ctx.data
-        received = cast(dict[str, torch.Tensor], msg.arrays["pool"])
+        received = msg.group("pool")
         pool, labels = received["protos"].to(y.device), received["labels"].to(y.device)
         loss, extras = self.local_objective(pool, labels)
         fitted = await ctx.fit(msg.weights, loss, extras=extras)

@@ -81,11 +81,10 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass
-from typing import Any, cast, Mapping, Optional
+from typing import Any, Mapping, Optional
 
 import torch
 import torch.nn.functional as F
-from torch import nn
 
 from ..errors import require
 from ..messages import Arrays, Record, expect_arrays, expect_shapes
@@ -157,6 +156,7 @@ class ReBaFL(FedAvg[ReBaFLState]):
     family = "calibrated softmax"
     reply_arrays = ("proto", "counts")  # besides w_k
     Hyper = ReBaFLHyper
+    hp: ReBaFLHyper
     couples_samples = True  # eq. 16's prior comes from the augmented batch's labels
 
     # -- server ------------------------------------------------------------------------------
@@ -183,8 +183,8 @@ class ReBaFL(FedAvg[ReBaFLState]):
         new = super().aggregate(state, rnd, replies, ctx)
         protos, counts = state.prototypes, state.counts
         if self.hp.faug:  # eq. 23, class by class, weighted by n_kc
-            fresh, n = aggregate_prototypes([cast(torch.Tensor, r.arrays["proto"]) for _, r in replies],
-                                            [cast(torch.Tensor, r.arrays["counts"]) for _, r in replies],
+            fresh, n = aggregate_prototypes([r.array("proto") for _, r in replies],
+                                            [r.array("counts") for _, r in replies],
                                             weighting="counts")
             if self.hp.prototype_memory:
                 seen = n > 0
@@ -214,8 +214,7 @@ class ReBaFL(FedAvg[ReBaFLState]):
 
     def augments(self, msg: Record) -> bool:
         """Whether the client augments features this round: only once global prototypes exist."""
-        return cast(bool, self.hp.faug and self.hp.mu_aug != 0
-                    and bool((cast(torch.Tensor, msg.arrays["proto_counts"]) > 0).any()))
+        return self.hp.faug and self.hp.mu_aug != 0 and bool((msg.array("proto_counts") > 0).any())
 
     def local_objective(self, msg: Record, ctx: ClientContext, local: Optional[tuple[torch.Tensor, torch.Tensor]] = None
                         ) -> tuple[LossFn, dict[str, torch.Tensor]]:
@@ -226,8 +225,8 @@ class ReBaFL(FedAvg[ReBaFLState]):
         if local is None:
             return self.balanced_loss, extras
         means, n = local
-        P, available = client_prototypes(means.clone(), n, cast(torch.Tensor, msg.arrays["proto"]).to(y.device),
-                                         cast(torch.Tensor, msg.arrays["proto_counts"]).to(y.device))  # eq. 18
+        P, available = client_prototypes(means.clone(), n, msg.array("proto").to(y.device),
+                                         msg.array("proto_counts").to(y.device))  # eq. 18
         targets = torch.zeros(len(n), dtype=torch.int64, device=y.device)  # padded to C: one shape for all
         targets[:len(available)] = available
         extras.update(prototypes=P, targets=targets, n_targets=torch.tensor(len(available), device=y.device))
@@ -237,17 +236,16 @@ class ReBaFL(FedAvg[ReBaFLState]):
         """Eq. 9 (relaxed balanced softmax with the prior pi), or plain CE for the ablation."""
         return F.cross_entropy(balanced_logits(z, pi) if self.hp.rbsm else z, y)
 
-    def balanced_loss(self, model: nn.Module, x: torch.Tensor, y: torch.Tensor,
+    def balanced_loss(self, model: FLModel, x: torch.Tensor, y: torch.Tensor,  # body h = f(x), head z = phi(h)
                       extras: Mapping[str, Any]) -> torch.Tensor:
-        m = cast(FLModel, model)  # body h = f(x), head z = phi(h)
-        return self.balance(m.head(m.body(x)), y, extras["prior"])
+        return self.balance(model.head(model.body(x)), y, extras["prior"])
 
-    def augmented_loss(self, model: nn.Module, x: torch.Tensor, y: torch.Tensor,
+    def augmented_loss(self, model: FLModel, x: torch.Tensor, y: torch.Tensor,
                        extras: Mapping[str, Any]) -> torch.Tensor:
-        hp, m = self.hp, cast(FLModel, model)
-        h = m.body(x)  # (B, d)
-        value = self.balance(m.head(h), y, extras["prior"])
+        hp = self.hp
+        h = model.body(x)  # (B, d)
+        value = self.balance(model.head(h), y, extras["prior"])
         h_aug, y_aug = augment_features(h.detach(), y, extras["prototypes"], extras["targets"], hp.lam,
                                         extras["n_targets"])  # eq. 15
         pi_aug = relaxed_prior(label_counts(y_aug, self.info.num_classes), hp.epsilon).to(y.device)
-        return cast(torch.Tensor, value + hp.mu_aug * self.balance(m.head(h_aug), y_aug, pi_aug))  # eq. 16
+        return value + hp.mu_aug * self.balance(model.head(h_aug), y_aug, pi_aug)  # eq. 16

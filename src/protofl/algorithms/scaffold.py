@@ -61,7 +61,7 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass
-from typing import Any, cast, Literal, Mapping, Optional
+from typing import Any, Literal, Mapping, Optional
 
 import torch
 
@@ -114,12 +114,11 @@ class Scaffold(GlobalModel[ScaffoldState]):
                   ctx: ServerContext) -> ScaffoldState:
         if not replies:  # nobody arrived: keep x and c
             return state
-        dy = average((r for _, r in replies), self.hp.weighting,
-                     part=lambda r: cast(dict[str, torch.Tensor], r.arrays["dy"]))
+        dy = average((r for _, r in replies), self.hp.weighting, part=lambda r: r.group("dy"))
         N = self.info.num_clients
         c = {k: v.clone() for k, v in state.control.items()}
         for _, r in replies:
-            for k, d in cast(dict[str, torch.Tensor], r.arrays["dc"]).items():
+            for k, d in r.group("dc").items():
                 c[k].add_(d, alpha=1.0 / N)
         if self.hp.server_opt == "none":  # x <- x + eta_g mean Delta y
             x = {k: (v + self.hp.server_lr * dy[k].to(v.dtype) if v.is_floating_point() else dy[k])
@@ -134,9 +133,8 @@ class Scaffold(GlobalModel[ScaffoldState]):
 
     async def client_update(self, msg: Record, state: Optional[Record], ctx: ClientContext) -> ClientResult:
         x = ctx.like_model(msg.weights)
-        c = cast(dict[str, torch.Tensor], msg.arrays["c"])
-        c_i = (cast(dict[str, torch.Tensor], state.arrays["c"]) if state is not None
-               else {k: torch.zeros_like(v) for k, v in c.items()})
+        c = msg.group("c")
+        c_i = state.group("c") if state is not None else {k: torch.zeros_like(v) for k, v in c.items()}
         # K local steps y <- y - eta_l (g(y) - c_i + c) on the trainable parameters
         fitted = await ctx.fit(x, self.task_loss, trainable=tuple(c), grad=corrected, extras={"c": c, "c_i": c_i})
         y = fitted.weights

@@ -92,10 +92,10 @@ class SphereFed(CalibratedEachRound):
         return (cross_entropy if self.hp.loss == "ce" else self.squared_error), {}
 
     @staticmethod
-    def squared_error(model: nn.Module, x: torch.Tensor, y: torch.Tensor,
+    def squared_error(model: FLModel, x: torch.Tensor, y: torch.Tensor,
                       extras: Mapping[str, Any]) -> torch.Tensor:
-        m = cast(FLModel, model)  # the zoo's models; the head's weight is the FixedHead's buffer W
-        out = F.normalize(m.body(x), dim=1) @ cast(torch.Tensor, m.head.weight).T  # (B, C) W h
+        # the zoo's models; the head's weight is the FixedHead's buffer W
+        out = F.normalize(model.body(x), dim=1) @ cast(torch.Tensor, model.head.weight).T  # (B, C) W h
         return ((out - F.one_hot(y, out.shape[1]).to(out.dtype)) ** 2).sum(1).mean()
 
     def reply_weights(self, weights: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
@@ -114,8 +114,8 @@ class SphereFed(CalibratedEachRound):
 
     def calibrate(self, w: dict[str, torch.Tensor], replies: list[Record], rnd: int,
                   ctx: ServerContext) -> dict[str, torch.Tensor]:
-        gram = cast(torch.Tensor, sum(cast(torch.Tensor, r.arrays["gram"]).double() for r in replies))  # H^T H
-        sums = cast(torch.Tensor, sum(cast(torch.Tensor, r.arrays["sums"]).double() for r in replies))  # (H^T Y)^T
+        gram = cast(torch.Tensor, sum(r.array("gram").double() for r in replies))  # H^T H
+        sums = cast(torch.Tensor, sum(r.array("sums").double() for r in replies))  # (H^T Y)^T
         W = least_squares_classifier(gram, sums, self.hp.ridge).to(w["head.weight"])
         return {"head.weight": W, "head.scale": torch.ones_like(w["head.scale"])}
 

@@ -381,6 +381,122 @@ class Stack:
         return {k: flat[:, i:j].view(flat.shape[0], *shape) for k, (i, j, shape) in self.layout.items()}
 
 
+# ---------------------------------------------------------------------------------------
+# one stack's training: its clients' minibatches, drawn; its steps
+# ---------------------------------------------------------------------------------------
+@dataclass
+class _Drawn:
+    """The minibatches of a stack's clients, drawn as each client's sequential loop would:
+    per client its step count, batch sizes and data rows (into the stack's concatenated
+    data; -1: a DP-SGD padding row), its augmentation draws, and under DP-SGD its private
+    settings (the released n~_k) and the round's sigma in ``settings``."""
+
+    settings: TrainSettings
+    dp: bool
+    totals: list[int]
+    sizes: list[list[int]]
+    rows: list[np.ndarray[Any, Any]]
+    private: list[TrainSettings]
+    aug: Optional[list[dict[str, np.ndarray[Any, Any]]]]
+
+
+def _draw(jobs: list[_Job], fits: list[Fit], model: nn.Module, names: list[str],
+          data: list[tuple[torch.Tensor, torch.Tensor]]) -> _Drawn:
+    """Every client's minibatches for one stack (:class:`_Drawn`), from its own streams."""
+    settings = jobs[0].ctx.training_settings(fits[0].settings)
+    B = settings.batch_size
+    ns = [len(y) for _, y in data]
+    offsets = np.concatenate([[0], np.cumsum(ns)[:-1]]).astype(np.int64)
+    dp = settings.dp_clip is not None
+    private: list[TrainSettings] = []
+    width = B
+    if dp:  # DP-SGD: each client's own n~_k, Poisson batches padded to the stack's widest (-1)
+        private = [j.ctx.fit_settings(f) for j, f in zip(jobs, fits)]
+        settings = dataclasses.replace(settings, dp_noise=private[0].dp_noise)  # the round's sigma
+        totals = [p.dp_steps() if names else 0 for p in private]
+        drawn_rows = [poisson_rows(n, p.dp_rate, t, cast(NoiseStream, j.ctx.batch_generator))  # its secret stream
+                      for n, p, t, j in zip(ns, private, totals, jobs)]
+        width = max([r.shape[1] for r, t in zip(drawn_rows, totals) if t] or [1])
+        rows = [np.pad(np.where(r >= 0, r + o, -1), ((0, 0), (0, width - r.shape[1])), constant_values=-1)
+                for r, o in zip(drawn_rows, offsets)]
+        sizes = [[width] * t for t in totals]
+    else:
+        drop = batch_coupled(model)  # a batch of one never reaches BatchNorm (train.epoch_batches)
+        totals = [total_steps(n, B, settings.epochs, settings.steps, drop) if names else 0 for n in ns]
+        sizes = [batch_sizes(n, B, t, drop) for n, t in zip(ns, totals)]
+        rows = [batch_rows(n, B, t, j.ctx.generator, drop) + o for n, t, j, o in zip(ns, totals, jobs, offsets)]
+    augmentation = jobs[0].ctx.augmentation  # the same for every client of the run (of the stack)
+    aug = [augment_plan(augmentation[0], t, width, cast(_Augmentation, j.ctx.augmentation)[1])
+           for t, j in zip(totals, jobs)] if augmentation else None
+    return _Drawn(settings, dp, totals, sizes, rows, private, aug)
+
+
+@dataclass
+class _StackRun:
+    """What one stack's training steps read: the stack, its data on the device (rows and
+    (slot, job, step) index of every group, augmentation draws, per-step extras), the step
+    and gradient functions, and the per-job sums the steps add to."""
+
+    stack: Stack
+    names: list[str]
+    settings: TrainSettings
+    dp: bool
+    xs: torch.Tensor
+    ys: torch.Tensor
+    per_step: Optional[dict[str, torch.Tensor]]
+    batch: torch.Tensor
+    index: torch.Tensor
+    drawn: Optional[dict[str, torch.Tensor]]
+    augmentation: Optional[_Augmentation]
+    step_fn: Any  # {whole full-size step: compiled or plain step function}
+    grad_fn: Optional[Callable[..., dict[str, torch.Tensor]]]
+    idle: Optional[torch.Tensor]
+    noise: Optional[list[NoiseStream]]
+    precision: str
+    loss_sum: torch.Tensor
+    seen: torch.Tensor
+
+    def step(self, g: Group) -> None:
+        """One optimizer step of group ``g``'s slots: their minibatches (augmented as each
+        client's plan has it), forward and backward under vmap, DP-SGD's clipping and noise,
+        the gradient transform, the optimizer update; the loss added to each job's sum."""
+        G, B, names, settings, stack = len(g.slots), self.settings.batch_size, self.names, self.settings, self.stack
+        at = self.index[g.at:g.at + 3 * G]
+        slots, clients, t = at[:G], at[G:2 * G], at[2 * G:]
+        part = stack.select(None if g.whole else slots)
+        extras = part.extras if self.per_step is None else {
+            **part.extras, **{k: v[clients, t, :g.b] for k, v in self.per_step.items()}}
+        rows_g = self.batch[g.start:g.start + G * g.b].view(G, g.b)
+        valid = rows_g >= 0 if self.dp else None  # DP-SGD: a padded row (-1) is no sample
+        if self.dp:
+            rows_g = rows_g.clamp(min=0)
+        xs = self.xs
+        xb = xs[rows_g]
+        if self.drawn is not None and self.augmentation is not None:  # each sample as the client's own plan has it
+            span = slice(g.start, g.start + G * g.b)
+            xb = apply(self.augmentation[0], xb.reshape(G * g.b, *xs.shape[1:]), self.drawn["offsets"][span],
+                       self.drawn["flips"][span], self.augmentation[2]).view(G, g.b, *xs.shape[1:])
+        params = stack.views(part.params)  # the step's values (grad_fn reads them too)
+        with autocast(self.precision, xs.device.type):
+            fn = self.step_fn[g.whole and g.b == B]
+            grads, value = fn(params, part.frozen, part.buffers, extras, xb, self.ys[rows_g])
+        if valid is not None and settings.dp_clip is not None:  # DP-SGD: per-sample -> private (G, ...)
+            z = None if self.noise is None else torch.stack(
+                [self.noise[i].normal((part.params.shape[1],)) for i in g.jobs]).to(xs.device)
+            grads = dict(zip(names, private_gradient([grads[k] for k in names], settings.dp_clip,
+                                                     settings.dp_noise, z, mask=valid, batch=B)))
+            self.seen.index_add_(0, clients, valid.sum(1).to(torch.float64))
+            value = torch.where(valid, value, torch.zeros_like(value)).sum(1) / g.b  # the sum, below
+        if self.grad_fn is not None:
+            grads = self.grad_fn(grads, part.extras, params)
+        flat = torch.cat([grads[k].reshape(G, -1) for k in names], dim=1)  # (G, n)
+        kept = _columns(part, self.idle)
+        optimizer_step([part.params], [flat], part.state, settings)
+        _restore(part, self.idle, kept)
+        stack.commit(part, None if g.whole else slots)
+        self.loss_sum.index_add_(0, clients, value.detach().to(torch.float64) * g.b)
+
+
 class BatchedExecutor(Executor):
     """Drives a round's ``client_update`` coroutines and runs what they await as stacks of at
     most ``slots`` clients (0: chosen from the round's clients and the memory)."""
@@ -593,65 +709,48 @@ class BatchedExecutor(Executor):
         the ``NonFiniteLossError`` to throw into it."""
         dev = self.runtime.device
         fits: list[Fit] = [j.fit for j in jobs]
-        settings = jobs[0].ctx.training_settings(fits[0].settings)
-        B = settings.batch_size
         model = jobs[0].ctx.architecture
         names = trainable_names(model, fits[0].trainable)
         data = [j.ctx.data for j in jobs]
-        ns = [len(y) for _, y in data]
-        offsets = np.concatenate([[0], np.cumsum(ns)[:-1]]).astype(np.int64)
-        dp = settings.dp_clip is not None
-        if dp:  # DP-SGD: each client's own n~_k, Poisson batches padded to the stack's widest (-1)
-            private = [j.ctx.fit_settings(f) for j, f in zip(jobs, fits)]
-            settings = dataclasses.replace(settings, dp_noise=private[0].dp_noise)  # the round's sigma
-            totals = [p.dp_steps() if names else 0 for p in private]
-            drawn_rows = [poisson_rows(n, p.dp_rate, t, cast(NoiseStream, j.ctx.batch_generator))  # its secret stream
-                          for n, p, t, j in zip(ns, private, totals, jobs)]
-            width = max([r.shape[1] for r, t in zip(drawn_rows, totals) if t] or [1])
-            rows = [np.pad(np.where(r >= 0, r + o, -1), ((0, 0), (0, width - r.shape[1])), constant_values=-1)
-                    for r, o in zip(drawn_rows, offsets)]
-            sizes = [[width] * t for t in totals]
-        else:
-            drop = batch_coupled(model)  # a batch of one never reaches BatchNorm (train.epoch_batches)
-            totals = [total_steps(n, B, settings.epochs, settings.steps, drop) if names else 0 for n in ns]
-            sizes = [batch_sizes(n, B, t, drop) for n, t in zip(ns, totals)]
-            rows = [batch_rows(n, B, t, j.ctx.generator, drop) + o for n, t, j, o in zip(ns, totals, jobs, offsets)]
-        augmentation = jobs[0].ctx.augmentation  # the same for every client of the run (of the stack)
-        aug = [augment_plan(augmentation[0], t, width if dp else B, cast(_Augmentation, j.ctx.augmentation)[1])
-               for t, j in zip(totals, jobs)] if augmentation else None
-
+        d = _draw(jobs, fits, model, names, data)
         answers: list[Any] = [None] * len(jobs)
         for i, j in enumerate(jobs):  # clients without a step to take keep their weights
-            if totals[i] == 0:
+            if d.totals[i] == 0:
                 answers[i] = Fitted({k: v.detach().clone() for k, v in fits[i].weights.items()},
-                                    j.ctx.trained(TrainStats(0.0, 0, 0), fits[i].report, private[i] if dp else None))
-        if not any(totals):
+                                    j.ctx.trained(TrainStats(0.0, 0, 0), fits[i].report, d.private[i] if d.dp else None))
+        if not any(d.totals):
             return answers
 
-        S = self._slots(totals, model, B, data, jobs[0], per_sample=dp)
-        plan = plan_stack(totals, sizes, rows, S, aug)
+        B = d.settings.batch_size
+        S = self._slots(d.totals, model, B, data, jobs[0], per_sample=d.dp)
+        plan = plan_stack(d.totals, d.sizes, d.rows, S, d.aug)
         self.stats.busy += plan.busy
         self.stats.slot_steps += plan.slot_steps
         self.stats.stacks += 1
         self.stats.slots.append(S)
 
-        stack = Stack(model, names, S, settings, fits[0].extras, dev)
-        per_step = self._per_step(fits, sizes, totals)  # {name: (J, steps, B, ...)} or None
+        per_step = self._per_step(fits, d.sizes, d.totals)  # {name: (J, steps, B, ...)} or None
         xs = torch.cat([x for x, _ in data]).to(dev)
         ys = torch.cat([y for _, y in data]).to(dev)
-        batch = torch.from_numpy(plan.rows).to(dev)  # every group's data rows, in one transfer
-        index = torch.from_numpy(plan.index).to(dev)  # every group's (slots, jobs, steps), in one transfer
-        drawn = None if plan.aug is None else {k: torch.from_numpy(v).to(dev) for k, v in plan.aug.items()}
-        loss_sum = torch.zeros(len(jobs), dtype=torch.float64, device=dev)
-        seen = torch.zeros(len(jobs), dtype=torch.float64, device=dev)  # DP-SGD: samples drawn
-        step_fn = self._step_fn(jobs[0], model, fits[0].loss, settings, tuple(per_step or ()))
         grad_fn = vmap(fits[0].grad) if fits[0].grad is not None else None
         # torch.optim's rule (the sequential driver's): a parameter the loss does not reach has no
         # gradient and is left alone, weight decay and momentum included; vmap gives it zeros
-        idle = None if dp or grad_fn is not None else stack.columns(
-            self._unreached(jobs[0], model, fits[0], names, xs, ys, rows[next(i for i, t in enumerate(totals) if t)],
-                            per_step))
-        noise = [j.ctx.noise_generator() for j in jobs] if settings.dp_noise > 0 else None  # DP-SGD
+        first = next(i for i, t in enumerate(d.totals) if t)
+        stack = Stack(model, names, S, d.settings, fits[0].extras, dev)
+        run = _StackRun(
+            stack=stack, names=names, settings=d.settings, dp=d.dp, xs=xs, ys=ys, per_step=per_step,
+            batch=torch.from_numpy(plan.rows).to(dev),  # every group's data rows, in one transfer
+            index=torch.from_numpy(plan.index).to(dev),  # every group's (slots, jobs, steps), in one transfer
+            drawn=None if plan.aug is None else {k: torch.from_numpy(v).to(dev) for k, v in plan.aug.items()},
+            augmentation=jobs[0].ctx.augmentation,
+            step_fn=self._step_fn(jobs[0], model, fits[0].loss, d.settings, tuple(per_step or ())),
+            grad_fn=grad_fn,
+            idle=None if d.dp or grad_fn is not None else stack.columns(
+                self._unreached(jobs[0], model, fits[0], names, xs, ys, d.rows[first], per_step)),
+            noise=[j.ctx.noise_generator() for j in jobs] if d.settings.dp_noise > 0 else None,  # DP-SGD
+            precision=jobs[0].ctx.runtime.cfg.execution.precision,
+            loss_sum=torch.zeros(len(jobs), dtype=torch.float64, device=dev),
+            seen=torch.zeros(len(jobs), dtype=torch.float64, device=dev))  # DP-SGD: samples drawn
         was = model.training
         model.train()
         try:
@@ -659,53 +758,21 @@ class BatchedExecutor(Executor):
                 for slot, i in plan.loads[s]:
                     stack.load(slot, fits[i])
                 for g in groups:
-                    G = len(g.slots)
-                    slots, clients, t = index[g.at:g.at + G], index[g.at + G:g.at + 2 * G], index[g.at + 2 * G:g.at + 3 * G]
-                    part = stack.select(None if g.whole else slots)
-                    extras = part.extras if per_step is None else {
-                        **part.extras, **{k: v[clients, t, :g.b] for k, v in per_step.items()}}
-                    rows_g = batch[g.start:g.start + G * g.b].view(G, g.b)
-                    valid = rows_g >= 0 if dp else None  # DP-SGD: a padded row (-1) is no sample
-                    if dp:
-                        rows_g = rows_g.clamp(min=0)
-                    xb = xs[rows_g]
-                    if drawn is not None and augmentation is not None:  # each sample as the client's own plan has it
-                        at = slice(g.start, g.start + G * g.b)
-                        xb = apply(augmentation[0], xb.reshape(G * g.b, *xs.shape[1:]), drawn["offsets"][at],
-                                   drawn["flips"][at], augmentation[2]).view(G, g.b, *xs.shape[1:])
-                    params = stack.views(part.params)  # the step's values (grad_fn reads them too)
-                    with autocast(jobs[0].ctx.runtime.cfg.execution.precision, dev.type):
-                        fn = step_fn[g.whole and g.b == B]
-                        grads, value = fn(params, part.frozen, part.buffers, extras, xb, ys[rows_g])
-                    if valid is not None and settings.dp_clip is not None:  # DP-SGD: per-sample -> private (G, ...)
-                        z = None if noise is None else torch.stack(
-                            [noise[i].normal((part.params.shape[1],)) for i in g.jobs]).to(dev)
-                        grads = dict(zip(names, private_gradient([grads[k] for k in names], settings.dp_clip,
-                                                                 settings.dp_noise, z, mask=valid, batch=B)))
-                        seen.index_add_(0, clients, valid.sum(1).to(torch.float64))
-                        value = torch.where(valid, value, torch.zeros_like(value)).sum(1) / g.b  # the sum, below
-                    if grad_fn is not None:
-                        grads = grad_fn(grads, part.extras, params)
-                    flat = torch.cat([grads[k].reshape(G, -1) for k in names], dim=1)  # (G, n)
-                    kept = _columns(part, idle)
-                    optimizer_step([part.params], [flat], part.state, settings)
-                    _restore(part, idle, kept)
-                    stack.commit(part, None if g.whole else slots)
-                    loss_sum.index_add_(0, clients, value.detach().to(torch.float64) * g.b)
+                    run.step(g)
                 for slot, i in plan.finishes[s]:
                     answers[i] = stack.unload(slot)
         finally:
             model.train(was)
 
-        losses = loss_sum.cpu().tolist()  # the stack's one wait for the device
-        drawn_n = seen.cpu().tolist() if dp else []
+        losses = run.loss_sum.cpu().tolist()  # the stack's one wait for the device
+        drawn_n = run.seen.cpu().tolist() if d.dp else []
         for i, j in enumerate(jobs):
-            if totals[i] == 0:
+            if d.totals[i] == 0:
                 continue
-            count = int(drawn_n[i]) if dp else sum(sizes[i])
+            count = int(drawn_n[i]) if d.dp else sum(d.sizes[i])
             try:
-                stats = j.ctx.trained(TrainStats(loss=losses[i] / max(count, 1), steps=totals[i], samples=count),
-                                      fits[i].report, private[i] if dp else None)
+                stats = j.ctx.trained(TrainStats(loss=losses[i] / max(count, 1), steps=d.totals[i], samples=count),
+                                      fits[i].report, d.private[i] if d.dp else None)
                 answers[i] = Fitted(answers[i], stats)
             except NonFiniteLossError as e:
                 answers[i] = e

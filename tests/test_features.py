@@ -150,6 +150,11 @@ def test_writers_groups_are_a_seeded_partition_of_the_writers():
         assert set(fed.test_idx[k].tolist()) <= set(tests.tolist())
     other = build_federated(cfg.replace(seed=1), dataset=fed.dataset).dataset.info["writer_groups"]
     assert other != groups
+    # a dataset with users but no names for them (a plugin's): its writers are named by index
+    from dataclasses import replace
+
+    unnamed = build_federated(cfg, dataset=replace(fed.dataset, user_names=None)).dataset.info["writer_groups"]
+    assert unnamed == [[str(users[u]) for u in g] for g in groups]
 
 
 def test_same_pixels_with_workers_and_after_resume(tmp_path):

@@ -407,7 +407,8 @@ class Writers(Scenario):
         pools = [(np.sort(np.concatenate([ds.users_train[u] for u in g]).astype(np.int64)),
                   np.sort(np.concatenate([ds.users_test[u] for u in g]).astype(np.int64))) for g in groups]
         train, test = pooled_partition(cfg, ds, pools, np.arange(K))
-        names = cast(list[str], ds.user_names)  # the loaders that give users name them
+        # the built-in loaders name their users; a dataset (a plugin's) that does not: by index
+        names = ds.user_names if ds.user_names is not None else [str(u) for u in range(U)]
         ds = replace(ds, info={**ds.info, "writer_groups": [[names[u] for u in g] for g in groups]})
         return FederatedData(ds, train, test, None)
 

@@ -18,6 +18,7 @@ import math
 import os
 import platform
 import re
+import statistics
 from pathlib import Path
 from typing import cast, Optional
 
@@ -343,9 +344,15 @@ def markdown_page(res: Results, date: Optional[str] = None, mach: Optional[str] 
     for s in spec.settings:
         if s.note:
             lines += ["", f"{s.label}: {s.note.strip()}"]
+    gaps = gap_lines(res)
+    if gaps:
+        lines += ["", *gaps]
     recipe = recipe_block(res)
     if recipe:
         lines += ["", *recipe]
+    timing = time_lines(res)
+    if timing:
+        lines += ["", *timing]
     split_lines = splits_lines(res)
     if split_lines:
         lines += ["", *split_lines]
@@ -396,6 +403,48 @@ def recipe_block(res: Results) -> list[str]:
         if lines:
             out += [f"**{sp.setting.label}.** " + " ".join(lines)]
     return [x for line in out for x in (line, "")][:-1]
+
+
+def gap_lines(res: Results) -> list[str]:
+    """Per setting and metric: ours minus the paper's value over the methods that have both
+    (mean over the cell's seeds), its least and greatest with their methods and its median."""
+    out = []
+    for sp in res.plan.settings:
+        sid, per_metric = sp.setting.id, []
+        for m in res.plan.spec.metrics:
+            diffs = sorted((c.mean - c.paper, label) for label, cells in res.cells.get(sid, {}).items()
+                           if (c := cells.get(m.id)) is not None and c.paper is not None and c.present)
+            if not diffs:
+                continue
+            median = statistics.median(d for d, _ in diffs)
+            (lo, lo_m), (hi, hi_m) = diffs[0], diffs[-1]
+            per_metric.append(f"{m.label} from {lo:+.1f} ({lo_m}) to {hi:+.1f} ({hi_m}), median {median:+.1f} "
+                              f"over {len(diffs)} method{'s' if len(diffs) > 1 else ''}")
+        if per_metric:
+            out.append(f"Ours minus the paper's ({sp.setting.label}, points): {'; '.join(per_metric)}.")
+    return out
+
+
+def time_lines(res: Results) -> list[str]:
+    """Per setting: how long its runs of the cells' seeds took, summed over their rounds as
+    the records hold them (wall-clock of each round, this machine or the one that made them)."""
+    from ..run_folder import METRICS, read_rows
+
+    out = []
+    for sp in res.plan.settings:
+        used = set(res.seeds.get(sp.setting.id, []))
+        minutes = []
+        for r in sp.runs:
+            path = r.dir / METRICS
+            if r.seed in used and path.exists():
+                rows = read_rows(path)
+                if rows and all("wall_s" in row for row in rows):
+                    minutes.append(sum(row["wall_s"] for row in rows) / 60)
+        if minutes:
+            out.append(f"Run time ({sp.setting.label}), the recorded rounds' wall-clock summed: median "
+                       f"{statistics.median(minutes):.1f} minutes a run, {min(minutes):.1f} to {max(minutes):.1f}, "
+                       f"over {len(minutes)} runs.")
+    return out
 
 
 def no_result_lines(res: Results) -> list[str]:

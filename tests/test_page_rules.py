@@ -372,3 +372,31 @@ def test_a_grid_table_leaves_a_collapsed_run_out_and_names_it(tmp_path):
     assert saved["collapsed"]["fedavg-s2"].startswith("fedavg: collapsed: its last GM (10.00 % in round 2)")
     assert "Left out, no result: fedavg-s2 (fedavg: collapsed:" in (out / "sweep.md").read_text()
     assert logs and logs[0].startswith("[collapsed] fedavg:") and "left out of the table" in logs[0]
+
+
+def test_the_gap_to_the_paper_and_the_run_time_are_read_from_the_runs(tmp_path):
+    """The traps' cells (ours (paper)): GM FedAvg 81.00 (80), FedProx 84.17 (79), Ditto
+    80.60 (78); PA FedAvg 91.17 (90), the others without a paper value. Run time: each
+    round's recorded wall_s, summed per run."""
+    from protofl.reproduce.render import gap_lines, time_lines
+
+    p = traps_plan(tmp_path, seeds=())
+    for sp in p.settings:
+        for r in sp.runs:
+            path = r.dir / "metrics.jsonl"
+            if path.exists():
+                rows = [json.loads(x) for x in path.read_text().splitlines()]
+                for x in rows:  # 30 s a round for seed 0, 60 s for the others
+                    x["wall_s"] = 30.0 if r.seed == 0 else 60.0
+                path.write_text("".join(json.dumps(x) + "\n" for x in rows))
+    res = collect(p)
+    assert gap_lines(res) == ["Ours minus the paper's (iid, points): GM from +1.0 (FedAvg) to +5.2 (FedProx), "
+                              "median +2.6 over 3 methods; PA +1.2 (FedAvg)."]
+    n_rounds = {len(read_rows(r.dir / "metrics.jsonl")) for sp in p.settings for r in sp.runs if r.seed in (0, 1, 2)
+                and (r.dir / "metrics.jsonl").exists()}
+    assert len(n_rounds) == 1  # every traps run has the same rounds
+    k, runs = n_rounds.pop(), sum(1 for sp in p.settings for r in sp.runs if r.seed in (0, 1, 2)
+                                  and (r.dir / "metrics.jsonl").exists())
+    assert time_lines(res) == [f"Run time (iid), the recorded rounds' wall-clock summed: median {k:.1f} minutes a "
+                               f"run, {k / 2:.1f} to {k:.1f}, over {runs} runs."]
+    assert gap_lines(res)[0] in markdown_page(res, date="D", mach="M")

@@ -416,10 +416,13 @@ def gap_lines(res: Results) -> list[str]:
                            if (c := cells.get(m.id)) is not None and c.paper is not None and c.present)
             if not diffs:
                 continue
-            median = statistics.median(d for d, _ in diffs)
             (lo, lo_m), (hi, hi_m) = diffs[0], diffs[-1]
+            if len(diffs) == 1:
+                per_metric.append(f"{m.label} {lo:+.1f} ({lo_m})")
+                continue
+            median = statistics.median(d for d, _ in diffs)
             per_metric.append(f"{m.label} from {lo:+.1f} ({lo_m}) to {hi:+.1f} ({hi_m}), median {median:+.1f} "
-                              f"over {len(diffs)} method{'s' if len(diffs) > 1 else ''}")
+                              f"over {len(diffs)} methods")
         if per_metric:
             out.append(f"Ours minus the paper's ({sp.setting.label}, points): {'; '.join(per_metric)}.")
     return out

@@ -63,4 +63,4 @@ dist: install-dev
 	$(BIN)/twine check --strict dist/*
 
 clean:
-	rm -rf $(VENV) runs site .pytest_cache dist build src/protofl.egg-info
+	rm -rf $(VENV) runs site .pytest_cache .mypy_cache .ruff_cache dist build src/protofl.egg-info

@@ -143,3 +143,15 @@ def test_resume_after_kill_is_bit_identical(name, digits_cfg, tmp_path):
     full, resumed = kill_and_resume(cfg, tmp_path, after=2)
     assert strip_timing(resumed.rows) == strip_timing(full.rows)
     assert "gm@uncalibrated" in full.rows[-1]
+
+
+def test_a_reply_without_the_statistics_calibrate_reads_is_refused():
+    """calibrate reads every reply's mean, cov and counts: a reply without one, or with a
+    group in its place, is refused by check_reply (it raised KeyError on the server)."""
+    C, d = 3, 2
+    algo = CCVR(CCVRHyper(), TaskInfo(num_classes=C, num_clients=2, feature_dim=d, input_shape=(2,), seed=0, rounds=1))
+    good = {"mean": torch.zeros(C, d), "cov": torch.zeros(C, d, d), "counts": torch.ones(C)}
+    assert algo.check_reply(Record(arrays=good), Record()) is None
+    assert "must carry" in algo.check_reply(Record(arrays={k: v for k, v in good.items() if k != "cov"}), Record())
+    assert "must carry" in algo.check_reply(Record(arrays={**good, "mean": {"m": torch.zeros(C, d)}}), Record())
+    assert "shape" in algo.check_reply(Record(arrays={**good, "counts": torch.ones(C + 1)}), Record())

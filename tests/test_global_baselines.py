@@ -414,3 +414,16 @@ def test_identical_with_workers(name, digits_cfg, tmp_path):
     seq = run(cfg, run_dir=tmp_path / "seq")
     par = run(cfg.replace(**{"execution.workers": 2}), run_dir=tmp_path / "par")
     assert strip_timing(par.rows) == strip_timing(seq.rows)
+
+
+def test_a_scaffold_reply_must_carry_both_updates_shaped_as_what_was_sent():
+    """aggregate reads Delta y_i for every weight and Delta c_i for every entry of c: a reply
+    without them, with one tensor in a group's place, another key or another shape, is
+    refused by check_reply (they raised KeyError or a shape error on the server)."""
+    algo = Scaffold(ScaffoldHyper(), info(2))
+    sent = Record(weights={"w": torch.zeros(2), "bn": torch.zeros(1)}, arrays={"c": {"w": torch.zeros(2)}})
+    good = {"dy": {"w": torch.ones(2), "bn": torch.ones(1)}, "dc": {"w": torch.ones(2)}}
+    assert algo.check_reply(Record(arrays=good), sent) is None
+    for bad in ({"dy": good["dy"]}, {**good, "dc": torch.ones(2)}, {**good, "dy": {"w": torch.ones(2)}},
+                {**good, "dc": {"w": torch.ones(3)}}, {**good, "dc": {"v": torch.ones(2)}}):
+        assert "must hold one entry per entry" in algo.check_reply(Record(arrays=bad), sent)

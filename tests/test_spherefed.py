@@ -101,3 +101,16 @@ def test_bad_hyper_parameters_are_one_line_errors(digits_cfg):
         digits_cfg("algorithm.name=spherefed", "algorithm.ridge=-1")
     with pytest.raises(ConfigError, match="loss"):
         digits_cfg("algorithm.name=spherefed", "algorithm.loss=hinge")
+
+
+def test_a_reply_without_the_statistics_calibrate_reads_is_refused():
+    """calibrate reads every reply's gram and sums: a reply without one, or with a group in
+    its place, is refused by check_reply (it raised KeyError on the server)."""
+    from protofl.messages import Record
+
+    m = algo(C=3, d=2)
+    good = {"gram": torch.zeros(2, 2), "sums": torch.zeros(3, 2)}
+    assert m.check_reply(Record(arrays=good), Record()) is None
+    assert "must carry" in m.check_reply(Record(arrays={"gram": good["gram"]}), Record())
+    assert "must carry" in m.check_reply(Record(arrays={**good, "sums": {"s": torch.zeros(3, 2)}}), Record())
+    assert "shape" in m.check_reply(Record(arrays={**good, "gram": torch.zeros(3, 3)}), Record())

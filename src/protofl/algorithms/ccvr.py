@@ -56,7 +56,7 @@ import torch
 from torch import nn
 
 from ..errors import ConfigError, require, require_size
-from ..messages import Arrays, Record, expect_shapes
+from ..messages import Arrays, Record, expect_arrays, expect_shapes
 from ..nn.prototypes import class_means
 from .base import ClientContext, ClientResult, Predictors, register, ServerContext, WeightsState
 from .creff import retrain_linear
@@ -198,7 +198,8 @@ class CCVR(CalibratedEachRound):
 
     def check_reply(self, reply: Record, sent: Record) -> Optional[str]:
         C, d = self.info.num_classes, self.info.feature_dim
-        return expect_shapes(reply, mean=(C, d), cov=(C, d, d), counts=(C,))
+        return (expect_arrays(reply, "mean", "cov", "counts")  # calibrate reads them all
+                or expect_shapes(reply, mean=(C, d), cov=(C, d, d), counts=(C,)))
 
     def statistics(self, z: torch.Tensor, y: torch.Tensor) -> Arrays:
         mean, cov, counts = class_statistics(z, y, self.info.num_classes)

@@ -110,6 +110,16 @@ class Scaffold(GlobalModel[ScaffoldState]):
     def configure(self, state: ScaffoldState, rnd: int, ctx: ServerContext) -> Record:
         return Record(weights=state.weights, arrays={"c": state.control})
 
+    def check_reply(self, reply: Record, sent: Record) -> Optional[str]:
+        """aggregate reads Delta y_i for every entry of x and Delta c_i for every entry of c:
+        two groups shaped as what was sent (x's weights, the control variate c)."""
+        for name, ref in (("dy", sent.weights), ("dc", sent.arrays.get("c"))):
+            got = reply.arrays.get(name)
+            if not isinstance(got, dict) or not isinstance(ref, dict) or set(got) != set(ref) \
+                    or any(tuple(t.shape) != tuple(ref[k].shape) for k, t in got.items()):
+                return f"group {name!r} must hold one entry per entry the client received, of the same shape"
+        return None
+
     def aggregate(self, state: ScaffoldState, rnd: int, replies: list[tuple[int, Record]],
                   ctx: ServerContext) -> ScaffoldState:
         if not replies:  # nobody arrived: keep x and c

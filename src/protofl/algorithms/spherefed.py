@@ -44,7 +44,7 @@ from torch import nn
 from torch.nn import functional as F
 
 from ..errors import require
-from ..messages import Arrays, Record, expect_shapes
+from ..messages import Arrays, Record, expect_arrays, expect_shapes
 from ..models.base import FLModel
 from ..nn.heads import FixedHead, max_separated_prototypes, orthonormal_prototypes
 from .base import ClientContext, cross_entropy, LossFn, register, ServerContext
@@ -110,7 +110,7 @@ class SphereFed(CalibratedEachRound):
     # -- server -------------------------------------------------------------------------------
     def check_reply(self, reply: Record, sent: Record) -> Optional[str]:
         C, d = self.info.num_classes, self.info.feature_dim
-        return expect_shapes(reply, gram=(d, d), sums=(C, d))
+        return expect_arrays(reply, "gram", "sums") or expect_shapes(reply, gram=(d, d), sums=(C, d))  # both read
 
     def calibrate(self, w: dict[str, torch.Tensor], replies: list[Record], rnd: int,
                   ctx: ServerContext) -> dict[str, torch.Tensor]:

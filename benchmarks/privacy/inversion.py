@@ -29,13 +29,25 @@ samples too. Two feature maps: FedProto's (the body's raw ReLU features, clip 5)
 FedNH's (unit-normalized features, clip 1). Per feature map, epsilon (none, 8, 1) and n
 (1, 4, 16, 64): 10 classes x ``--trials`` draws.
 
-    python benchmarks/privacy/inversion.py --data-dir DATA     # inversion.md, inversion.png
+    python benchmarks/privacy/inversion.py --data-dir DATA \
+        --records benchmarks/privacy/records/inversion.jsonl.gz     # inversion.md, inversion.png
+    python benchmarks/privacy/inversion.py --no-run \
+        --records benchmarks/privacy/records/inversion.jsonl.gz     # both again, from the records alone
 
-Results: ``inversion.md`` and ``inversion.png`` in --results (default this folder).
+Results: ``inversion.md`` and ``inversion.png`` in --results (default this folder). The
+page and the figure are made from the measurement's records alone (``render``): what was
+measured and how (the settings, the machine and date, the command and its minutes), every
+case's two correlations per feature map and epsilon, and the figure's images (8-bit grey
+over the inputs' range). ``--records FILE`` writes them as one gzip file of JSON lines;
+``--no-run --records FILE`` makes the page and the figure from that file, and a test
+rebuilds the committed page from its committed records word for word.
 """
 from __future__ import annotations
 
 import argparse
+import base64
+import gzip
+import json
 import math
 import os
 import sys
@@ -93,27 +105,16 @@ def train_body(ds, seed: int, epochs: int):
     return model, acc
 
 
-def main() -> int:
+def measure(args: argparse.Namespace, command: str) -> list[dict]:
+    """Train the feature map, release every case's prototype per feature map and epsilon,
+    invert it, and return the records: one ``meta`` line, one ``release`` line per
+    (feature map, epsilon) with every case's corr(x^, own) and corr(x^, other), and one
+    ``figure`` line (FedNH's map, one case per class at the smallest n, trial 0)."""
     from protofl.data.datasets import load_dataset
-    from protofl.nn.inversion import invert_features
     from protofl.engine.privacy import new_secret
+    from protofl.nn.inversion import invert_features
     from protofl.nn.privacy import NoiseStream, private_class_means
-    from protofl.report.plots import _plt, _save
-    from protofl.report.tables import markdown
-    from protofl.reproduce import stats
 
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--data-dir", default=os.environ.get("PROTOFL_DATA"), help="folder holding fashion-mnist/")
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--trials", type=int, default=5, help="draws per class and size")
-    p.add_argument("--sizes", default="1,4,16,64", help="samples behind a prototype")
-    p.add_argument("--epsilons", default="8,1", help="one release's epsilon (besides no noise)")
-    p.add_argument("--epochs", type=int, default=1, help="central training epochs of the feature map")
-    p.add_argument("--steps", type=int, default=300)
-    p.add_argument("--lr", type=float, default=0.05)
-    p.add_argument("--tv", type=float, default=0.05, help="weight of the total-variation prior")
-    p.add_argument("--results", default=str(HERE))
-    args = p.parse_args()
     sizes = [int(s) for s in args.sizes.split(",")]
     epsilons = [math.inf] + [float(e) for e in args.epsilons.split(",")]
     t0 = time.perf_counter()
@@ -139,9 +140,7 @@ def main() -> int:
     with torch.no_grad():
         z_raw = model.body(x_all[samples])
 
-    head = ["features", "ε (one release)", "σ", "n", "corr(x^, own)", "corr(x^, other)", "leak: the gap",
-            "gap > 0: p"]
-    table, shown = [], {}
+    releases, shown = [], {}
     for label, (feat, clip) in MAPS.items():
         z = feat(z_raw)
         for eps in epsilons:
@@ -151,53 +150,131 @@ def main() -> int:
             x_hat = invert_features(lambda x: feat(model.body(x)), protos, torch.zeros_like(own_mean),
                                     steps=args.steps, lr=args.lr, tv=args.tv, low=low, high=high,
                                     modules=(model,))
-            r_own, r_other = corr(x_hat, own_mean), corr(x_hat, other_mean)
             shown[(label, eps)] = x_hat
-            for n in sizes:
-                rows = [k for k, case in enumerate(cases) if case[0] == n]
-                a, b = r_own[rows].numpy(), r_other[rows].numpy()
-                d = stats.paired((a - b).astype(np.float64))
-                table.append([label, "none" if math.isinf(eps) else f"{eps:g}", f"{sigma:.3g}", str(n),
-                              f"{a.mean():.3f} ± {a.std(ddof=1):.3f}", f"{b.mean():.3f} ± {b.std(ddof=1):.3f}",
-                              f"{d.mean:+.3f} (90 % CI {d.ci90[0]:+.3f} to {d.ci90[1]:+.3f})", f"{d.p_for:.2g}"])
-    # the figure: FedNH's map, one case per class at n = 1 (trial 0): own image, then x^ per epsilon
+            releases.append({"kind": "release", "map": label, "epsilon": None if math.isinf(eps) else eps,
+                             "sigma": sigma, "own": corr(x_hat, own_mean).tolist(),
+                             "other": corr(x_hat, other_mean).tolist()})
     nh = list(MAPS)[1]
     picks = [k for k, (n, _, t) in enumerate(cases) if n == min(sizes) and t == 0]
-    plt = _plt()
     rows = [("own", own_mean)] + [("x^, " + ("no DP" if math.isinf(e) else f"ε = {e:g}"), shown[(nh, e)])
                                   for e in epsilons]
-    fig, axes = plt.subplots(len(rows), len(picks), figsize=(1.2 * len(picks), 1.3 * len(rows)))
-    for i, (name, imgs) in enumerate(rows):
-        for j, k in enumerate(picks):
+    figure = {"kind": "figure", "map": nh, "n": min(sizes), "rows": [
+        {"name": name, "images": [grey(imgs[k, 0], low, high) for k in picks]} for name, imgs in rows]}
+    meta = {"kind": "meta", "measured": header().rstrip(), "command": command,
+            "minutes": round((time.perf_counter() - t0) / 60, 1), "test_acc": test_acc,
+            "classes": ds.num_classes, "cases": cases,
+            "settings": {k: getattr(args, k) for k in ("seed", "trials", "epochs", "steps", "lr", "tv")}}
+    return [meta, *releases, figure]
+
+
+def grey(img: torch.Tensor, low: float, high: float) -> dict:
+    """One image as the figure shows it: 8-bit grey over [low, high], base64 of its bytes."""
+    q = ((img.clamp(low, high) - low) / (high - low) * 255).round().to(torch.uint8).numpy()
+    return {"shape": list(q.shape), "b64": base64.b64encode(q.tobytes()).decode()}
+
+
+def ungrey(img: dict) -> np.ndarray:
+    return np.frombuffer(base64.b64decode(img["b64"]), dtype=np.uint8).reshape(img["shape"])
+
+
+def write_records(path: Path, records: list[dict]) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    data = "".join(json.dumps(r, sort_keys=True) + "\n" for r in records).encode()
+    path.write_bytes(gzip.compress(data, mtime=0))  # mtime 0: the same records, the same bytes
+
+
+def read_records(path: Path) -> list[dict]:
+    records = [json.loads(line) for line in gzip.decompress(path.read_bytes()).decode().splitlines() if line]
+    kinds = [r.get("kind") for r in records]
+    if kinds.count("meta") != 1 or kinds.count("figure") != 1 or "release" not in kinds:
+        raise SystemExit(f"{path}: not the records of inversion.py (one meta, releases, one figure)")
+    return records
+
+
+def render(records: list[dict], results: Path) -> str:
+    """The page and the figure from the records alone; returns the page's text."""
+    from protofl.report.plots import _plt, _save
+    from protofl.report.tables import markdown
+    from protofl.reproduce import stats
+
+    meta = next(r for r in records if r["kind"] == "meta")
+    figure = next(r for r in records if r["kind"] == "figure")
+    cfg = meta["settings"]
+    sizes = sorted({n for n, _, _ in meta["cases"]})
+    head = ["features", "ε (one release)", "σ", "n", "corr(x^, own)", "corr(x^, other)", "leak: the gap",
+            "gap > 0: p"]
+    table = []
+    for rel in (r for r in records if r["kind"] == "release"):
+        r_own, r_other = np.array(rel["own"]), np.array(rel["other"])
+        for n in sizes:
+            rows = [k for k, case in enumerate(meta["cases"]) if case[0] == n]
+            a, b = r_own[rows], r_other[rows]
+            d = stats.paired((a - b).astype(np.float64))
+            table.append([rel["map"], "none" if rel["epsilon"] is None else f"{rel['epsilon']:g}",
+                          f"{rel['sigma']:.3g}", str(n),
+                          f"{a.mean():.3f} ± {a.std(ddof=1):.3f}", f"{b.mean():.3f} ± {b.std(ddof=1):.3f}",
+                          f"{d.mean:+.3f} (90 % CI {d.ci90[0]:+.3f} to {d.ci90[1]:+.3f})", f"{d.p_for:.2g}"])
+    plt = _plt()
+    rows = figure["rows"]
+    fig, axes = plt.subplots(len(rows), len(rows[0]["images"]), figsize=(1.2 * len(rows[0]["images"]),
+                                                                        1.3 * len(rows)), squeeze=False)
+    for i, row in enumerate(rows):
+        for j, img in enumerate(row["images"]):
             ax = axes[i][j]
-            ax.imshow(imgs[k, 0].numpy(), cmap="gray", vmin=low, vmax=high)
+            ax.imshow(ungrey(img), cmap="gray", vmin=0, vmax=255)
             ax.set_xticks([])
             ax.set_yticks([])
             if j == 0:
-                ax.set_ylabel(name, fontsize=7)
-    fig.suptitle(f"{nh}: one sample's prototype inverted (n = {min(sizes)})", fontsize=8)
-    results = Path(args.results)
+                ax.set_ylabel(row["name"], fontsize=7)
+    fig.suptitle(f"{figure['map']}: one sample's prototype inverted (n = {figure['n']})", fontsize=8)
     results.mkdir(parents=True, exist_ok=True)
     _save(fig, results / "inversion.png")
-
-    shown = shown_command("benchmarks/privacy/inversion.py", sys.argv[1:],
-                          {"--data-dir": "DATA", "--results": "RESULTS"})
-    text = ("## What a prototype leaks: inversion with and without DP (Fashion-MNIST, cnn_fmnist)\n\n"
-            + header(f"Written by `{shown}` in {(time.perf_counter() - t0) / 60:.1f} min. The feature map: "
-                     f"cnn_fmnist after {args.epochs} central epoch(s), test accuracy {100 * test_acc:.2f} %. "
-                     f"Inversion: {args.steps} Adam steps, lr {args.lr:g}, TV weight {args.tv:g}, from the mean "
-                     f"image; {args.trials} draws x {ds.num_classes} classes per row, seed {args.seed}.")
+    return ("## What a prototype leaks: inversion with and without DP (Fashion-MNIST, cnn_fmnist)\n\n"
+            + f"{meta['measured']} Written by `{meta['command']}` in {meta['minutes']:.1f} min. The feature map: "
+              f"cnn_fmnist after {cfg['epochs']} central epoch(s), test accuracy {100 * meta['test_acc']:.2f} %. "
+              f"Inversion: {cfg['steps']} Adam steps, lr {cfg['lr']:g}, TV weight {cfg['tv']:g}, from the mean "
+              f"image; {cfg['trials']} draws x {meta['classes']} classes per row, seed {cfg['seed']}. The page "
+              "and the figure are made from the measurement's records (records/inversion.jsonl.gz) by "
+              "`python benchmarks/privacy/inversion.py --no-run --records RECORDS`."
             + "\n\n"
             + markdown(head, table)
             + "\nThe victims are training images of the feature map. own: the mean image of the n samples "
               "behind the prototype; other: of n other training samples of the same class. The gap (paired over "
               "the cases, one-sided t-test p) is what the prototype tells about its own samples beyond their "
-              "class. σ: the noise multiplier with which one release spends the ε (δ = 1e-5), noise drawn from a "
-              "secret key; the ε is the release's alone (this feature map was trained on the victims without "
-              "privacy, which no guarantee covers: privacy.mode: sample trains it by DP-SGD and accounts for "
-              "both). A run releases every round, so its σ at the same total ε is larger. Figure: "
+              f"class. σ: the noise multiplier with which one release spends the ε (δ = {DELTA:g}), noise drawn "
+              "from a secret key; the ε is the release's alone (this feature map was trained on the victims "
+              "without privacy, which no guarantee covers: privacy.mode: sample trains it by DP-SGD and accounts "
+              "for both). A run releases every round, so its σ at the same total ε is larger. Figure: "
               "inversion.png.\n")
-    (results / "inversion.md").write_text(text)
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--data-dir", default=os.environ.get("PROTOFL_DATA"), help="folder holding fashion-mnist/")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--trials", type=int, default=5, help="draws per class and size")
+    p.add_argument("--sizes", default="1,4,16,64", help="samples behind a prototype")
+    p.add_argument("--epsilons", default="8,1", help="one release's epsilon (besides no noise)")
+    p.add_argument("--epochs", type=int, default=1, help="central training epochs of the feature map")
+    p.add_argument("--steps", type=int, default=300)
+    p.add_argument("--lr", type=float, default=0.05)
+    p.add_argument("--tv", type=float, default=0.05, help="weight of the total-variation prior")
+    p.add_argument("--results", default=str(HERE))
+    p.add_argument("--records", help="gzip JSON lines of the measurement: written after it, or read with --no-run")
+    p.add_argument("--no-run", action="store_true", help="make the page and the figure from --records alone")
+    args = p.parse_args()
+    if args.no_run:
+        if not args.records:
+            p.error("--no-run needs --records")
+        records = read_records(Path(args.records))
+    else:
+        command = shown_command("benchmarks/privacy/inversion.py", sys.argv[1:],
+                                {"--data-dir": "DATA", "--results": "RESULTS", "--records": "RECORDS"})
+        records = measure(args, command)
+        if args.records:
+            write_records(Path(args.records), records)
+    text = render(records, Path(args.results))
+    (Path(args.results) / "inversion.md").write_text(text)
     print(text)
     return 0
 

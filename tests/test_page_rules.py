@@ -12,7 +12,7 @@ import yaml
 from protofl.config import ConfigError
 from protofl.errors import InputError
 from protofl.records import carried, finished_runs, pack, read_packed, unpack
-from protofl.report.recipe import recipe_lines
+from protofl.report.recipe import method_lines, recipe_lines, setting
 from protofl.reproduce import stats
 from protofl.reproduce.render import markdown_page
 from protofl.reproduce.run import collect
@@ -186,6 +186,62 @@ def test_the_recipe_states_what_the_configs_say_and_who_differs():
                         "fednh: lr x 0.99 a round; fednh: gradient clip 10; fedgela: gradient clip 20 (the method's "
                         "own).")
     assert recipe_lines({}) == [] and len(recipe_lines({"fedavg": [cfg()]})) == 1
+
+
+def test_each_methods_own_settings_are_read_from_its_configs():
+    def alg(name, **kw):
+        return {"algorithm": {"name": name, "weighting": "samples", "server_opt": "none", "server_lr": None,
+                              "server_momentum": 0.9, "clip_grad": None, **kw}}
+    lines = method_lines({"FedAvg": [alg("fedavg")] * 2, "FedProx": [alg("fedprox", mu=0.01)],
+                          "Scaffold": [alg("scaffold", server_lr=1.0, weighting="uniform")],
+                          "FedUH": [alg("fednh", rho=1.0)], "Adam": [alg("fedavg", server_opt="adam")]})
+    # server_momentum only where a server optimizer uses it; the clip is the recipe's
+    assert lines == ["Methods' settings, read from the same configs (their algorithm section): every method that "
+                     "has them: server_opt none, weighting samples, unless named; Adam (fedavg): server_momentum 0.9, "
+                     "server_opt adam; FedProx: mu 0.01; FedUH (fednh): rho 1; Scaffold: server_lr 1, "
+                     "weighting uniform."]
+    assert method_lines({}) == []
+
+
+def test_a_setting_for_the_prose_is_one_value_of_the_runs():
+    runs = {"FedAvg": [cfg(), cfg()], "FedNH": [cfg(momentum=0.5)]}
+    assert setting(runs, "training.lr") == "0.01" and setting(runs, "rounds") == "20"
+    assert setting(runs, "training.momentum", "FedNH") == "0.5"
+    assert setting(runs, "training.clip_grad") == "none"
+    with pytest.raises(ValueError, match="training.momentum is not one value over the runs: 0.5, 0.9"):
+        setting(runs, "training.momentum")
+    with pytest.raises(ValueError, match="algorithm.mu of FedNH is not one value over the runs: absent"):
+        setting(runs, "algorithm.mu", "FedNH")
+    with pytest.raises(ValueError, match="no run of FedProx"):
+        setting(runs, "training.lr", "FedProx")
+
+
+def test_the_notes_state_the_settings_of_the_runs(tmp_path):
+    """A table file's prose says {{key}} or {{Label: key}}; the page states the runs' value
+    there, and in brackets what it cannot read."""
+    import dataclasses
+
+    p = traps_plan(tmp_path, seeds=())
+    for sp in p.settings:
+        for r in sp.runs:
+            if (r.dir / "metrics.jsonl").exists():
+                c = cfg(momentum=0.5)
+                c["algorithm"] = {"name": r.label.lower(), **({"mu": 0.01} if r.label == "FedProx" else {})}
+                (r.dir / "config.yaml").write_text(yaml.safe_dump(c))
+    p.spec = dataclasses.replace(p.spec, notes="SGD momentum {{training.momentum}}, FedProx mu {{ FedProx : "
+                                 "algorithm.mu }}; Ditto's {{Ditto: algorithm.mu}}; {{algorithm.mu}}.")
+    md = markdown_page(collect(p), date="D", mach="M")
+    assert ("SGD momentum 0.5, FedProx mu 0.01; Ditto's [algorithm.mu of Ditto is not one value over the runs: "
+            "absent]; [algorithm.mu is not one value over the runs: 0.01, absent].") in md
+    assert "Methods' settings, read from the same configs (their algorithm section): FedProx: mu 0.01." in md
+
+
+def test_no_published_page_has_a_setting_it_could_not_read():
+    pages = sorted((Path(__file__).resolve().parents[1] / "benchmarks" / "reproductions").glob("*.md"))
+    assert pages
+    for page in pages:
+        text = page.read_text()
+        assert "{{" not in text and "is not one value over the runs" not in text and "[no run" not in text, page
 
 
 # ---------------------------------------------------------------------------------------

@@ -74,7 +74,7 @@ from protofl.config import load_config  # noqa: E402
 from protofl.metrics import METRIC_INFO  # noqa: E402
 from protofl.records import carried, finished  # noqa: E402
 from protofl.report import tables  # noqa: E402
-from protofl.report.recipe import recipe_lines  # noqa: E402
+from protofl.report.recipe import method_lines, recipe_lines  # noqa: E402
 from protofl.run_folder import chance_margin_text, DIVERGED, health, read_config  # noqa: E402
 from protofl.reproduce import stats  # noqa: E402
 from protofl.reproduce.run import run_value  # noqa: E402
@@ -411,8 +411,9 @@ def page(names: list[str], scale: str, done: dict[str, dict[str, list[Path]]], w
         if lost:
             every = [r for v in lost.values() for r in v]
             count += f"; {why_not(every)} (below)"
-        recipe = recipe_lines({m: [cfg_of[d] for d in groups.get(m, []) + [d for d, _ in lost.get(m, [])] if d in cfg_of]
-                               for m in names})
+        configs = {m: [cfg_of[d] for d in groups.get(m, []) + [d for d, _ in lost.get(m, [])] if d in cfg_of]
+                   for m in names}
+        recipe = recipe_lines(configs) + method_lines(configs)
         lines += [f"## {label}", "", *[line + "\n" for line in recipe], count + ".", "",
                   "| family | method | GM | PM(V) | PA | GA | s/round |", "|---|---|---|---|---|---|---|"]
         for family, members in by_family(names).items():

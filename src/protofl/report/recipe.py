@@ -7,7 +7,10 @@ setting by hand that its runs did not use.
 :mod:`protofl.records`) grouped by method. Each part of the recipe is stated as most runs
 have it; the methods whose runs differ follow with their values ("fedge, fedgela:
 gradient clip 20 (the method's own)": a method's own setting beside the shared recipe,
-its gradient clip in ``algorithm.clip_grad``, is named the same way).
+its gradient clip in ``algorithm.clip_grad``, is named the same way). :func:`method_lines`
+states each method's own settings (the config's ``algorithm`` section) the same way, and
+:func:`setting` reads one setting for a page's prose (``{{training.momentum}}`` in a
+table file's notes), refusing one that the runs do not share.
 """
 from __future__ import annotations
 
@@ -168,3 +171,65 @@ def recipe_lines(runs: Mapping[str, Iterable[Config]], what: str = "runs") -> li
     if changes:
         lines.append("Where methods' runs differ from it: " + "; ".join(changes) + ".")
     return lines
+
+
+def _own(alg: Mapping[str, Any]) -> dict[str, Any]:
+    """The settings of a config's ``algorithm`` section that a page states: not its name,
+    not its gradient clip (a part of the recipe), the server optimizer's momentum, betas
+    and tau only where it has one, its step size where it is set (SCAFFOLD's global step)."""
+    opt = alg.get("server_opt", "none")
+    unused = {"server_momentum", "server_beta2", "server_tau"} if opt in ("none", None) else set()
+    return {k: v for k, v in alg.items() if k not in ("name", "clip_grad", *unused)
+            and not (k == "server_lr" and v is None)}
+
+
+def _value(values: Counter[str]) -> str:
+    return " / ".join(v for v, _ in values.most_common())  # runs of one method that differ: each value
+
+
+def _text(x: Any) -> str:
+    return "none" if x is None else _num(x)  # null, as the config file has it
+
+
+def method_lines(runs: Mapping[str, Iterable[Config]]) -> list[str]:
+    """Each method's own settings (its configs' ``algorithm`` section): the two settings of
+    every algorithm (its weighting and its server optimizer) stated once with the value most methods
+    have; then per method its own settings (a name such as mu or alpha means something else
+    in each method) and where it differs from the first, with its algorithm's name where
+    the label is not it."""
+    per = {label: [_get(c, "algorithm", {}) or {} for c in cfgs] for label, cfgs in runs.items()}
+    per = {label: algs for label, algs in per.items() if algs}
+    if not per:
+        return []
+    texts = {label: {k: Counter(_text(_own(a).get(k)) for a in algs) for k in sorted({k for a in algs for k in _own(a)})}
+             for label, algs in per.items()}
+    having = Counter(k for t in texts.values() for k in t)
+    common = {}
+    for k in sorted(k for k, n in having.items() if n > 1 and k in ("weighting", "server_opt")):
+        common[k] = Counter(_value(t[k]) for t in texts.values() if k in t).most_common(1)[0][0]
+    parts = []
+    for label in sorted(per):
+        names = sorted({str(a.get("name")) for a in per[label]})
+        own = [f"{k} {_value(v)}" for k, v in texts[label].items() if k not in common or _value(v) != common[k]]
+        named = label if names == [label.lower()] else f"{label} ({', '.join(names)})"
+        if own or named != label:
+            parts.append(f"{named}: {', '.join(own)}" if own else named)
+    head = ("every method that has them: " + ", ".join(f"{k} {v}" for k, v in common.items())
+            + (", unless named" if parts else "")) if common else ""
+    body = "; ".join(x for x in [head, *parts] if x)
+    return [f"Methods' settings, read from the same configs (their algorithm section): {body}."] if body else []
+
+
+def setting(runs: Mapping[str, Iterable[Config]], dotted: str, label: str | None = None) -> str:
+    """One setting as the runs have it (of method ``label``, or of every method), for a
+    page's prose. Raises ValueError where the runs hold different values or none."""
+    cfgs = [c for lab, cs in runs.items() if label is None or lab == label for c in cs]
+    if not cfgs:
+        raise ValueError(f"{dotted}: no run" + (f" of {label}" if label else "") + " to read it from")
+    missing = object()
+    found = [_get(c, dotted, missing) for c in cfgs]
+    values = {_text(v) for v in found if v is not missing}
+    if len(values) != 1 or missing in found:
+        raise ValueError(f"{dotted}" + (f" of {label}" if label else "") + " is not one value over the runs: "
+                         + ", ".join(sorted(values) + (["absent"] if missing in found else [])))
+    return values.pop()

@@ -328,7 +328,7 @@ def markdown_page(res: Results, date: Optional[str] = None, mach: Optional[str] 
     lines = header_lines(res, date, mach)
     sc = spec.scales[p.scale]
     if sc.notes:
-        lines += ["", f"**Scale `{p.scale}`.** {sc.notes.strip()}"]
+        lines += ["", f"**Scale `{p.scale}`.** {filled(sc.notes.strip(), res)}"]
     if spec.changes and p.scale == PUBLISHED_SCALE:
         lines += ["", f"**Changes since the last page.** {spec.changes.strip()}"]
     sel = "; ".join(f"{m.label}: {_select_text(m.select)}" for m in spec.metrics)
@@ -343,7 +343,7 @@ def markdown_page(res: Results, date: Optional[str] = None, mach: Optional[str] 
                                                                               for m in spec.methods) else "")]
     for s in spec.settings:
         if s.note:
-            lines += ["", f"{s.label}: {s.note.strip()}"]
+            lines += ["", f"{s.label}: {filled(s.note.strip(), res)}"]
     gaps = gap_lines(res)
     if gaps:
         lines += ["", *gaps]
@@ -373,7 +373,7 @@ def markdown_page(res: Results, date: Optional[str] = None, mach: Optional[str] 
     if res.claims:
         lines += ["", verdict_rules(res)]
     if spec.notes:
-        lines += ["", "## Notes", "", spec.notes.strip()]
+        lines += ["", "## Notes", "", filled(spec.notes.strip(), res)]
     if res.missing:
         lines += ["", f"**Incomplete:** {len(res.missing)} run(s) of the planned seeds not finished: "
                   f"{', '.join(res.missing[:12])}" + (" ..." if len(res.missing) > 12 else "")
@@ -385,24 +385,58 @@ def markdown_page(res: Results, date: Optional[str] = None, mach: Optional[str] 
     return "\n".join(lines) + "\n"
 
 
-def recipe_block(res: Results) -> list[str]:
-    """Each setting's recipe, read from the configs of its runs on the cells' seeds
-    (protofl.report.recipe): what the runs did, whatever the notes above say."""
-    from ..report.recipe import recipe_lines
+def run_configs(res: Results, setting_id: Optional[str] = None) -> dict[str, list[dict]]:
+    """The configs of the runs on the cells' seeds, by method label (of one setting, or of
+    every setting of the page)."""
     from ..run_folder import read_config
 
-    out = []
+    per: dict[str, list[dict]] = {}
     for sp in res.plan.settings:
+        if setting_id is not None and sp.setting.id != setting_id:
+            continue
         used = set(res.seeds.get(sp.setting.id, []))
-        per: dict[str, list[dict]] = {}
         for r in sp.runs:
             cfg = read_config(r.dir) if r.seed in used else None
             if cfg is not None:
                 per.setdefault(r.label, []).append(cfg)
-        lines = recipe_lines(per)
+    return per
+
+
+def recipe_block(res: Results) -> list[str]:
+    """Each setting's recipe and its methods' settings, read from the configs of its runs on
+    the cells' seeds (protofl.report.recipe): what the runs did, whatever the notes say."""
+    from ..report.recipe import method_lines, recipe_lines
+
+    out = []
+    for sp in res.plan.settings:
+        per = run_configs(res, sp.setting.id)
+        lines = recipe_lines(per) + method_lines(per)
         if lines:
             out += [f"**{sp.setting.label}.** " + " ".join(lines)]
     return [x for line in out for x in (line, "")][:-1]
+
+
+SETTING = re.compile(r"\{\{\s*(?:([^{}:]+?)\s*:\s*)?([A-Za-z_][\w.]*)\s*\}\}")
+
+
+def filled(text: str, res: Results) -> str:
+    """A table file's prose with each ``{{dotted.key}}`` (every method's runs) or
+    ``{{Label: dotted.key}}`` (that method's runs) replaced by the value the page's runs
+    hold (protofl.report.recipe.setting): a setting the prose states is the one the runs
+    used. Where the runs hold no value or more than one (a page without those runs, or a
+    user's override for some of them), the page says so in brackets in its place."""
+    from ..report.recipe import setting
+
+    per = run_configs(res) if "{{" in text else {}
+
+    def one(m: re.Match) -> str:
+        label, key = m.group(1), m.group(2)
+        try:
+            return setting(per, key, label)
+        except ValueError as e:
+            return f"[{e}]"
+
+    return SETTING.sub(one, text)
 
 
 def gap_lines(res: Results) -> list[str]:
@@ -641,7 +675,7 @@ def build_html(res: Results, date: Optional[str] = None, mach: Optional[str] = N
              f"<p class='note'>Made by <code>protofl reproduce</code> on {date}; machine: {esc(mach)}.</p>"]
     notes = spec.scales[p.scale].notes
     if notes:
-        parts.append(f"<p class='note'><b>Scale {p.scale}.</b> {esc(notes.strip())}</p>")
+        parts.append(f"<p class='note'><b>Scale {p.scale}.</b> {esc(filled(notes.strip(), res))}</p>")
     if spec.changes and p.scale == PUBLISHED_SCALE:
         parts.append(f"<p class='note'><b>Changes since the last page.</b> {esc(spec.changes.strip())}</p>")
     parts.append("<h2>Table</h2>")
@@ -686,7 +720,7 @@ def build_html(res: Results, date: Optional[str] = None, mach: Optional[str] = N
                   f"± 1 sample std shaded. Every run of this setting: "
                   + ", ".join(f"<a href='{esc(r)}/report.html'>{esc(r)}/report.html</a>" for r in reports) + ".</p>"]
     if spec.notes:
-        parts += ["<h2>Notes</h2>", f"<p>{esc(spec.notes.strip())}</p>"]
+        parts += ["<h2>Notes</h2>", f"<p>{esc(filled(spec.notes.strip(), res))}</p>"]
     if res.missing:
         parts.append(f"<p><b>Incomplete:</b> {len(res.missing)} run(s) of the planned seeds not finished.</p>")
     ex = exploratory_lines(res)

@@ -309,7 +309,7 @@ def header_lines(res: Results, date: str, mach: str) -> list[str]:
         f"Paper: {paper['authors']}, \"{paper['title']}\", {paper['venue']}: {paper['table']}{page}{where}. "
         f"Paper's setting: {paper['setting']}",
         "",
-        f"Ours: {spec.dataset}, scale `{p.scale}`. {data_lines(spec)}",
+        f"Ours: {filled(spec.dataset, res)}, scale `{p.scale}`. {filled(data_lines(spec), res)}",
         "",
         seeds_line(res),
         "",
@@ -670,7 +670,8 @@ def build_html(res: Results, date: Optional[str] = None, mach: Optional[str] = N
              f"<style>{CSS}</style></head><body>", f"<h1>{esc(spec.title)}</h1>",
              f"<p class='sub'>{esc(paper['authors'])}, “{esc(paper['title'])}”, {esc(paper['venue'])}: "
              f"{esc(paper['table'])}. Paper's setting: {esc(paper['setting'])}</p>",
-             f"<p>Ours: {esc(spec.dataset)}, scale <code>{p.scale}</code>. {esc(data_lines(spec))}</p>",
+             f"<p>Ours: {esc(filled(spec.dataset, res))}, scale <code>{p.scale}</code>. "
+             f"{esc(filled(data_lines(spec), res))}</p>",
              f"<p>{esc(seeds_line(res))}</p>", f"<pre>{esc(command_line(p))}</pre>",
              f"<p class='note'>Made by <code>protofl reproduce</code> on {date}; machine: {esc(mach)}.</p>"]
     notes = spec.scales[p.scale].notes

@@ -516,6 +516,8 @@ def test_exploratory_seeds_add_to_the_planned_ones(tmp_path):
 def test_cli_list_dry_run_and_a_real_tables_smoke_scale(tmp_path, capsys):
     assert main(["reproduce", "list"]) == 0
     out = capsys.readouterr().out
+    assert "{{" not in out and "is not one value" not in out  # the settings filled from the planned configs
+    assert "| MNIST (2,000 training images), mlp_mnist |" in out  # mpfedcl-table6's {{data.train_size}}, ...
     for name, spec in all_specs().items():
         assert f"| {name} |" in out
         line = next(ln for ln in out.splitlines() if ln.startswith(f"| {name} |"))
@@ -524,7 +526,8 @@ def test_cli_list_dry_run_and_a_real_tables_smoke_scale(tmp_path, capsys):
             str(spec.runs(s)) + (f" / {paper.runs(s)}" if spec.has_paper_data else "") for s in ("smoke", "cpu", "paper")]
     assert main(["reproduce", "fednh-table1", "--scale", "paper", "--data", "substitute", "--dry-run",
                  "--out", str(tmp_path)]) == 0
-    assert "66 runs in all" in capsys.readouterr().out
+    out = capsys.readouterr().out
+    assert "66 runs in all" in out and "{{" not in out
     assert main(["reproduce", "fednh-table1", "--scale", "paper", "--data", "paper", "--dry-run",
                  "--out", str(tmp_path / "p")]) == 0
     assert "198 runs in all" in capsys.readouterr().out  # six columns x 11 methods x 3 seeds

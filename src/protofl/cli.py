@@ -188,7 +188,9 @@ def cmd_reproduce(args) -> int:
     p = R.plan(spec.variant(data), args.scale, seeds, overrides, Path(args.out) if args.out else None,
                Path(args.records) if args.records else None)
     if args.dry_run:
-        print(f"data: {p.spec.runs_on} ({p.spec.dataset})")
+        from .reproduce.render import filled_from, planned_configs
+
+        print(f"data: {p.spec.runs_on} ({filled_from(p.spec.dataset, planned_configs(p))})")
         to_fetch = R.data_missing(p)
         if to_fetch:
             print("to fetch on first use: " + ", ".join(f"{n} into {root}" for n, root, _ in to_fetch))

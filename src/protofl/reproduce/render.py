@@ -31,7 +31,7 @@ from ..report.tables import markdown, parse_select
 from . import stats
 from ..run_folder import SUMMARY as RUN_SUMMARY
 from .pages import page_data, read_summary, SUMMARY
-from .run import Cell, claim_out, command_line, Results
+from .run import Cell, claim_out, command_line, Plan, Results
 from .spec import Claim, Split, TableSpec
 
 # the scale of the published pages: a table's "changes" describe its published page, so a
@@ -425,14 +425,26 @@ def filled(text: str, res: Results) -> str:
     hold (protofl.report.recipe.setting): a setting the prose states is the one the runs
     used. Where the runs hold no value or more than one (a page without those runs, or a
     user's override for some of them), the page says so in brackets in its place."""
+    return filled_from(text, run_configs(res) if "{{" in text else {})
+
+
+def planned_configs(p: Plan) -> dict[str, list[dict]]:
+    """The configs a plan's runs will have, by method label (before any run: a dry run, the
+    list of tables)."""
+    per: dict[str, list[dict]] = {}
+    for sp in p.settings:
+        for r in sp.runs:
+            per.setdefault(r.label, []).append(r.cfg.to_dict())
+    return per
+
+
+def filled_from(text: str, per: dict[str, list[dict]]) -> str:
+    """``text`` with its settings filled from ``per`` (method label -> configs)."""
     from ..report.recipe import setting
 
-    per = run_configs(res) if "{{" in text else {}
-
     def one(m: re.Match) -> str:
-        label, key = m.group(1), m.group(2)
         try:
-            return setting(per, key, label)
+            return setting(per, m.group(2), m.group(1))
         except ValueError as e:
             return f"[{e}]"
 
@@ -744,6 +756,16 @@ def write_all(res: Results, date: Optional[str] = None) -> list[Path]:
     return written
 
 
+def dataset_text(spec: TableSpec, scale: str = PUBLISHED_SCALE) -> str:
+    """A table's ``dataset`` line before any run: its settings filled from the configs its
+    runs at ``scale`` will have."""
+    if "{{" not in spec.dataset:
+        return spec.dataset
+    from .run import plan
+
+    return filled_from(spec.dataset, planned_configs(plan(spec, scale)))
+
+
 def list_text(specs: dict[str, TableSpec]) -> str:
     """``protofl reproduce list``: one row per table; runs "n" for a table with one
     variant, "substitute / paper data" for one with two."""
@@ -752,7 +774,7 @@ def list_text(specs: dict[str, TableSpec]) -> str:
         paper = s.variant("paper")
         runs = [str(s.runs(sc)) + (f" / {paper.runs(sc)}" if s.has_paper_data else "")
                 for sc in ("smoke", "cpu", "paper")]
-        rows.append([name, f"{s.paper['short'] or s.paper['title']}, {s.paper['table']}", s.dataset,
-                     paper.dataset if s.has_paper_data else "the same", *runs])
+        rows.append([name, f"{s.paper['short'] or s.paper['title']}, {s.paper['table']}", dataset_text(s),
+                     dataset_text(paper) if s.has_paper_data else "the same", *runs])
     return markdown(["table", "paper", "--data substitute", "--data paper", "runs smoke", "runs cpu", "runs paper"],
                     rows)

@@ -226,7 +226,10 @@ def default_data(spec: TableSpec, scale: str, overrides: Optional[list[str]] = N
         return "paper", ""
     names = [n for n, _, _ in missing]
     roots = sorted({str(root) for _, root, _ in missing})
-    return "substitute", (f"protofl: {spec.name} runs on the substitute data ({spec.variant('substitute').dataset}): "
+    from .render import dataset_text
+
+    substitute = dataset_text(spec.variant("substitute"), scale)
+    return "substitute", (f"protofl: {spec.name} runs on the substitute data ({substitute}): "
                           f"the paper's {', '.join(names)} {'is' if len(names) == 1 else 'are'} not under "
                           f"{', '.join(roots)}; `--data paper` fetches {'it' if len(names) == 1 else 'them'} on "
                           f"first use (or first `protofl data fetch {' '.join(names)}`)")

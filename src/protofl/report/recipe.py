@@ -192,11 +192,11 @@ def _text(x: Any) -> str:
 
 
 def method_lines(runs: Mapping[str, Iterable[Config]]) -> list[str]:
-    """Each method's own settings (its configs' ``algorithm`` section): the two settings of
-    every algorithm (its weighting and its server optimizer) stated once with the value most methods
-    have; then per method its own settings (a name such as mu or alpha means something else
-    in each method) and where it differs from the first, with its algorithm's name where
-    the label is not it."""
+    """Each method's own settings (its configs' ``algorithm`` section): the two settings
+    of every algorithm (its weighting and its server optimizer) stated once with the value
+    most methods have; then per method its own settings (a name such as mu or alpha means
+    something else in each method) and where it differs from the first, with its
+    algorithm's name where the label is not it."""
     per = {label: [_get(c, "algorithm", {}) or {} for c in cfgs] for label, cfgs in runs.items()}
     per = {label: algs for label, algs in per.items() if algs}
     if not per:

@@ -392,12 +392,15 @@ class _Drawn:
     settings (the released n~_k) and the round's sigma in ``settings``."""
 
     settings: TrainSettings
-    dp: bool
     totals: list[int]
     sizes: list[list[int]]
     rows: list[np.ndarray[Any, Any]]
     private: list[TrainSettings]
     aug: Optional[list[dict[str, np.ndarray[Any, Any]]]]
+
+    @property
+    def dp(self) -> bool:
+        return self.settings.dp_clip is not None
 
 
 def _draw(jobs: list[_Job], fits: list[Fit], model: nn.Module, names: list[str],
@@ -428,7 +431,7 @@ def _draw(jobs: list[_Job], fits: list[Fit], model: nn.Module, names: list[str],
     augmentation = jobs[0].ctx.augmentation  # the same for every client of the run (of the stack)
     aug = [augment_plan(augmentation[0], t, width, cast(_Augmentation, j.ctx.augmentation)[1])
            for t, j in zip(totals, jobs)] if augmentation else None
-    return _Drawn(settings, dp, totals, sizes, rows, private, aug)
+    return _Drawn(settings, totals, sizes, rows, private, aug)
 
 
 @dataclass
@@ -440,7 +443,6 @@ class _StackRun:
     stack: Stack
     names: list[str]
     settings: TrainSettings
-    dp: bool
     xs: torch.Tensor
     ys: torch.Tensor
     per_step: Optional[dict[str, torch.Tensor]]
@@ -455,6 +457,10 @@ class _StackRun:
     precision: str
     loss_sum: torch.Tensor
     seen: torch.Tensor
+
+    @property
+    def dp(self) -> bool:
+        return self.settings.dp_clip is not None
 
     def step(self, g: Group) -> None:
         """One optimizer step of group ``g``'s slots: their minibatches (augmented as each
@@ -738,7 +744,7 @@ class BatchedExecutor(Executor):
         first = next(i for i, t in enumerate(d.totals) if t)
         stack = Stack(model, names, S, d.settings, fits[0].extras, dev)
         run = _StackRun(
-            stack=stack, names=names, settings=d.settings, dp=d.dp, xs=xs, ys=ys, per_step=per_step,
+            stack=stack, names=names, settings=d.settings, xs=xs, ys=ys, per_step=per_step,
             batch=torch.from_numpy(plan.rows).to(dev),  # every group's data rows, in one transfer
             index=torch.from_numpy(plan.index).to(dev),  # every group's (slots, jobs, steps), in one transfer
             drawn=None if plan.aug is None else {k: torch.from_numpy(v).to(dev) for k, v in plan.aug.items()},

@@ -27,13 +27,13 @@ def test_the_committed_page_is_made_of_its_committed_records(script, tmp_path, m
                                       "--results", str(tmp_path)])
     assert script.main() == 0
     assert (tmp_path / "inversion.md").read_text() == (RESULTS / "inversion.md").read_text()
-    assert (tmp_path / "inversion.png").stat().st_size > 0
+    assert (tmp_path / "inversion.png").read_bytes() == (RESULTS / "inversion.png").read_bytes()
 
 
 def records_of(own, other, eps=None):
     meta = {"kind": "meta", "measured": "Measured 2026-01-01 on a machine.", "command": "python inversion.py",
-            "minutes": 1.0, "test_acc": 0.5, "classes": 2, "cases": [[1, 0, 0], [1, 1, 0], [1, 0, 1]],
-            "settings": {"seed": 0, "trials": 2, "epochs": 1, "steps": 3, "lr": 0.1, "tv": 0.0}}
+            "minutes": 1.0, "test_acc": 0.5, "classes": 3, "cases": [[1, 0, 0], [1, 1, 0], [1, 2, 0]],
+            "delta": 1e-5, "settings": {"seed": 0, "trials": 1, "epochs": 1, "steps": 3, "lr": 0.1, "tv": 0.0}}
     img = {"shape": [2, 2], "b64": "AAAAAA=="}
     fig = {"kind": "figure", "map": "m", "n": 1, "rows": [{"name": "own", "images": [img, img]}]}
     rel = {"kind": "release", "map": "m", "epsilon": eps, "sigma": 0.0 if eps is None else 1.5,
@@ -59,11 +59,27 @@ def test_an_image_keeps_its_grey_levels(script):
     assert back.tolist() == [[0, 128], [255, 255]]
 
 
+def write(path, records):
+    path.write_bytes(gzip.compress("".join(json.dumps(r) + "\n" for r in records).encode()))
+    return path
+
+
 def test_other_records_are_refused(script, tmp_path):
-    path = tmp_path / "r.jsonl.gz"
-    path.write_bytes(gzip.compress(json.dumps({"kind": "release"}).encode() + b"\n"))
+    path = write(tmp_path / "r.jsonl.gz", [{"kind": "release"}])
     with pytest.raises(SystemExit, match="not the records of inversion.py"):
         script.read_records(path)
+    good = records_of([0.5, 0.6, 0.4], [0.3, 0.2, 0.1])
+    assert script.read_records(write(tmp_path / "good.jsonl.gz", good)) == good
+    short = records_of([0.5, 0.6], [0.3, 0.2])  # two correlations for three cases: pairs misread
+    twice = good[:2] + good[1:]  # one (map, epsilon) released twice
+    fewer = [{**good[0], "cases": good[0]["cases"][:2]}, *good[1:]]  # cases that are not trials x classes
+    bad_img = [*good[:2], {**good[2], "rows": [{"name": "own", "images": [{"shape": [3, 3], "b64": "AAAA"}]}]}]
+    for name, recs in (("short", short), ("twice", twice), ("fewer", fewer), ("image", bad_img)):
+        with pytest.raises(SystemExit, match="not the records of inversion.py"):
+            script.read_records(write(tmp_path / f"{name}.jsonl.gz", recs))
+    (tmp_path / "junk.jsonl.gz").write_bytes(b"not gzip")
+    with pytest.raises(SystemExit, match="unreadable"):
+        script.read_records(tmp_path / "junk.jsonl.gz")
 
 
 def test_no_run_needs_records(script, monkeypatch, capsys):

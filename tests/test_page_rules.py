@@ -14,7 +14,7 @@ from protofl.errors import InputError
 from protofl.records import carried, finished_runs, pack, read_packed, unpack
 from protofl.report.recipe import method_lines, recipe_lines, setting
 from protofl.reproduce import stats
-from protofl.reproduce.render import markdown_page
+from protofl.reproduce.render import filled as render_filled, markdown_page
 from protofl.reproduce.run import collect
 from protofl.reproduce.spec import load_spec
 from protofl.run_folder import collapsed, health, read_rows
@@ -191,15 +191,19 @@ def test_the_recipe_states_what_the_configs_say_and_who_differs():
 def test_each_methods_own_settings_are_read_from_its_configs():
     def alg(name, **kw):
         return {"algorithm": {"name": name, "weighting": "samples", "server_opt": "none", "server_lr": None,
-                              "server_momentum": 0.9, "clip_grad": None, **kw}}
+                              "server_momentum": 0.9, "server_beta2": 0.999, "server_tau": 0.001,
+                              "clip_grad": None, **kw}}
     lines = method_lines({"FedAvg": [alg("fedavg")] * 2, "FedProx": [alg("fedprox", mu=0.01)],
                           "Scaffold": [alg("scaffold", server_lr=1.0, weighting="uniform")],
-                          "FedUH": [alg("fednh", rho=1.0)], "Adam": [alg("fedavg", server_opt="adam")]})
-    # server_momentum only where a server optimizer uses it; the clip is the recipe's
+                          "FedUH": [alg("fednh", rho=1.0)], "Adam": [alg("fedavg", server_opt="adam")],
+                          "AvgM": [alg("fedavg", server_opt="avgm", server_lr=0.5)]})
+    # of the server optimizer's settings only those it reads (AvgM: no beta2, no tau), its
+    # null step size as the optimizer's default; the clip is the recipe's
     assert lines == ["Methods' settings, read from the same configs (their algorithm section): every method that "
-                     "has them: server_opt none, weighting samples, unless named; Adam (fedavg): server_momentum 0.9, "
-                     "server_opt adam; FedProx: mu 0.01; FedUH (fednh): rho 1; Scaffold: server_lr 1, "
-                     "weighting uniform."]
+                     "has them: server_opt none, weighting samples, unless named; Adam (fedavg): server_beta2 0.999, "
+                     "server_lr 0.01 (the optimizer's default), server_momentum 0.9, server_opt adam, server_tau "
+                     "0.001; AvgM (fedavg): server_lr 0.5, server_momentum 0.9, server_opt avgm; FedProx: mu 0.01; "
+                     "FedUH (fednh): rho 1; Scaffold: server_lr 1, weighting uniform."]
     assert method_lines({}) == []
 
 
@@ -229,19 +233,53 @@ def test_the_notes_state_the_settings_of_the_runs(tmp_path):
                 c["algorithm"] = {"name": r.label.lower(), **({"mu": 0.01} if r.label == "FedProx" else {})}
                 (r.dir / "config.yaml").write_text(yaml.safe_dump(c))
     p.spec = dataclasses.replace(p.spec, notes="SGD momentum {{training.momentum}}, FedProx mu {{ FedProx : "
-                                 "algorithm.mu }}; Ditto's {{Ditto: algorithm.mu}}; {{algorithm.mu}}.")
+                                 "algorithm.mu }}; Ditto's {{Ditto: algorithm.mu}}; {{algorithm.mu}}; "
+                                 "{{FedProxx: algorithm.mu}}.")
     md = markdown_page(collect(p), date="D", mach="M")
-    assert ("SGD momentum 0.5, FedProx mu 0.01; Ditto's [algorithm.mu of Ditto is not one value over the runs: "
-            "absent]; [algorithm.mu is not one value over the runs: 0.01, absent].") in md
+    assert ("SGD momentum 0.5, FedProx mu 0.01; Ditto's [unfilled setting: algorithm.mu of Ditto is not one value "
+            "over the runs: absent]; [unfilled setting: algorithm.mu is not one value over the runs: 0.01, absent]; "
+            "[unfilled setting: algorithm.mu: no run of FedProxx to read it from].") in md
     assert "Methods' settings, read from the same configs (their algorithm section): FedProx: mu 0.01." in md
 
 
+def test_a_settings_note_is_filled_from_its_own_runs(tmp_path):
+    """Two settings whose runs differ in a key: each setting's note reads its own runs."""
+    import dataclasses
+
+    from protofl.reproduce.render import UNFILLED
+
+    p = traps_plan(tmp_path, seeds=())
+    for sp in p.settings:
+        for r in sp.runs:
+            if (r.dir / "metrics.jsonl").exists():
+                (r.dir / "config.yaml").write_text(yaml.safe_dump(cfg()))
+    s = p.spec.settings[0]
+    p.spec = dataclasses.replace(p.spec, settings=[dataclasses.replace(s, note="batch {{training.batch_size}}"),
+                                                   dataclasses.replace(s, id="s2", label="other", note="x")])
+    res = collect(p)
+    assert f"{s.label}: batch 64" in markdown_page(res, date="D", mach="M")
+    assert UNFILLED in render_filled("{{training.batch_size}}", res, "s2")  # no run of s2: said so
+
+
 def test_no_published_page_has_a_setting_it_could_not_read():
+    from protofl.reproduce.render import UNFILLED
+
     pages = sorted((Path(__file__).resolve().parents[1] / "benchmarks" / "reproductions").glob("*.md"))
-    assert pages
+    assert len(pages) == 8
     for page in pages:
         text = page.read_text()
-        assert "{{" not in text and "is not one value over the runs" not in text and "[no run" not in text, page
+        assert "{{" not in text and "}}" not in text and UNFILLED not in text, page
+
+
+def test_a_paper_datasets_line_takes_no_setting(tmp_path):
+    """paper_data.dataset is shown on the substitute's page too, beside the substitute's runs."""
+    raw = yaml.safe_load((Path(__file__).resolve().parents[1] / "src/protofl/reproduce/tables/"
+                          "fedgela_table4.yaml").read_text())
+    raw["paper_data"]["dataset"] = "CIFAR-10 with {{model.name}}"
+    path = tmp_path / "t.yaml"
+    path.write_text(yaml.safe_dump(raw, allow_unicode=True))
+    with pytest.raises(ConfigError, match="paper_data.dataset"):
+        load_spec(path)
 
 
 # ---------------------------------------------------------------------------------------

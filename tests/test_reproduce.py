@@ -516,7 +516,7 @@ def test_exploratory_seeds_add_to_the_planned_ones(tmp_path):
 def test_cli_list_dry_run_and_a_real_tables_smoke_scale(tmp_path, capsys):
     assert main(["reproduce", "list"]) == 0
     out = capsys.readouterr().out
-    assert "{{" not in out and "is not one value" not in out  # the settings filled from the planned configs
+    assert "{{" not in out and "unfilled setting" not in out  # the settings filled from the planned configs
     assert "| MNIST (2,000 training images), mlp_mnist |" in out  # mpfedcl-table6's {{data.train_size}}, ...
     for name, spec in all_specs().items():
         assert f"| {name} |" in out

@@ -162,7 +162,7 @@ def measure(args: argparse.Namespace, command: str) -> list[dict]:
         {"name": name, "images": [grey(imgs[k, 0], low, high) for k in picks]} for name, imgs in rows]}
     meta = {"kind": "meta", "measured": header().rstrip(), "command": command,
             "minutes": round((time.perf_counter() - t0) / 60, 1), "test_acc": test_acc,
-            "classes": ds.num_classes, "cases": cases,
+            "classes": ds.num_classes, "cases": cases, "delta": DELTA,
             "settings": {k: getattr(args, k) for k in ("seed", "trials", "epochs", "steps", "lr", "tv")}}
     return [meta, *releases, figure]
 
@@ -184,10 +184,37 @@ def write_records(path: Path, records: list[dict]) -> None:
 
 
 def read_records(path: Path) -> list[dict]:
-    records = [json.loads(line) for line in gzip.decompress(path.read_bytes()).decode().splitlines() if line]
+    """The records of one measurement, checked: one meta line, one figure line, one release
+    line per (feature map, epsilon) with a pair of correlations for every case."""
+    def refuse(why: str) -> SystemExit:
+        return SystemExit(f"{path}: not the records of inversion.py ({why})")
+
+    try:
+        records = [json.loads(line) for line in gzip.decompress(path.read_bytes()).decode().splitlines() if line]
+    except (OSError, EOFError, UnicodeDecodeError, ValueError) as e:
+        raise refuse(f"unreadable: {e}") from None
+    if not all(isinstance(r, dict) for r in records):
+        raise refuse("a line that is no mapping")
     kinds = [r.get("kind") for r in records]
     if kinds.count("meta") != 1 or kinds.count("figure") != 1 or "release" not in kinds:
-        raise SystemExit(f"{path}: not the records of inversion.py (one meta, releases, one figure)")
+        raise refuse("one meta, releases, one figure")
+    meta = next(r for r in records if r["kind"] == "meta")
+    missing = {"measured", "command", "minutes", "test_acc", "classes", "cases", "delta", "settings"} - set(meta)
+    if missing:
+        raise refuse(f"meta without {', '.join(sorted(missing))}")
+    n = len(meta["cases"])
+    if n != meta["settings"].get("trials", 0) * meta["classes"] * len({c[0] for c in meta["cases"]}):
+        raise refuse(f"{n} cases for trials x classes x sizes")
+    seen = set()
+    for r in (r for r in records if r["kind"] == "release"):
+        key = (r.get("map"), r.get("epsilon"))
+        if key in seen or not (len(r.get("own", ())) == len(r.get("other", ())) == n) or "sigma" not in r:
+            raise refuse(f"release {key}: repeated, or not a sigma and a pair of correlations for each of {n} cases")
+        seen.add(key)
+    for row in next(r for r in records if r["kind"] == "figure").get("rows", []):
+        for img in row.get("images", []):
+            if len(base64.b64decode(img["b64"])) != int(np.prod(img["shape"])):
+                raise refuse("a figure image whose bytes do not fill its shape")
     return records
 
 
@@ -234,14 +261,14 @@ def render(records: list[dict], results: Path) -> str:
               f"cnn_fmnist after {cfg['epochs']} central epoch(s), test accuracy {100 * meta['test_acc']:.2f} %. "
               f"Inversion: {cfg['steps']} Adam steps, lr {cfg['lr']:g}, TV weight {cfg['tv']:g}, from the mean "
               f"image; {cfg['trials']} draws x {meta['classes']} classes per row, seed {cfg['seed']}. The page "
-              "and the figure are made from the measurement's records (records/inversion.jsonl.gz) by "
-              "`python benchmarks/privacy/inversion.py --no-run --records RECORDS`."
+              "and the figure are made from the measurement's records alone "
+              "(`python benchmarks/privacy/inversion.py --no-run --records RECORDS` makes them again)."
             + "\n\n"
             + markdown(head, table)
             + "\nThe victims are training images of the feature map. own: the mean image of the n samples "
               "behind the prototype; other: of n other training samples of the same class. The gap (paired over "
               "the cases, one-sided t-test p) is what the prototype tells about its own samples beyond their "
-              f"class. σ: the noise multiplier with which one release spends the ε (δ = {DELTA:g}), noise drawn "
+              f"class. σ: the noise multiplier with which one release spends the ε (δ = {meta['delta']:g}), noise drawn "
               "from a secret key; the ε is the release's alone (this feature map was trained on the victims "
               "without privacy, which no guarantee covers: privacy.mode: sample trains it by DP-SGD and accounts "
               "for both). A run releases every round, so its σ at the same total ε is larger. Figure: "

@@ -173,14 +173,28 @@ def recipe_lines(runs: Mapping[str, Iterable[Config]], what: str = "runs") -> li
     return lines
 
 
+# the settings each server optimizer reads (algorithms.serveropt.server_step)
+_SERVER_USES = {"none": (), "avgm": ("server_momentum",), "adagrad": ("server_momentum", "server_tau"),
+                "adam": ("server_momentum", "server_beta2", "server_tau"),
+                "yogi": ("server_momentum", "server_beta2", "server_tau")}
+
+
 def _own(alg: Mapping[str, Any]) -> dict[str, Any]:
     """The settings of a config's ``algorithm`` section that a page states: not its name,
-    not its gradient clip (a part of the recipe), the server optimizer's momentum, betas
-    and tau only where it has one, its step size where it is set (SCAFFOLD's global step)."""
-    opt = alg.get("server_opt", "none")
-    unused = {"server_momentum", "server_beta2", "server_tau"} if opt in ("none", None) else set()
-    return {k: v for k, v in alg.items() if k not in ("name", "clip_grad", *unused)
-            and not (k == "server_lr" and v is None)}
+    not its gradient clip (a part of the recipe), of the server optimizer's only those it
+    reads, its step size where it is set (SCAFFOLD's global step) or the optimizer's
+    default where it is null."""
+    from ..algorithms.serveropt import DEFAULT_SERVER_LR
+
+    opt = alg.get("server_opt") or "none"
+    unused = {"server_momentum", "server_beta2", "server_tau"} - set(_SERVER_USES.get(opt, _SERVER_USES["adam"]))
+    out = {k: v for k, v in alg.items() if k not in ("name", "clip_grad", *unused)}
+    if out.get("server_lr", 0) is None:
+        if opt in DEFAULT_SERVER_LR:
+            out["server_lr"] = f"{DEFAULT_SERVER_LR[opt]:g} (the optimizer's default)"
+        else:
+            del out["server_lr"]
+    return out
 
 
 def _value(values: Counter[str]) -> str:

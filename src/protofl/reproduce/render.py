@@ -343,7 +343,7 @@ def markdown_page(res: Results, date: Optional[str] = None, mach: Optional[str] 
                                                                               for m in spec.methods) else "")]
     for s in spec.settings:
         if s.note:
-            lines += ["", f"{s.label}: {filled(s.note.strip(), res)}"]
+            lines += ["", f"{s.label}: {filled(s.note.strip(), res, s.id)}"]
     gaps = gap_lines(res)
     if gaps:
         lines += ["", *gaps]
@@ -419,13 +419,17 @@ def recipe_block(res: Results) -> list[str]:
 SETTING = re.compile(r"\{\{\s*(?:([^{}:]+?)\s*:\s*)?([A-Za-z_][\w.]*)\s*\}\}")
 
 
-def filled(text: str, res: Results) -> str:
+UNFILLED = "[unfilled setting: "  # how a page marks a setting its runs do not give
+
+
+def filled(text: str, res: Results, setting_id: Optional[str] = None) -> str:
     """A table file's prose with each ``{{dotted.key}}`` (every method's runs) or
     ``{{Label: dotted.key}}`` (that method's runs) replaced by the value the page's runs
     hold (protofl.report.recipe.setting): a setting the prose states is the one the runs
-    used. Where the runs hold no value or more than one (a page without those runs, or a
-    user's override for some of them), the page says so in brackets in its place."""
-    return filled_from(text, run_configs(res) if "{{" in text else {})
+    used (``setting_id``: of that setting's runs only, for its note). Where the runs hold no
+    value or more than one (a page without those runs, or a user's override for some of
+    them), the page says so in its place, marked :data:`UNFILLED`."""
+    return filled_from(text, run_configs(res, setting_id) if "{{" in text else {})
 
 
 def planned_configs(p: Plan) -> dict[str, list[dict]]:
@@ -446,7 +450,7 @@ def filled_from(text: str, per: dict[str, list[dict]]) -> str:
         try:
             return setting(per, m.group(2), m.group(1))
         except ValueError as e:
-            return f"[{e}]"
+            return f"{UNFILLED}{e}]"
 
     return SETTING.sub(one, text)
 

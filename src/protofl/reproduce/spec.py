@@ -301,6 +301,9 @@ def paper_data_raw(raw: dict, w: str) -> dict:
     (``config`` on top of the file's, ``scales`` key by key, ``claims`` a new scope or
     settings per id); ``substitute`` null; ``changes`` only the paper variant's own."""
     pd = _take(raw["paper_data"], f"{w}: paper_data", ("dataset",), PAPER_DATA_KEYS)
+    if "{{" in str(pd["dataset"]):  # the substitute's page shows it too, where other runs would fill it
+        raise ConfigError(f"{w}: paper_data.dataset", pd["dataset"],
+                          "no {{setting}} here: the substitute's page shows this line too, beside other runs")
     out = {k: v for k, v in raw.items() if k not in ("paper_data", "changes")}
     config = {**_dotted(raw.get("config"), f"{w}: config"), **_dotted(pd["config"], f"{w}: paper_data.config")}
     out.update(substitute=None, dataset=pd["dataset"], changes=pd["changes"] or "", config=config)

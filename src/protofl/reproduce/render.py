@@ -387,18 +387,24 @@ def markdown_page(res: Results, date: Optional[str] = None, mach: Optional[str] 
 
 def run_configs(res: Results, setting_id: Optional[str] = None) -> dict[str, list[dict]]:
     """The configs of the runs on the cells' seeds, by method label (of one setting, or of
-    every setting of the page)."""
+    every setting of the page); each setting's read from its run folders once a page."""
     from ..run_folder import read_config
 
     per: dict[str, list[dict]] = {}
     for sp in res.plan.settings:
-        if setting_id is not None and sp.setting.id != setting_id:
+        sid = sp.setting.id
+        if setting_id is not None and sid != setting_id:
             continue
-        used = set(res.seeds.get(sp.setting.id, []))
-        for r in sp.runs:
-            cfg = read_config(r.dir) if r.seed in used else None
-            if cfg is not None:
-                per.setdefault(r.label, []).append(cfg)
+        if sid not in res.configs:
+            used = set(res.seeds.get(sid, []))
+            found: dict[str, list[dict]] = {}
+            for r in sp.runs:
+                cfg = read_config(r.dir) if r.seed in used else None
+                if cfg is not None:
+                    found.setdefault(r.label, []).append(cfg)
+            res.configs[sid] = found
+        for label, cfgs in res.configs[sid].items():
+            per.setdefault(label, []).extend(cfgs)
     return per
 
 

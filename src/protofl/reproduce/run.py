@@ -479,6 +479,9 @@ class Results:
     # setting id -> (method label, seed) -> why its run is no result (run_folder.health)
     unhealthy: dict[str, dict[tuple[str, int], str]] = field(default_factory=dict)
     holm: dict[str, int] = field(default_factory=dict)  # role -> the claims Holm's correction counted (stats.holm)
+    # setting id -> method label -> the configs of its runs on the cells' seeds, read once
+    # for the page (render.run_configs)
+    configs: dict[str, dict[str, list[dict]]] = field(default_factory=dict, repr=False)
 
     def complete(self, sid: str) -> bool:
         """Every method of the setting finished every planned seed."""

@@ -12,6 +12,8 @@ rounds 2..R.
 """
 from __future__ import annotations
 
+import gzip
+import json
 import multiprocessing as mp
 import os
 import platform
@@ -184,6 +186,19 @@ def emit(lines: "list[str] | str", out: Optional[str]) -> None:
 def header(extra: str = "") -> str:
     return (f"Measured {date.today().isoformat()} on {platform.machine()} Linux, {os.cpu_count()} CPU cores, "
             f"torch {torch.__version__}, Python {platform.python_version()}. {extra}")
+
+
+def write_json_lines(path: Path, records: Sequence[dict]) -> None:
+    """``records`` as one gzip file of JSON lines (a page's records), keys sorted and mtime
+    0: the same records, the same bytes."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    data = "".join(json.dumps(r, sort_keys=True) + "\n" for r in records).encode()
+    path.write_bytes(gzip.compress(data, mtime=0))
+
+
+def read_json_lines(path: Path) -> list:
+    """The lines of a file :func:`write_json_lines` wrote, each as JSON reads it."""
+    return [json.loads(line) for line in gzip.decompress(path.read_bytes()).decode().splitlines() if line]
 
 
 def shown_command(script: str, argv: Sequence[str], hide: dict[str, str]) -> str:

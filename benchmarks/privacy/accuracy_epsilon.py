@@ -52,8 +52,6 @@ file alone, and a test rebuilds the committed page from its committed records:
 from __future__ import annotations
 
 import argparse
-import gzip
-import json
 import multiprocessing as mp
 import sys
 import time
@@ -65,7 +63,7 @@ import yaml
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent))
-from harness import header, shown_command  # noqa: E402
+from harness import header, read_json_lines, shown_command, write_json_lines  # noqa: E402
 
 CONFIG = HERE.parents[1] / "configs" / "fednh_fmnist.yaml"
 CHANCE_MARGIN = 0.02  # GA within 2 points of chance (1/C): the run's model learned nothing
@@ -107,14 +105,8 @@ def record_of(folder: Path, name: str) -> dict:
     return {"name": name, "config": cfg, "rows": rows}
 
 
-def write_records(path: Path, records: list[dict]) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    data = "".join(json.dumps(r, sort_keys=True) + "\n" for r in records).encode()
-    path.write_bytes(gzip.compress(data, mtime=0))  # mtime 0: the same records, the same bytes
-
-
 def read_records(path: Path) -> dict[str, dict]:
-    return {r["name"]: r for r in map(json.loads, gzip.decompress(path.read_bytes()).decode().splitlines())}
+    return {r["name"]: r for r in read_json_lines(path)}
 
 
 def final(rows: list[dict], key: str) -> float:
@@ -197,7 +189,7 @@ def main() -> None:
                 one_run(*j)
         records = {name: record_of(out, name) for _, _, names in points_of for _, name in names}
         if args.records:
-            write_records(Path(args.records), [records[n] for n in records])
+            write_json_lines(Path(args.records), [records[n] for n in records])
     points: dict[str, list] = {}
     references: dict[str, float] = {}
     at: dict[str, dict[float, dict[str, dict[int, float]]]] = {"GA": {}, "PA": {}}  # metric -> eps -> mech -> seed

@@ -46,8 +46,6 @@ from __future__ import annotations
 
 import argparse
 import base64
-import gzip
-import json
 import math
 import os
 import sys
@@ -60,7 +58,7 @@ import torch.nn.functional as F
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent))
-from harness import header, shown_command  # noqa: E402
+from harness import header, read_json_lines, shown_command, write_json_lines  # noqa: E402
 
 DELTA = 1e-5
 MAPS = {  # label: (features of the body's output, the feature clip C of the release)
@@ -177,12 +175,6 @@ def ungrey(img: dict) -> np.ndarray:
     return np.frombuffer(base64.b64decode(img["b64"]), dtype=np.uint8).reshape(img["shape"])
 
 
-def write_records(path: Path, records: list[dict]) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    data = "".join(json.dumps(r, sort_keys=True) + "\n" for r in records).encode()
-    path.write_bytes(gzip.compress(data, mtime=0))  # mtime 0: the same records, the same bytes
-
-
 def read_records(path: Path) -> list[dict]:
     """The records of one measurement, checked: one meta line, one figure line, one release
     line per (feature map, epsilon) with a pair of correlations for every case."""
@@ -190,7 +182,7 @@ def read_records(path: Path) -> list[dict]:
         return SystemExit(f"{path}: not the records of inversion.py ({why})")
 
     try:
-        records = [json.loads(line) for line in gzip.decompress(path.read_bytes()).decode().splitlines() if line]
+        records = read_json_lines(path)
     except (OSError, EOFError, UnicodeDecodeError, ValueError) as e:
         raise refuse(f"unreadable: {e}") from None
     if not all(isinstance(r, dict) for r in records):
@@ -299,7 +291,7 @@ def main() -> int:
                                 {"--data-dir": "DATA", "--results": "RESULTS", "--records": "RECORDS"})
         records = measure(args, command)
         if args.records:
-            write_records(Path(args.records), records)
+            write_json_lines(Path(args.records), records)
     text = render(records, Path(args.results))
     (Path(args.results) / "inversion.md").write_text(text)
     print(text)

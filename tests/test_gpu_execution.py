@@ -466,3 +466,75 @@ def test_a_batch_of_one_never_reaches_batchnorm_on_either_executor(tmp_path, tin
     assert_close_runs(seq, bat)
     left_out = sum(n % B == 1 for n in sizes)
     assert all(r["train_samples"] == 2 * (sum(sizes) - left_out) for r in seq.rows)  # 2 epochs a round
+
+
+# ---------------------------------------------------------------------------------------
+# execution.pad_batches: steps of one shape
+# ---------------------------------------------------------------------------------------
+def test_masked_mean_is_the_mean_loss_of_the_real_rows_by_hand():
+    """masked_mean on f(w) = mean_i (w . x_i - y_i)^2 over 3 rows, the third a padded row of
+    weight 0: the value and gradient of the two real rows' mean, computed by hand."""
+    from protofl.engine.train import masked_mean
+
+    def loss(params, frozen, buffers, extras, x, y):
+        return ((x @ params["w"] - y) ** 2).mean() + extras["c"] * 0  # a shared extra, unused
+
+    x = torch.tensor([[1.0, 2.0], [3.0, -1.0], [100.0, 100.0]])  # row 2: padding, large on purpose
+    y = torch.tensor([1.0, 2.0, -7.0])
+    w = torch.tensor([0.5, 0.25])
+    grads, value = masked_mean(loss)({"w": w}, {}, {}, {"c": torch.tensor(1.0)}, x, y, torch.tensor([0.5, 0.5, 0.0]))
+    # residuals: 1*0.5 + 2*0.25 - 1 = 0; 3*0.5 - 0.25 - 2 = -0.75 -> mean of squares 0.28125
+    assert math.isclose(float(value), 0.28125, rel_tol=1e-7)
+    # gradient: mean_i 2 r_i x_i = (2*0*[1, 2] + 2*(-0.75)*[3, -1]) / 2 = [-2.25, 0.75]
+    torch.testing.assert_close(grads["w"], torch.tensor([-2.25, 0.75]))
+
+
+def executor_of(cfg, run_dir):
+    """(result, the executor that ran it)."""
+    from protofl.engine.backends import EXECUTORS
+    from protofl.engine.simulation import Simulation
+
+    box = {}
+
+    def factory(sim):
+        box["ex"] = EXECUTORS.get(cfg.execution.backend)(sim)
+        return box["ex"]
+
+    return Simulation(cfg, run_dir=run_dir, executor_factory=factory).run(), box["ex"]
+
+
+def test_padded_stacks_take_one_step_per_stack_step_and_train_what_the_clients_would(tmp_path):
+    """Short batches padded with masked rows: one step per stack step (not one per batch size),
+    the same client-steps and samples, the numbers of the sequential run within float rounding."""
+    cfg = cfg_for(tmp_path, "algorithm.name=fedprox", "algorithm.mu=0.1", "training.weight_decay=0.001")
+    cfg = cfg.replace(**{"execution.executor": "batched"})
+    grouped, g = executor_of(cfg.replace(**{"execution.pad_batches": False}), tmp_path / "grouped")
+    padded, p = executor_of(cfg.replace(**{"execution.pad_batches": True}), tmp_path / "padded")
+    seq = run(cfg.replace(**{"execution.executor": "sequential"}), run_dir=tmp_path / "seq")
+    assert grouped.summary["execution"]["padded"] is False and padded.summary["execution"]["padded"] is True
+    assert (p.stats.busy, p.stats.slot_steps) == (g.stats.busy, g.stats.slot_steps)
+    assert p.stats.steps == p.stats.slot_steps // max(p.stats.slots) < g.stats.steps  # one shape per stack step
+    assert_close_runs(seq, padded)
+    assert [r["train_samples"] for r in padded.rows] == [r["train_samples"] for r in seq.rows]
+
+
+def test_batchnorm_and_sample_coupling_methods_are_not_padded(tmp_path, tiny_bn_cnn):
+    """BatchNorm's batch statistics, and a loss that couples its samples (FedDecorr's
+    correlation of the batch's features), would differ on a padded batch: such stacks step
+    once per batch size, and the results stay those of the sequential run."""
+    for name, extra in (("bn", ["training.lr=0.01", f"model.name={tiny_bn_cnn}"]), ("decorr", ["algorithm.name=feddecorr"])):
+        cfg = cfg_for(tmp_path, "rounds=1", *extra).replace(**{"execution.pad_batches": True})
+        seq, bat = both(cfg, tmp_path / name)
+        assert bat.summary["execution"]["executor"] == "batched" and bat.summary["execution"]["padded"] is False
+        assert_close_runs(seq, bat)
+
+
+def test_pad_batches_auto_pads_on_a_gpu_only():
+    cfg = load_config(DIGITS, [])
+    assert cfg.execution.pad_batches == "auto"
+    assert cfg.replace(**{"execution.device": "cpu"}).execution.pads is False
+    assert cfg.replace(**{"execution.device": "cuda"}).execution.pads is True
+    assert cfg.replace(**{"execution.device": "cpu", "execution.pad_batches": True}).execution.pads is True
+    assert cfg.replace(**{"execution.device": "cuda", "execution.pad_batches": False}).execution.pads is False
+    with pytest.raises(ConfigError, match="pad_batches"):
+        load_config(DIGITS, ["execution.pad_batches=sometimes"])

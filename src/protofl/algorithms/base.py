@@ -340,7 +340,10 @@ class Algorithm(ABC, Generic[S]):
     uses_total_rounds: ClassVar[bool] = False
     # True for a method whose local loss couples the samples of a batch (a statistic of the
     # batch's features): DP-SGD evaluates it one sample at a time, which would change it, so
-    # privacy.mode: sample refuses the method
+    # privacy.mode: sample refuses the method, and the batched executor does not pad its
+    # short batches (execution.pad_batches). False promises that each loss it trains is a
+    # mean over the batch's samples of one-sample terms plus terms that read no sample
+    # (tests/test_algorithms_common.py checks the promise in float64 for every method)
     couples_samples: ClassVar[bool] = False
 
     def __init__(self, hp: Any, info: TaskInfo) -> None:

@@ -130,6 +130,7 @@ class FedDBE(FedPer[FedDBEState]):
     has_global_model = True
     personal_prefixes = (DBE,)
     reply_arrays = ("mean",)  # z-bar_i, in the initialization period only
+    couples_samples = True  # z-bar_i tracks the batch's mean feature, and the loss regularizes it
 
     def adapt_model(self, model: nn.Module) -> nn.Module:
         model.dbe = DomainBias(cast("FLModel", model).feature_dim)

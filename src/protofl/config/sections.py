@@ -328,6 +328,11 @@ class ExecutionConfig:
     # batched: compile the stack's SGD step with torch.compile (on a GPU with CUDA graphs),
     # for stacks whose step has one fixed shape; results within float rounding of eager
     compile: bool = False
+    # batched: pad a client's short batch (an epoch's last) with masked rows, so that a stack
+    # steps all its slots at one batch size instead of once per size: for methods whose loss
+    # is a mean over its samples (not Algorithm.couples_samples) on models without BatchNorm;
+    # results within float rounding. auto: on a GPU (fewer, larger steps), off on the CPU
+    pad_batches: Union[bool, Literal["auto"]] = "auto"
     # sweep / reproduce: the grid's runs in this process, their clients in shared stacks of the
     # batched executor (engine/packed.py; on a GPU, many runs fill it as one run cannot)
     pack_runs: bool = False
@@ -340,6 +345,11 @@ class ExecutionConfig:
     def torch_device(self) -> str:
         """The device the run trains on: ``device`` with ``auto`` resolved on this machine."""
         return resolve_device(self.device)
+
+    @property
+    def pads(self) -> bool:
+        """``pad_batches`` with ``auto`` resolved: on a GPU, not on the CPU."""
+        return self.pad_batches is True or (self.pad_batches == "auto" and self.torch_device != "cpu")
 
     def validate(self, section: str) -> None:
         require(self.batch_clients >= 0, f"{section}.batch_clients", self.batch_clients, "must be >= 0")

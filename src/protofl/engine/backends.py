@@ -28,13 +28,19 @@ def use_batched(cfg: Config) -> bool:
     return ex.executor == "batched"
 
 
+def batched_executor(sim: Simulation) -> BatchedExecutor:
+    """The batched executor of ``sim``'s run, as its ``execution`` section sets it up."""
+    ex = sim.cfg.execution
+    return BatchedExecutor(sim.runtime, ex.batch_clients, ex.threads, compile=ex.compile, pad=ex.pads)
+
+
 @EXECUTORS.register("local")
 def local_executor(sim: Simulation) -> Executor:
     """This machine: sequential (``workers: 0``), a pool of worker processes, or the
     batched executor (``execution.executor``, engine/batched.py) in this process."""
     ex = sim.cfg.execution
     if use_batched(sim.cfg):
-        return BatchedExecutor(sim.runtime, ex.batch_clients, ex.threads, compile=ex.compile)
+        return batched_executor(sim)
     return make_executor(sim.runtime, ex.workers, ex.threads, sim.participation.m)
 
 

@@ -74,7 +74,8 @@ from .augment import apply, Augment, augment_plan
 from .precision import autocast
 from ..nn.privacy import NoiseStream, private_gradient
 from .train import (NonFiniteLossError, Objective, TrainSettings, batch_coupled, batch_rows, batch_sizes,
-                    embed_batches, optimizer_state, optimizer_step, per_sample, poisson_rows, reset_rows, total_steps)
+                    embed_batches, masked_mean, optimizer_state, optimizer_step, per_sample, poisson_rows, reset_rows,
+                    total_steps)
 
 log = logging.getLogger("protofl")
 
@@ -276,12 +277,16 @@ class _Job:
 
 @dataclass
 class StackStats:
-    """What the stacks did: client-steps that trained (busy) and slot-steps they took."""
+    """What the stacks did: client-steps that trained (busy), slot-steps they took, and the
+    steps they ran (``steps``: a stack step whose slots' batches differ in size runs once
+    per size, unless short batches are padded)."""
 
     busy: int = 0
     slot_steps: int = 0
     stacks: int = 0
     slots: list[int] = field(default_factory=list)
+    steps: int = 0
+    padded: int = 0  # stacks whose short batches were padded
 
     @property
     def occupancy(self) -> Optional[float]:
@@ -393,19 +398,28 @@ class _Drawn:
 
     settings: TrainSettings
     totals: list[int]
-    sizes: list[list[int]]
+    sizes: list[list[int]]  # per client, the width of each of its steps in the stack
     rows: list[np.ndarray[Any, Any]]
     private: list[TrainSettings]
     aug: Optional[list[dict[str, np.ndarray[Any, Any]]]]
+    samples: list[list[int]]  # per client, the samples of each step (DP-SGD: unknown here, empty)
+    padded: bool = False  # short batches padded to the batch size with masked rows (-1)
 
     @property
     def dp(self) -> bool:
         return self.settings.dp_clip is not None
 
+    @property
+    def masked(self) -> bool:
+        """Whether a step's rows may hold padding (-1): DP-SGD's, or short batches padded."""
+        return self.dp or self.padded
+
 
 def _draw(jobs: list[_Job], fits: list[Fit], model: nn.Module, names: list[str],
-          data: list[tuple[torch.Tensor, torch.Tensor]]) -> _Drawn:
-    """Every client's minibatches for one stack (:class:`_Drawn`), from its own streams."""
+          data: list[tuple[torch.Tensor, torch.Tensor]], pad: bool = False) -> _Drawn:
+    """Every client's minibatches for one stack (:class:`_Drawn`), from its own streams;
+    ``pad``: a short batch padded to the batch size with masked rows (-1), so that every
+    step of the stack has one width."""
     settings = jobs[0].ctx.training_settings(fits[0].settings)
     B = settings.batch_size
     ns = [len(y) for _, y in data]
@@ -423,15 +437,19 @@ def _draw(jobs: list[_Job], fits: list[Fit], model: nn.Module, names: list[str],
         rows = [np.pad(np.where(r >= 0, r + o, -1), ((0, 0), (0, width - r.shape[1])), constant_values=-1)
                 for r, o in zip(drawn_rows, offsets)]
         sizes = [[width] * t for t in totals]
+        samples: list[list[int]] = []
     else:
         drop = batch_coupled(model)  # a batch of one never reaches BatchNorm (train.epoch_batches)
         totals = [total_steps(n, B, settings.epochs, settings.steps, drop) if names else 0 for n in ns]
-        sizes = [batch_sizes(n, B, t, drop) for n, t in zip(ns, totals)]
+        samples = [batch_sizes(n, B, t, drop) for n, t in zip(ns, totals)]
         rows = [batch_rows(n, B, t, j.ctx.generator, drop) + o for n, t, j, o in zip(ns, totals, jobs, offsets)]
+        if pad:  # column c of step s is no sample when c >= that step's size
+            rows = [np.where(np.arange(B) < np.asarray(b, np.int64).reshape(-1, 1), r, -1) for r, b in zip(rows, samples)]
+        sizes = [[B] * t for t in totals] if pad else samples
     augmentation = jobs[0].ctx.augmentation  # the same for every client of the run (of the stack)
     aug = [augment_plan(augmentation[0], t, width, cast(_Augmentation, j.ctx.augmentation)[1])
            for t, j in zip(totals, jobs)] if augmentation else None
-    return _Drawn(settings, totals, sizes, rows, private, aug)
+    return _Drawn(settings, totals, sizes, rows, private, aug, samples, padded=pad and not dp)
 
 
 @dataclass
@@ -457,38 +475,58 @@ class _StackRun:
     precision: str
     loss_sum: torch.Tensor
     seen: torch.Tensor
+    padded: bool = False  # short batches padded with masked rows (-1), the loss a weighted mean
 
     @property
     def dp(self) -> bool:
         return self.settings.dp_clip is not None
 
-    def step(self, g: Group) -> None:
-        """One optimizer step of group ``g``'s slots: their minibatches (augmented as each
-        client's plan has it), forward and backward under vmap, DP-SGD's clipping and noise,
-        the gradient transform, the optimizer update; the loss added to each job's sum."""
-        G, B, names, settings, stack = len(g.slots), self.settings.batch_size, self.names, self.settings, self.stack
-        at = self.index[g.at:g.at + 3 * G]
-        slots, clients, t = at[:G], at[G:2 * G], at[2 * G:]
-        part = stack.select(None if g.whole else slots)
-        extras = part.extras if self.per_step is None else {
-            **part.extras, **{k: v[clients, t, :g.b] for k, v in self.per_step.items()}}
-        rows_g = self.batch[g.start:g.start + G * g.b].view(G, g.b)
-        valid = rows_g >= 0 if self.dp else None  # DP-SGD: a padded row (-1) is no sample
-        if self.dp:
-            rows_g = rows_g.clamp(min=0)
-        xs = self.xs
-        xb = xs[rows_g]
+    def inputs(self, g: Group, part: Slots, clients: torch.Tensor,
+               t: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, dict[str, Any], Optional[torch.Tensor]]:
+        """Group ``g``'s minibatches (G, b, ...), labels, extras and which rows are samples
+        (None: all are). A padded row (-1) is DP-SGD's, or a short batch's padding: the latter
+        repeats its batch's first sample (and per-step extras), so that its loss, weighted
+        0, is a finite one; DP-SGD's reads row 0 (its batch may be empty)."""
+        G, xs = len(g.slots), self.xs
+        rows = self.batch[g.start:g.start + G * g.b].view(G, g.b)
+        valid = rows >= 0 if self.dp or self.padded else None
+        if valid is not None:
+            rows = torch.where(valid, rows, rows[:, :1]) if self.padded else rows.clamp(min=0)
+        extras = dict(part.extras)
+        for k, v in (self.per_step or {}).items():
+            e = v[clients, t, :g.b]
+            if self.padded and valid is not None:
+                e = torch.where(valid.view(G, g.b, *[1] * (e.dim() - 2)), e, e[:, :1])
+            extras[k] = e
+        xb = xs[rows]
         if self.drawn is not None and self.augmentation is not None:  # each sample as the client's own plan has it
             span = slice(g.start, g.start + G * g.b)
             xb = apply(self.augmentation[0], xb.reshape(G * g.b, *xs.shape[1:]), self.drawn["offsets"][span],
                        self.drawn["flips"][span], self.augmentation[2]).view(G, g.b, *xs.shape[1:])
+        return xb, self.ys[rows], extras, valid
+
+    def step(self, g: Group) -> None:
+        """One optimizer step of group ``g``'s slots: their minibatches (:meth:`inputs`),
+        forward and backward under vmap (with padding, each slot's loss the mean over its
+        own rows), DP-SGD's clipping and noise, the gradient transform, the optimizer
+        update; the loss added to each job's sum."""
+        G, B, names, settings, stack = len(g.slots), self.settings.batch_size, self.names, self.settings, self.stack
+        at = self.index[g.at:g.at + 3 * G]
+        slots, clients, t = at[:G], at[G:2 * G], at[2 * G:]
+        part = stack.select(None if g.whole else slots)
+        xb, yb, extras, valid = self.inputs(g, part, clients, t)
         params = stack.views(part.params)  # the step's values (grad_fn reads them too)
-        with autocast(self.precision, xs.device.type):
+        counts = valid.sum(1) if self.padded and valid is not None else None  # each slot's own batch size
+        with autocast(self.precision, xb.device.type):
             fn = self.step_fn[g.whole and g.b == B]
-            grads, value = fn(params, part.frozen, part.buffers, extras, xb, self.ys[rows_g])
+            if valid is not None and counts is not None:
+                w = valid.to(part.params.dtype) / counts.to(part.params.dtype).unsqueeze(1)
+                grads, value = fn(params, part.frozen, part.buffers, extras, xb, yb, w)
+            else:
+                grads, value = fn(params, part.frozen, part.buffers, extras, xb, yb)
         if valid is not None and settings.dp_clip is not None:  # DP-SGD: per-sample -> private (G, ...)
             z = None if self.noise is None else torch.stack(
-                [self.noise[i].normal((part.params.shape[1],)) for i in g.jobs]).to(xs.device)
+                [self.noise[i].normal((part.params.shape[1],)) for i in g.jobs]).to(xb.device)
             grads = dict(zip(names, private_gradient([grads[k] for k in names], settings.dp_clip,
                                                      settings.dp_noise, z, mask=valid, batch=B)))
             self.seen.index_add_(0, clients, valid.sum(1).to(torch.float64))
@@ -500,18 +538,20 @@ class _StackRun:
         optimizer_step([part.params], [flat], part.state, settings)
         _restore(part, self.idle, kept)
         stack.commit(part, None if g.whole else slots)
-        self.loss_sum.index_add_(0, clients, value.detach().to(torch.float64) * g.b)
+        self.loss_sum.index_add_(0, clients, value.detach().to(torch.float64) * (g.b if counts is None else counts))
 
 
 class BatchedExecutor(Executor):
     """Drives a round's ``client_update`` coroutines and runs what they await as stacks of at
     most ``slots`` clients (0: chosen from the round's clients and the memory)."""
 
-    def __init__(self, runtime: ClientRuntime, slots: int = 0, threads: int = 0, compile: bool = False) -> None:
+    def __init__(self, runtime: ClientRuntime, slots: int = 0, threads: int = 0, compile: bool = False,
+                 pad: bool = False) -> None:
         self.runtime = runtime
         self.threads = threads
         self.slots = slots
         self.compile = compile
+        self.pad = pad
         self._compiled: dict[Signature, Callable[..., Any]] = {}
         self._compiled_slots: dict[Signature, int] = {}  # per signature: the most slots chosen so far
         self._unreached_of: dict[Signature, frozenset[str]] = {}  # per signature: parameters its loss does not reach
@@ -530,7 +570,7 @@ class BatchedExecutor(Executor):
         if self.stats.stacks:
             occupancy = self.stats.occupancy
             assert occupancy is not None  # a stack takes at least one slot-step
-            out.update(occupancy=round(occupancy, 4), slots=max(self.stats.slots))
+            out.update(occupancy=round(occupancy, 4), slots=max(self.stats.slots), padded=self.stats.padded > 0)
         return out
 
     def _note(self, reason: str) -> None:
@@ -718,7 +758,7 @@ class BatchedExecutor(Executor):
         model = jobs[0].ctx.architecture
         names = trainable_names(model, fits[0].trainable)
         data = [j.ctx.data for j in jobs]
-        d = _draw(jobs, fits, model, names, data)
+        d = _draw(jobs, fits, model, names, data, self._pads(jobs[0], model))
         answers: list[Any] = [None] * len(jobs)
         for i, j in enumerate(jobs):  # clients without a step to take keep their weights
             if d.totals[i] == 0:
@@ -734,8 +774,10 @@ class BatchedExecutor(Executor):
         self.stats.slot_steps += plan.slot_steps
         self.stats.stacks += 1
         self.stats.slots.append(S)
+        self.stats.steps += sum(len(groups) for groups in plan.steps)
+        self.stats.padded += d.padded
 
-        per_step = self._per_step(fits, d.sizes, d.totals)  # {name: (J, steps, B, ...)} or None
+        per_step = self._per_step(fits, d.samples or d.sizes, d.totals, B)  # {name: (J, steps, B, ...)} or None
         xs = torch.cat([x for x, _ in data]).to(dev)
         ys = torch.cat([y for _, y in data]).to(dev)
         grad_fn = vmap(fits[0].grad) if fits[0].grad is not None else None
@@ -749,14 +791,15 @@ class BatchedExecutor(Executor):
             index=torch.from_numpy(plan.index).to(dev),  # every group's (slots, jobs, steps), in one transfer
             drawn=None if plan.aug is None else {k: torch.from_numpy(v).to(dev) for k, v in plan.aug.items()},
             augmentation=jobs[0].ctx.augmentation,
-            step_fn=self._step_fn(jobs[0], model, fits[0].loss, d.settings, tuple(per_step or ())),
+            step_fn=self._step_fn(jobs[0], model, fits[0].loss, d.settings, tuple(per_step or ()), d.padded),
             grad_fn=grad_fn,
             idle=None if d.dp or grad_fn is not None else stack.columns(
                 self._unreached(jobs[0], model, fits[0], names, xs, ys, d.rows[first], per_step)),
             noise=[j.ctx.noise_generator() for j in jobs] if d.settings.dp_noise > 0 else None,  # DP-SGD
             precision=jobs[0].ctx.runtime.cfg.execution.precision,
             loss_sum=torch.zeros(len(jobs), dtype=torch.float64, device=dev),
-            seen=torch.zeros(len(jobs), dtype=torch.float64, device=dev))  # DP-SGD: samples drawn
+            seen=torch.zeros(len(jobs), dtype=torch.float64, device=dev),  # DP-SGD: samples drawn
+            padded=d.padded)
         was = model.training
         model.train()
         try:
@@ -775,7 +818,7 @@ class BatchedExecutor(Executor):
         for i, j in enumerate(jobs):
             if d.totals[i] == 0:
                 continue
-            count = int(drawn_n[i]) if d.dp else sum(d.sizes[i])
+            count = int(drawn_n[i]) if d.dp else sum(d.samples[i])
             try:
                 stats = j.ctx.trained(TrainStats(loss=losses[i] / max(count, 1), steps=d.totals[i], samples=count),
                                       fits[i].report, d.private[i] if d.dp else None)
@@ -783,6 +826,15 @@ class BatchedExecutor(Executor):
             except NonFiniteLossError as e:
                 answers[i] = e
         return answers
+
+    def _pads(self, job: _Job, model: nn.Module) -> bool:
+        """Whether a stack pads its clients' short batches (``execution.pad_batches``): its
+        method's loss is a mean over the batch's samples (not ``couples_samples``; the loss of
+        a padded batch is then the weighted mean of its samples' losses, each a batch of one)
+        and its model has no BatchNorm (whose statistics of a padded batch would not be the
+        client's: such a stack steps once per batch size, as without padding). DP-SGD's
+        batches are padded in any case (its own masked sum)."""
+        return self.pad and not job.ctx.runtime.algorithm.couples_samples and not batch_coupled(model)
 
     def _slots(self, totals: list[int], model: nn.Module, B: int, data: list[tuple[torch.Tensor, torch.Tensor]],
                job: _Job, per_sample: bool = False) -> int:
@@ -806,26 +858,30 @@ class BatchedExecutor(Executor):
             S = min(S, busy)
         return S
 
-    def _per_step(self, fits: list[Fit], sizes: list[list[int]],
-                  totals: list[int]) -> Optional[dict[str, torch.Tensor]]:
-        """The clients' per-step extras (``step_extras``) as (J, steps, B, ...) tensors."""
+    def _per_step(self, fits: list[Fit], sizes: list[list[int]], totals: list[int],
+                  B: int) -> Optional[dict[str, torch.Tensor]]:
+        """The clients' per-step extras (``step_extras``, given each step's batch size) as
+        (J, steps, B, ...) tensors (zeros past a step's size)."""
         drawn = [f.step_extras(s) if f.step_extras is not None and t else None for f, s, t in zip(fits, sizes, totals)]
         first = next((d for d in drawn if d is not None), None)
         if first is None:
             return None
         dev, tmax = self.runtime.device, max(totals)
-        out = {k: torch.zeros((len(fits), tmax, *v.shape[1:]), dtype=v.dtype, device=dev) for k, v in first.items()}
+        out = {k: torch.zeros((len(fits), tmax, max(B, v.shape[1]), *v.shape[2:]), dtype=v.dtype, device=dev)
+               for k, v in first.items()}
         for i, d in enumerate(drawn):
             for k, v in (d or {}).items():
                 out[k][i, :v.shape[0], :v.shape[1]] = v.to(dev)
         return out
 
     def _step_fn(self, job: _Job, model: nn.Module, loss: LossFn, settings: TrainSettings,
-                 rows: tuple[str, ...] = ()) -> dict[bool, Callable[..., Any]]:
+                 rows: tuple[str, ...] = (), padded: bool = False) -> dict[bool, Callable[..., Any]]:
         """The vmapped step (gradients and loss of every slot), by whether it may be the
         compiled one (steps of the whole stack at the full batch size: one shape per stack).
         With DP-SGD (``settings.dp_clip``) the gradients and losses of every sample of every
-        slot, (G, b, ...) and (G, b) (``rows``: the per-step extras, one row per sample)."""
+        slot, (G, b, ...) and (G, b) (``rows``: the per-step extras, one row per sample).
+        ``padded``: each slot's loss is the weighted sum of its samples' losses
+        (:func:`~protofl.engine.train.masked_mean`; the weights (G, b) an argument)."""
         objective = Objective(model, loss)
 
         def client_loss(params: dict[str, torch.Tensor], frozen: dict[str, torch.Tensor],
@@ -836,7 +892,10 @@ class BatchedExecutor(Executor):
             weights.update({"model." + k: v for k, v in buffers.items()})
             return cast(torch.Tensor, functional_call(objective, weights, (x, y, extras)))  # the objective's loss
 
-        eager = vmap(per_sample(client_loss, rows) if settings.dp_clip is not None else grad_and_value(client_loss))
+        if settings.dp_clip is not None:
+            eager = vmap(per_sample(client_loss, rows))
+        else:
+            eager = vmap(masked_mean(client_loss, rows) if padded else grad_and_value(client_loss))
         return {False: eager, True: self._compiled_step(job, eager) if self.compile else eager}
 
     def _unreached(self, job: _Job, model: nn.Module, fit: Fit, names: list[str], xs: torch.Tensor,
@@ -852,7 +911,7 @@ class BatchedExecutor(Executor):
             params = {k: w[k].detach().clone().requires_grad_(True) for k in names}
             weights = {"model." + k: params.get(k, w[k]) for k in named}
             weights.update({"model." + k: w[k].clone() for k, _ in model.named_buffers()})
-            idx = torch.from_numpy(rows[0, :2]).to(dev)
+            idx = torch.from_numpy(rows[0][rows[0] >= 0][:2]).to(dev)  # (a padded row is -1)
             extras = _to(fit.extras, dev)
             if per_step is not None:
                 extras.update({k: v[0, 0, :len(idx)] for k, v in per_step.items()})

@@ -28,6 +28,7 @@ from typing import Any, Callable, cast, Generator, Optional, TYPE_CHECKING
 
 import torch
 
+from .backends import batched_executor
 from .batched import BatchedExecutor
 from .client import ClientOutput, ClientTask
 from .executor import Executor
@@ -119,8 +120,7 @@ def run_packed(queue: list[Any], build: Callable[[Any, Executor], Simulation], o
                 on_end(item, {"status": "failed", "error": f"{type(e).__name__}: {e}"}, 0.0)
                 continue
             if pack.executor is None:
-                ex = sim.cfg.execution
-                pack.executor = BatchedExecutor(sim.runtime, ex.batch_clients, ex.threads, compile=ex.compile)
+                pack.executor = batched_executor(sim)
                 if not pack.in_flight:
                     pack.in_flight = choose_in_flight(sim, len(waiting) + 1)
                 log(f"[pack] {pack.in_flight} runs in flight, their clients in shared stacks on {sim.runtime.device}")

@@ -385,15 +385,23 @@ class Objective(nn.Module):
         return self.loss(as_parts(self.model), x, y, extras)
 
 
-def per_sample(fn: Callable[..., torch.Tensor], rows: Sequence[str] = ()) -> Callable[..., Any]:
-    """``fn(params, frozen, buffers, extras, x, y)`` (a batch's loss) -> the gradient and the
-    loss of each sample: (b, ...) per parameter and (b,). Each sample is a batch of one;
-    the extras named in ``rows`` are per-sample rows (b, ...), the others shared."""
+def _one_sample(fn: Callable[..., torch.Tensor], rows: Sequence[str]) -> Callable[..., torch.Tensor]:
+    """``fn`` (a batch's loss) on one sample, as a batch of one: the extras named in ``rows``
+    are per-sample rows, cut to the sample's, the others shared."""
 
     def one(params: dict[str, torch.Tensor], frozen: dict[str, torch.Tensor], buffers: dict[str, torch.Tensor],
             extras: dict[str, Any], x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
         ex = {k: (v.unsqueeze(0) if k in rows else v) for k, v in extras.items()}
         return fn(params, frozen, buffers, ex, x.unsqueeze(0), y.unsqueeze(0))
+
+    return one
+
+
+def per_sample(fn: Callable[..., torch.Tensor], rows: Sequence[str] = ()) -> Callable[..., Any]:
+    """``fn(params, frozen, buffers, extras, x, y)`` (a batch's loss) -> the gradient and the
+    loss of each sample: (b, ...) per parameter and (b,). Each sample is a batch of one;
+    the extras named in ``rows`` are per-sample rows (b, ...), the others shared."""
+    one = _one_sample(fn, rows)
 
     def batch(params: dict[str, torch.Tensor], frozen: dict[str, torch.Tensor], buffers: dict[str, torch.Tensor],
               extras: dict[str, Any], x: torch.Tensor, y: torch.Tensor) -> Any:
@@ -402,6 +410,25 @@ def per_sample(fn: Callable[..., torch.Tensor], rows: Sequence[str] = ()) -> Cal
                     randomness="different")(params, frozen, buffers, extras, x, y)
 
     return batch
+
+
+def masked_mean(fn: Callable[..., torch.Tensor], rows: Sequence[str] = ()) -> Callable[..., Any]:
+    """``fn(params, frozen, buffers, extras, x, y)``, a batch's loss that is a mean over its
+    samples (a method that does not declare ``couples_samples``) -> ``f(params, frozen,
+    buffers, extras, x, y, w)``: the gradient (by parameter) and the value of sum_i w_i fn(sample i), each sample a
+    batch of one (``rows``: per-sample extras). With ``w`` = 1/b on b rows and 0 on the rest
+    (padding), that is fn on the b rows up to float rounding: a short batch padded to the
+    stack's width trains as it would alone (the batched executor's steps of one shape)."""
+    one = _one_sample(fn, rows)
+
+    def weighted(params: dict[str, torch.Tensor], frozen: dict[str, torch.Tensor], buffers: dict[str, torch.Tensor],
+                 extras: dict[str, Any], x: torch.Tensor, y: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+        dims = {k: (0 if k in rows else None) for k in extras}
+        losses = vmap(one, in_dims=(None, None, None, dims, 0, 0), randomness="different")(
+            params, frozen, buffers, extras, x, y)
+        return (losses * w).sum()
+
+    return grad_and_value(weighted)
 
 
 def sample_gradients(model: nn.Module, loss: LossFn, names: Sequence[str], x: torch.Tensor, y: torch.Tensor,

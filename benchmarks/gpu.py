@@ -116,7 +116,7 @@ def settings(smoke: bool) -> list[dict]:
 
 
 def config(s: dict, executor: str, device: str, data_dir: str, rounds: int, out: str, smoke: bool,
-           batch_clients: int, method: str = "fedavg", compile_step: bool = False) -> dict:
+           batch_clients: int, method: str = "fedavg", compile_step: bool = False, pad: str = "auto") -> dict:
     data = {"name": s["data"], "root": data_dir}
     if s["data"] == "generated32" and smoke:
         data.update(train=10_000, test=1000)
@@ -129,7 +129,8 @@ def config(s: dict, executor: str, device: str, data_dir: str, rounds: int, out:
         "algorithm": {"name": method},
         "eval": {"every": 10_000, "personal": False, "final_all_clients": False},
         "execution": {"device": device, "executor": executor, "workers": 0, "threads": 0,
-                      "batch_clients": batch_clients, "compile": compile_step and executor == "batched"},
+                      "batch_clients": batch_clients, "compile": compile_step and executor == "batched",
+                      "pad_batches": {"auto": "auto", "on": True, "off": False}[pad]},
         "output": {"dir": out, "checkpoint_every": 0, "progress": False, "save_model": False},
     }
 
@@ -291,6 +292,7 @@ def measure(cfg_dict: dict, device: str, launches: bool) -> dict:
         "executor": mode.get("executor", "sequential"),
         "occupancy": mode.get("occupancy"),
         "slots": mode.get("slots"),
+        "padded": mode.get("padded"),
         "launches": launches_per_sample(cfg_dict) if launches else None,
     }
 
@@ -310,6 +312,29 @@ def run_pfllib(args, s: dict) -> Optional[float]:
               file=sys.stderr)
         return None
     return statistics.median(rates)
+
+
+def measure_packed(cfg_dict: dict, runs: int) -> dict:
+    """``runs`` runs of ``cfg_dict`` (seeds 0..runs-1) packed (``execution.pack_runs``: their
+    clients in shared stacks of one batched executor): the training samples of all their
+    rounds over the wall time of the whole packed run (round 1 and evaluation included)."""
+    from protofl.engine.packed import run_packed
+
+    counted: list[Rows] = []
+
+    def build(seed, member):
+        cfg = from_dict({**cfg_dict, "seed": seed})
+        counted.append(Rows())
+        return Simulation(cfg, callbacks=[counted[-1]], run_dir=Path(cfg.output.dir) / f"packed-{seed}-{time.time_ns()}",
+                          executor_factory=lambda sim: member)
+
+    ended: list[str] = []
+    t0 = time.perf_counter()
+    run_packed(list(range(runs)), build, lambda seed: None, lambda seed, summary, s: ended.append(summary["status"]),
+               log=lambda line: print(line, flush=True))
+    wall = time.perf_counter() - t0
+    samples = sum(r["train_samples"] for c in counted for r in c.rows)
+    return {"runs": runs, "complete": ended.count("complete"), "samples_s": samples / wall, "wall_s": wall}
 
 
 def fmt(v, spec=",.0f", none="n/a"):
@@ -333,9 +358,13 @@ def main() -> int:
     p.add_argument("--batch-clients", type=int, default=0, help="execution.batch_clients (0 = chosen per round)")
     p.add_argument("--compile", action="store_true", help="execution.compile for the batched rows (torch.compile "
                                                           "of the stack's step; CUDA graphs on a GPU)")
+    p.add_argument("--pad", choices=("auto", "on", "off"), default="auto",
+                   help="execution.pad_batches for the batched rows (auto: on a GPU)")
     p.add_argument("--no-launches", action="store_true", help="skip the profiled run (occupancy stays)")
     p.add_argument("--pfllib", help="PFLlib checkout prepared as in benchmarks/peers_setup.md (MNIST fedavg_cnn rows)")
     p.add_argument("--pfllib-python", default=sys.executable, help="the Python that runs PFLlib")
+    p.add_argument("--packed", type=int, default=0, help="also N runs of each 10-a-round setting packed "
+                                                         "(execution.pack_runs; seeds 0..N-1; FedAvg)")
     p.add_argument("--out", default="benchmarks/results/gpu.md")
     args = p.parse_args()
 
@@ -350,7 +379,7 @@ def main() -> int:
     sequential_at = {int(i) for i in args.sequential_at.split(",") if i} or set(chosen)
     methods = [m for m in args.methods.split(",") if m]
     tmp = tempfile.mkdtemp(prefix="protofl-gpu-")
-    table = []
+    table, packed = [], []
     try:
         for i in chosen:
             s = all_settings[i - 1]
@@ -364,13 +393,19 @@ def main() -> int:
                     if ex == "sequential" and i not in sequential_at:
                         continue
                     got[ex] = measure(config(s, ex, args.device, args.data_dir, args.rounds, tmp, args.smoke,
-                                             args.batch_clients, method, args.compile), args.device,
+                                             args.batch_clients, method, args.compile, args.pad), args.device,
                                       not args.no_launches)
                     r = got[ex]
                     print(f"[{i}] {s['name']}, {s['clients']} clients, {s['m']}/round, {method}, {ex}: "
                           f"{r['samples_s']:,.0f} samples/s, occupancy {fmt(r['occupancy'], '.2f')}, "
                           f"launches/sample {fmt(r['launches'], '.3f')}", flush=True)
                 table.append((i, s, method, got, peer))
+            if args.packed and settings(False)[i - 1]["m"] == 10:  # the 10-a-round settings (smoke: fewer)
+                cfg = config(s, "batched", args.device, args.data_dir, args.rounds, tmp, args.smoke, args.batch_clients,
+                             "fedavg", args.compile, args.pad)
+                cfg["execution"]["pack_runs"] = True
+                packed.append((i, s, measure_packed(cfg, args.packed)))
+                print(f"[{i}] {args.packed} runs packed: {packed[-1]['samples_s']:,.0f} samples/s", flush=True)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
 
@@ -391,6 +426,7 @@ def main() -> int:
             vs_cpu = f"{r['samples_s'] / cpu:.1f}x" if cpu and not args.smoke and method == "fedavg" else ""
             vs_peer = f"{r['samples_s'] / peer:.1f}x" if peer and method == "fedavg" else ""
             label = ex if r["executor"] == ex else f"{ex} (ran {r['executor']})"
+            label += ", padded" if r["padded"] else ""
             lines.append(f"| {i} | {s['name']} | {s['clients']} | {s['m']} | {method} | {label} | "
                          f"{fmt(r['samples_s'])} | {fmt(r['round_s'], '.2f')} | {fmt(r['occupancy'], '.2f', '')} | "
                          f"{fmt(r['slots'], 'd', '')} | {fmt(r['launches'], '.3f')} | {fmt(r['util'], '.0f')} | "
@@ -400,6 +436,13 @@ def main() -> int:
         lines += ["", "PFLlib (FedAvg, its own MNIST Dir(0.3) split of 100 clients, evaluation off, same device):", "",
                   "| # | per round | PFLlib samples/s |", "|---|---|---|"]
         lines += [f"| {i} | {s['m']} | {fmt(peer)} |" for i, s, peer in peers]
+    if packed:
+        lines += ["", f"Runs packed (`execution.pack_runs`; FedAvg, seeds 0-{args.packed - 1}, {args.rounds} rounds each): "
+                  "training samples of all their rounds over the packed run's wall time, round 1 and the "
+                  "final evaluation included:", "",
+                  "| # | per round (each run) | runs | complete | samples/s | wall s |", "|---|---|---|---|---|---|"]
+        lines += [f"| {i} | {s['m']} | {r['runs']} | {r['complete']} | {fmt(r['samples_s'])} | {r['wall_s']:.1f} |"
+                  for i, s, r in packed]
     emit(lines, args.out)
     return 0
 

@@ -538,3 +538,40 @@ def test_pad_batches_auto_pads_on_a_gpu_only():
     assert cfg.replace(**{"execution.device": "cuda", "execution.pad_batches": False}).execution.pads is False
     with pytest.raises(ConfigError, match="pad_batches"):
         load_config(DIGITS, ["execution.pad_batches=sometimes"])
+
+
+@pytest.mark.parametrize("rows", [1, 600, 10**6])
+def test_features_pass_holds_at_most_feature_rows_and_gives_each_client_its_own(monkeypatch, rows):
+    """ctx.features in the batched executor: each client's model on its own samples, however
+    the clients are cut into forwards of at most FEATURE_ROWS rows (1: one client at a time)."""
+    from types import SimpleNamespace
+
+    from torch.func import functional_call
+
+    import protofl.engine.batched as batched
+
+    monkeypatch.setattr(batched, "FEATURE_ROWS", rows)
+    g = torch.Generator().manual_seed(0)
+    body = nn.Sequential(nn.Linear(5, 3), nn.Tanh())
+    seen_rows = []
+    real = batched.vmap
+
+    def counting(fn):
+        mapped = real(fn)
+        return lambda w, xb: seen_rows.append(xb.shape[0] * xb.shape[1]) or mapped(w, xb)
+
+    monkeypatch.setattr(batched, "vmap", counting)
+    jobs, want = [], []
+    for n in (0, 3, 300, 700, 1500, 257):
+        w = {"body.0.weight": torch.randn(3, 5, generator=g), "body.0.bias": torch.randn(3, generator=g),
+             "head.weight": torch.randn(2, 3, generator=g)}
+        x = torch.randn(n, 5, generator=g)
+        jobs.append(SimpleNamespace(features=SimpleNamespace(x=x, weights=w), ctx=SimpleNamespace(data=(x, None))))
+        want.append(functional_call(body, {k[5:]: v for k, v in w.items() if k.startswith("body.")}, (x,)))
+    fake = SimpleNamespace(runtime=SimpleNamespace(device=torch.device("cpu")))
+    with torch.no_grad():
+        got = batched.BatchedExecutor._part_features(fake, body, "body.", jobs)
+    for a, b in zip(got, want):
+        assert a.shape == b.shape
+        torch.testing.assert_close(a, b, atol=1e-6, rtol=1e-6)
+    assert seen_rows and max(seen_rows) <= max(rows, 511)  # a client's batch (at most 2 x 256 - 1 rows) is never cut

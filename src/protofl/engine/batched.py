@@ -13,8 +13,8 @@ time. This executor drives the ``client_update`` coroutines of all of a round's 
   step, the next client of the round takes its slot (as inference servers do with
   requests), longest clients first; the slot count is chosen so that the stack finishes
   in about the time of its longest client (:func:`choose_slots`);
-* **features** (``ctx.features``): the clients' models applied to their own data in one
-  vmapped forward per chunk of rows (prototypes, eq. 3 of FedNH, ...);
+* **features** (``ctx.features``): the clients' models applied to their own data in
+  vmapped forwards of at most ``FEATURE_ROWS`` rows (prototypes, eq. 3 of FedNH, ...);
 * everything else a method does between its awaits (class means, k-means, its reply)
   runs client by client, as written.
 
@@ -25,9 +25,13 @@ Each client still computes what the sequential executor computes (``engine/train
   same batches in the same order;
 * batch count: ``epochs * ceil(n_k / B)`` steps (or ``training.steps``), wherever and
   whenever its slot runs them;
-* the last batch of an epoch is smaller: at each step the active slots are grouped by
-  their batch size and each group runs as one stack (BatchNorm statistics and the mean of
-  the loss are exactly those of that client's batch, no padding);
+* the last batch of an epoch is smaller: padded (``execution.pad_batches``) to the batch
+  size with masked rows, so that a stack step is one step of every slot, each slot's loss
+  the weighted mean of its samples' losses (:func:`~protofl.engine.train.masked_mean`;
+  weight 1/b on its b rows, 0 on the padding), for methods whose loss is a mean over its
+  samples (not ``couples_samples``) on models without BatchNorm; else grouped: the
+  active slots are grouped by their batch size and each group runs as one stack
+  (BatchNorm statistics and the mean of the loss are exactly those of that client's batch);
 * optimizer: the same row-wise step (:func:`~protofl.engine.train.optimizer_step`) on one
   flat (slots, parameters) buffer, so an update is a handful of kernels whatever the
   number of layers; the optimizer state of a slot is zeroed when a client enters it; a
@@ -87,6 +91,11 @@ Signature = tuple[Any, ...]
 BatchResult = Union[list[Optional[ClientOutput]], BaseException]
 # a client's ``ctx.augmentation``: the augmentation, its stream, the padding value
 _Augmentation = tuple[Augment, torch.Generator, torch.Tensor]
+
+# the features pass (ctx.features) forwards at most this many rows at once, whatever the number
+# of clients: 16 clients' inference batches of 256 (a round of 100 clients held them all at
+# once, and its activations multiplied the round's peak memory)
+FEATURE_ROWS = 4096
 
 _RANDOM = (nn.Dropout, nn.Dropout1d, nn.Dropout2d, nn.Dropout3d, nn.AlphaDropout, nn.FeatureAlphaDropout)
 
@@ -728,6 +737,8 @@ class BatchedExecutor(Executor):
                 w = {k[len(prefix):]: v.to(dev) for k, v in j.features.weights.items() if k.startswith(prefix)}
                 out[i] = functional_call(module, w, (x.to(dev),))
         live = [(j, i, x) for i, (j, x) in enumerate(zip(jobs, xs)) if len(x)]
+        # most batches first, so that the clients with a batch b are a prefix of them
+        live.sort(key=lambda jix: -len(embed_batches(len(jix[2]))))
         if not live:
             return cast(list[torch.Tensor], out)  # no samples anywhere: each job's empty features, above
         keys = [k[len(prefix):] for k in live[0][0].features.weights if k.startswith(prefix)]
@@ -737,14 +748,17 @@ class BatchedExecutor(Executor):
         plans = [embed_batches(len(x)) for _, _, x in live]
         fn = vmap(lambda w, xb: functional_call(module, w, (xb,)))
         pieces: list[list[torch.Tensor]] = [[] for _ in live]
-        for b in range(max(len(p) for p in plans)):
-            width = max(e - s for p in plans if b < len(p) for s, e in [p[b]])
-            rows = np.stack([o + (np.minimum(np.arange(p[b][0], p[b][0] + width), p[b][1] - 1) if b < len(p)
-                                  else np.zeros(width, np.int64)) for o, p in zip(offsets, plans)])
-            z = fn(W, data[torch.from_numpy(rows).to(dev)])  # (J, width, d)
-            for c, p in enumerate(plans):
-                if b < len(p):
-                    pieces[c].append(z[c, :p[b][1] - p[b][0]])
+        for b in range(len(plans[0])):
+            have = sum(b < len(p) for p in plans)  # clients 0..have-1 have a batch b
+            per = max(1, FEATURE_ROWS // max(plans[c][b][1] - plans[c][b][0] for c in range(have)))
+            for lo in range(0, have, per):  # per clients a forward: at most FEATURE_ROWS rows at once
+                cs = range(lo, min(lo + per, have))
+                width = max(plans[c][b][1] - plans[c][b][0] for c in cs)  # a shorter batch repeats its last row
+                rows = np.stack([offsets[c] + np.minimum(np.arange(plans[c][b][0], plans[c][b][0] + width),
+                                                         plans[c][b][1] - 1) for c in cs])
+                z = fn({k: v[cs.start:cs.stop] for k, v in W.items()}, data[torch.from_numpy(rows).to(dev)])
+                for i, c in enumerate(cs):  # (len(cs), width, d)
+                    pieces[c].append(z[i, :plans[c][b][1] - plans[c][b][0]])
         for c, (_, i, _) in enumerate(live):
             out[i] = torch.cat(pieces[c])
         return cast(list[torch.Tensor], out)  # the empty ones above, the others here

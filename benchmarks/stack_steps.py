@@ -129,8 +129,10 @@ def main() -> int:
 
     smoke = " SMOKE settings (1 local epoch, a tenth of the clients per round)." if args.smoke else ""
     lines = ["### Stack steps and operators per round, grouped and padded (CPU)", "",
-             header(f"The second round of a 2-round run under torch.profiler (counts); seconds: median of rounds "
-                    f"2-{args.rounds} of a separate run without the profiler, on this machine.{smoke}"), "",
+             header("The second round of a 2-round run under torch.profiler (counts); seconds: "
+                    + ("not timed (--no-time)." if args.no_time else
+                       f"median of rounds 2-{args.rounds} of a separate run without the profiler, on this machine.")
+                    + smoke), "",
              "```", "python " + " ".join(["benchmarks/stack_steps.py", *sys.argv[1:]]), "```", "",
              "| # | setting | per round | method | short batches | client-steps | slot-steps | stack steps "
              "| operators | operators / stack step | operators, padded / grouped | s / round (CPU) "

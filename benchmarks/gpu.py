@@ -405,7 +405,7 @@ def main() -> int:
                              "fedavg", args.compile, args.pad)
                 cfg["execution"]["pack_runs"] = True
                 packed.append((i, s, measure_packed(cfg, args.packed)))
-                print(f"[{i}] {args.packed} runs packed: {packed[-1]['samples_s']:,.0f} samples/s", flush=True)
+                print(f"[{i}] {args.packed} runs packed: {packed[-1][2]['samples_s']:,.0f} samples/s", flush=True)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
 

@@ -16,7 +16,7 @@ from protofl.models import MODELS
 from protofl.messages import Record
 from protofl.models.base import FLModel
 
-from conftest import DIGITS, StopAfter
+from conftest import DIGITS, REPO, StopAfter
 
 ALL_CLIENTS = ["participation.fraction=1.0"]
 
@@ -505,8 +505,14 @@ def executor_of(cfg, run_dir):
 
 def test_padded_stacks_take_one_step_per_stack_step_and_train_what_the_clients_would(tmp_path):
     """Short batches padded with masked rows: one step per stack step (not one per batch size),
-    the same client-steps and samples, the numbers of the sequential run within float rounding."""
-    cfg = cfg_for(tmp_path, "algorithm.name=fedprox", "algorithm.mu=0.1", "training.weight_decay=0.001")
+    the same client-steps and samples, the numbers of the sequential run within float rounding;
+    with momentum, weight decay, clipping, and a batch of one sample padded to a full one."""
+    from protofl.data.build import build_federated
+
+    sizes = [len(i) for i in build_federated(cfg_for(tmp_path)).train_idx]
+    B = next(b for b in range(20, 40) if any(n % b == 1 for n in sizes))  # some client ends an epoch on 1 sample
+    cfg = cfg_for(tmp_path, "algorithm.name=fedprox", "algorithm.mu=0.1", "training.weight_decay=0.001",
+                  "training.clip_grad=1.0", f"training.batch_size={B}")
     cfg = cfg.replace(**{"execution.executor": "batched"})
     grouped, g = executor_of(cfg.replace(**{"execution.pad_batches": False}), tmp_path / "grouped")
     padded, p = executor_of(cfg.replace(**{"execution.pad_batches": True}), tmp_path / "padded")
@@ -550,6 +556,8 @@ def test_features_pass_holds_at_most_feature_rows_and_gives_each_client_its_own(
 
     import protofl.engine.batched as batched
 
+    limit = batched.FEATURE_ROWS
+    assert f"at most {limit:,} rows" in (REPO / "docs" / "gpu.md").read_text()  # the limit docs/gpu.md states
     monkeypatch.setattr(batched, "FEATURE_ROWS", rows)
     g = torch.Generator().manual_seed(0)
     body = nn.Sequential(nn.Linear(5, 3), nn.Tanh())

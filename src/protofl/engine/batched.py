@@ -418,11 +418,6 @@ class _Drawn:
     def dp(self) -> bool:
         return self.settings.dp_clip is not None
 
-    @property
-    def masked(self) -> bool:
-        """Whether a step's rows may hold padding (-1): DP-SGD's, or short batches padded."""
-        return self.dp or self.padded
-
 
 def _draw(jobs: list[_Job], fits: list[Fit], model: nn.Module, names: list[str],
           data: list[tuple[torch.Tensor, torch.Tensor]], pad: bool = False) -> _Drawn:
@@ -494,8 +489,8 @@ class _StackRun:
                t: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, dict[str, Any], Optional[torch.Tensor]]:
         """Group ``g``'s minibatches (G, b, ...), labels, extras and which rows are samples
         (None: all are). A padded row (-1) is DP-SGD's, or a short batch's padding: the latter
-        repeats its batch's first sample (and per-step extras), so that its loss, weighted
-        0, is a finite one; DP-SGD's reads row 0 (its batch may be empty)."""
+        repeats its batch's first sample (and per-step extras), a real sample of that client,
+        whose loss is weighted 0; DP-SGD's reads row 0 (its batch may be empty)."""
         G, xs = len(g.slots), self.xs
         rows = self.batch[g.start:g.start + G * g.b].view(G, g.b)
         valid = rows >= 0 if self.dp or self.padded else None

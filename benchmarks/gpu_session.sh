@@ -39,10 +39,10 @@ if [ "$part" = 1 ]; then
     --methods fedavg,fednh,fedgela,fedproto,mpfedcl,rebafl --sequential-at 1 --no-launches --packed 8 \
     "${peers[@]}" --out "$OUT/table.md"
   for s in 1 2; do
-    limit 60 "profile $s" "$PY" benchmarks/gpu_profile.py --data-dir "$DATA" --device "$DEVICE" "${small[@]}" \
+    limit 45 "profile $s" "$PY" benchmarks/gpu_profile.py --data-dir "$DATA" --device "$DEVICE" "${small[@]}" \
       --setting "$s" --out "$OUT/profile-$s.md"
   done
-  limit 60 "features memory" "$PY" benchmarks/features_memory.py --device "$DEVICE" --rows 0,4096 \
+  limit 90 "features memory" "$PY" benchmarks/features_memory.py --device "$DEVICE" --rows 0,4096 \
     --out "$OUT/features_memory.md"
 elif [ "$part" = 2 ]; then
   limit "${BUDGET:-540}" "fednh-table1 paper packed" "$PY" -m protofl reproduce fednh-table1 --scale paper \

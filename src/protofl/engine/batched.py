@@ -496,7 +496,7 @@ class _StackRun:
         valid = rows >= 0 if self.dp or self.padded else None
         if valid is not None:
             rows = torch.where(valid, rows, rows[:, :1]) if self.padded else rows.clamp(min=0)
-        extras = dict(part.extras)
+        extras = dict(part.extras) if self.per_step else part.extras  # a copy only to add the step's rows
         for k, v in (self.per_step or {}).items():
             e = v[clients, t, :g.b]
             if self.padded and valid is not None:
@@ -731,16 +731,16 @@ class BatchedExecutor(Executor):
             if len(x) == 0:  # no samples: the part on the empty batch, (0, d) as for the others
                 w = {k[len(prefix):]: v.to(dev) for k, v in j.features.weights.items() if k.startswith(prefix)}
                 out[i] = functional_call(module, w, (x.to(dev),))
-        live = [(j, i, x) for i, (j, x) in enumerate(zip(jobs, xs)) if len(x)]
-        # most batches first, so that the clients with a batch b are a prefix of them
-        live.sort(key=lambda jix: -len(embed_batches(len(jix[2]))))
+        # (job, index, inputs, inference batches), most batches first: the clients with a batch b are a prefix
+        live = sorted(((j, i, x, embed_batches(len(x))) for i, (j, x) in enumerate(zip(jobs, xs)) if len(x)),
+                      key=lambda lv: -len(lv[3]))
         if not live:
             return cast(list[torch.Tensor], out)  # no samples anywhere: each job's empty features, above
         keys = [k[len(prefix):] for k in live[0][0].features.weights if k.startswith(prefix)]
-        W = {k: torch.stack([j.features.weights[prefix + k].to(dev) for j, _, _ in live]) for k in keys}
-        data = torch.cat([x.to(dev) for _, _, x in live])
-        offsets = np.concatenate([[0], np.cumsum([len(x) for _, _, x in live])[:-1]])
-        plans = [embed_batches(len(x)) for _, _, x in live]
+        W = {k: torch.stack([j.features.weights[prefix + k].to(dev) for j, _, _, _ in live]) for k in keys}
+        data = torch.cat([x.to(dev) for _, _, x, _ in live])
+        offsets = np.concatenate([[0], np.cumsum([len(x) for _, _, x, _ in live])[:-1]])
+        plans = [p for _, _, _, p in live]
         fn = vmap(lambda w, xb: functional_call(module, w, (xb,)))
         pieces: list[list[torch.Tensor]] = [[] for _ in live]
         for b in range(len(plans[0])):
@@ -754,7 +754,7 @@ class BatchedExecutor(Executor):
                 z = fn({k: v[cs.start:cs.stop] for k, v in W.items()}, data[torch.from_numpy(rows).to(dev)])
                 for i, c in enumerate(cs):  # (len(cs), width, d)
                     pieces[c].append(z[i, :plans[c][b][1] - plans[c][b][0]])
-        for c, (_, i, _) in enumerate(live):
+        for c, (_, i, _, _) in enumerate(live):
             out[i] = torch.cat(pieces[c])
         return cast(list[torch.Tensor], out)  # the empty ones above, the others here
 

@@ -397,6 +397,13 @@ def _one_sample(fn: Callable[..., torch.Tensor], rows: Sequence[str]) -> Callabl
     return one
 
 
+def _over_samples(f: Callable[..., Any], rows: Sequence[str], extras: Mapping[str, Any]) -> Callable[..., Any]:
+    """``f(params, frozen, buffers, extras, x, y)`` of one sample, mapped over a batch's samples
+    (the extras in ``rows`` row by row, the others and the weights shared)."""
+    dims = {k: (0 if k in rows else None) for k in extras}
+    return vmap(f, in_dims=(None, None, None, dims, 0, 0), randomness="different")
+
+
 def per_sample(fn: Callable[..., torch.Tensor], rows: Sequence[str] = ()) -> Callable[..., Any]:
     """``fn(params, frozen, buffers, extras, x, y)`` (a batch's loss) -> the gradient and the
     loss of each sample: (b, ...) per parameter and (b,). Each sample is a batch of one;
@@ -405,9 +412,7 @@ def per_sample(fn: Callable[..., torch.Tensor], rows: Sequence[str] = ()) -> Cal
 
     def batch(params: dict[str, torch.Tensor], frozen: dict[str, torch.Tensor], buffers: dict[str, torch.Tensor],
               extras: dict[str, Any], x: torch.Tensor, y: torch.Tensor) -> Any:
-        dims = {k: (0 if k in rows else None) for k in extras}
-        return vmap(grad_and_value(one), in_dims=(None, None, None, dims, 0, 0),
-                    randomness="different")(params, frozen, buffers, extras, x, y)
+        return _over_samples(grad_and_value(one), rows, extras)(params, frozen, buffers, extras, x, y)
 
     return batch
 
@@ -423,9 +428,7 @@ def masked_mean(fn: Callable[..., torch.Tensor], rows: Sequence[str] = ()) -> Ca
 
     def weighted(params: dict[str, torch.Tensor], frozen: dict[str, torch.Tensor], buffers: dict[str, torch.Tensor],
                  extras: dict[str, Any], x: torch.Tensor, y: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
-        dims = {k: (0 if k in rows else None) for k in extras}
-        losses = vmap(one, in_dims=(None, None, None, dims, 0, 0), randomness="different")(
-            params, frozen, buffers, extras, x, y)
+        losses: torch.Tensor = _over_samples(one, rows, extras)(params, frozen, buffers, extras, x, y)
         return (losses * w).sum()
 
     return grad_and_value(weighted)

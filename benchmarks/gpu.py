@@ -116,7 +116,8 @@ def settings(smoke: bool) -> list[dict]:
 
 
 def config(s: dict, executor: str, device: str, data_dir: str, rounds: int, out: str, smoke: bool,
-           batch_clients: int, method: str = "fedavg", compile_step: bool = False, pad: str = "auto") -> dict:
+           batch_clients: int, method: str = "fedavg", compile_step: bool = False, pad: str = "auto",
+           stack_kernels: str = "off") -> dict:
     data = {"name": s["data"], "root": data_dir}
     if s["data"] == "generated32" and smoke:
         data.update(train=10_000, test=1000)
@@ -130,7 +131,8 @@ def config(s: dict, executor: str, device: str, data_dir: str, rounds: int, out:
         "eval": {"every": 10_000, "personal": False, "final_all_clients": False},
         "execution": {"device": device, "executor": executor, "workers": 0, "threads": 0,
                       "batch_clients": batch_clients, "compile": compile_step and executor == "batched",
-                      "pad_batches": {"auto": "auto", "on": True, "off": False}[pad]},
+                      "pad_batches": {"auto": "auto", "on": True, "off": False}[pad],
+                      "conv_as_matmul": {"off": False, "one_channel": "one_channel", "all": True}[stack_kernels]},
         "output": {"dir": out, "checkpoint_every": 0, "progress": False, "save_model": False},
     }
 
@@ -360,6 +362,9 @@ def main() -> int:
                                                           "of the stack's step; CUDA graphs on a GPU)")
     p.add_argument("--pad", choices=("auto", "on", "off"), default="auto",
                    help="execution.pad_batches for the batched rows (auto: on a GPU)")
+    p.add_argument("--conv-as-matmul", default="off",
+                   help="execution.conv_as_matmul for the batched rows, comma-separated: a batched row for each "
+                        "of off (false), one_channel, all (true)")
     p.add_argument("--no-launches", action="store_true", help="skip the profiled run (occupancy stays)")
     p.add_argument("--pfllib", help="PFLlib checkout prepared as in benchmarks/peers_setup.md (MNIST fedavg_cnn rows)")
     p.add_argument("--pfllib-python", default=sys.executable, help="the Python that runs PFLlib")
@@ -378,6 +383,8 @@ def main() -> int:
     executors = [e for e in args.executors.split(",") if e]
     sequential_at = {int(i) for i in args.sequential_at.split(",") if i} or set(chosen)
     methods = [m for m in args.methods.split(",") if m]
+    kernels = [k for k in args.conv_as_matmul.split(",") if k]
+    variants = [(ex, k) for ex in executors for k in (kernels if ex == "batched" else ["off"])]
     tmp = tempfile.mkdtemp(prefix="protofl-gpu-")
     table, packed = [], []
     try:
@@ -389,14 +396,15 @@ def main() -> int:
                 print(f"[{i}] PFLlib FedAvg, {s['m']}/round: {fmt(peer)} samples/s", flush=True)
             for method in methods:
                 got = {}
-                for ex in executors:  # interleaved per setting
+                for ex, k in variants:  # interleaved per setting
                     if ex == "sequential" and i not in sequential_at:
                         continue
-                    got[ex] = measure(config(s, ex, args.device, args.data_dir, args.rounds, tmp, args.smoke,
-                                             args.batch_clients, method, args.compile, args.pad), args.device,
-                                      not args.no_launches)
-                    r = got[ex]
-                    print(f"[{i}] {s['name']}, {s['clients']} clients, {s['m']}/round, {method}, {ex}: "
+                    key = ex if k == "off" else f"{ex}, conv as matmul: {k}"
+                    got[key] = measure(config(s, ex, args.device, args.data_dir, args.rounds, tmp, args.smoke,
+                                              args.batch_clients, method, args.compile, args.pad, k), args.device,
+                                       not args.no_launches)
+                    r = got[key]
+                    print(f"[{i}] {s['name']}, {s['clients']} clients, {s['m']}/round, {method}, {key}: "
                           f"{r['samples_s']:,.0f} samples/s, occupancy {fmt(r['occupancy'], '.2f')}, "
                           f"launches/sample {fmt(r['launches'], '.3f')}", flush=True)
                 table.append((i, s, method, got, peer))
@@ -425,7 +433,7 @@ def main() -> int:
             ratio = f"{r['samples_s'] / base:.2f}x" if base and ex != "sequential" else ""
             vs_cpu = f"{r['samples_s'] / cpu:.1f}x" if cpu and not args.smoke and method == "fedavg" else ""
             vs_peer = f"{r['samples_s'] / peer:.1f}x" if peer and method == "fedavg" else ""
-            label = ex if r["executor"] == ex else f"{ex} (ran {r['executor']})"
+            label = ex if r["executor"] == ex.split(",")[0] else f"{ex} (ran {r['executor']})"
             label += ", padded" if r["padded"] else ""
             lines.append(f"| {i} | {s['name']} | {s['clients']} | {s['m']} | {method} | {label} | "
                          f"{fmt(r['samples_s'])} | {fmt(r['round_s'], '.2f')} | {fmt(r['occupancy'], '.2f', '')} | "

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# The GPU figures of benchmarks/timing.md ("GPU execution") as two commands of at most 10
-# minutes each, for a GPU lent for about 15 minutes:
+# The GPU figures of benchmarks/timing.md ("GPU execution") as commands of at most 10 minutes
+# each, for a GPU lent for about 15 minutes:
 #
 #   gpu_session.sh 1   the table (FedAvg and the five seed methods at 10 and 100 clients a
 #                      round, the sequential executor at 10 only, 8 FedAvg runs packed at 10
@@ -10,16 +10,21 @@
 #                      packed, for at most BUDGET seconds (default 540): the runs finished,
 #                      and every 10 s the rounds recorded so far (progress.log), so that the
 #                      whole table's time can be read off
+#   gpu_session.sh 3   the variants of the batched step: FedAvg and FedNH at 10 and 100 a round
+#                      with each `execution.conv_as_matmul` (off, one_channel, all); FedAvg with
+#                      `execution.compile`, 5 rounds, kernels off and all; the setting 2 profile
+#                      with each kernel choice
 #   gpu_session.sh all part 1 with its limits at FIT percent (default 100), then part 2 for what
 #                      is left of TOTAL seconds (default 570): one command for one loan
 #
 # Each part writes markdown under OUT (default gpu-out) as it goes; a part stopped by its
 # time limit keeps what it wrote. DATA: a folder with mnist/ (default data); PFLLIB: a
 # PFLlib checkout prepared as in benchmarks/peers_setup.md, section 5 (optional); PY: the
-# Python (default python3); REPRO: part 2's output folder (default OUT/fednh-table1). DEVICE=cpu SMOKE=1 runs part 1 on gpu.py's small settings on
-# the CPU, a check of this script on any machine.
+# Python (default python3); REPRO: part 2's output folder (default OUT/fednh-table1).
+# DEVICE=cpu SMOKE=1 runs parts 1 and 3 on gpu.py's small settings on the CPU, a check of
+# this script on any machine. Each part writes at most 8 files under OUT.
 set -uo pipefail
-part=${1:?usage: benchmarks/gpu_session.sh 1|2|all}
+part=${1:?usage: benchmarks/gpu_session.sh 1|2|3|all}
 DATA=${DATA:-data}
 OUT=${OUT:-gpu-out}
 PY=${PY:-python3}
@@ -37,16 +42,16 @@ limit() {  # limit SECONDS NAME COMMAND...: run it, say how long it took and how
   echo "[session] $name: rc $rc after $((SECONDS - t0)) s (limit $s)" | tee -a "$OUT/session.log"
 }
 FIT=${FIT:-100}
-fit() { echo $(( $1 * FIT / 100 )); }  # a part 1 limit, FIT percent of it
+fit() { echo $(( $1 * FIT / 100 )); }  # a part's limit, FIT percent of it
 part1() {
   peers=()
   [ -n "${PFLLIB:-}" ] && peers=(--pfllib "$PFLLIB" --pfllib-python "$PY")
-  limit "$(fit 400)" table "$PY" benchmarks/gpu.py --data-dir "$DATA" --device "$DEVICE" "${small[@]}" --only 1,2 \
+  limit "$(fit 330)" table "$PY" benchmarks/gpu.py --data-dir "$DATA" --device "$DEVICE" "${small[@]}" --only 1,2 \
     --methods fedavg,fednh,fedgela,fedproto,mpfedcl,rebafl --sequential-at 1 --no-launches --packed 8 \
     "${peers[@]}" --out "$OUT/table.md"
-  for s in 1 2; do
-    limit "$(fit 45)" "profile $s" "$PY" benchmarks/gpu_profile.py --data-dir "$DATA" --device "$DEVICE" "${small[@]}" \
-      --setting "$s" --out "$OUT/profile-$s.md"
+  for s in 1 2; do  # setting 2's profile took 89 s on an H200 (2026-11-30), data loading included
+    limit "$(fit $((45 * s)))" "profile $s" "$PY" benchmarks/gpu_profile.py --data-dir "$DATA" --device "$DEVICE" \
+      "${small[@]}" --setting "$s" --out "$OUT/profile-$s.md"
   done
   limit "$(fit 90)" "features memory" "$PY" benchmarks/features_memory.py --device "$DEVICE" --rows 0,4096 \
     --out "$OUT/features_memory.md"
@@ -65,9 +70,22 @@ part2() {  # part2 SECONDS
   echo "[session] runs complete: $done; last progress (s, rounds): $(tail -n 1 "$OUT/progress.log")" \
     | tee -a "$OUT/session.log"
 }
+part3() {
+  limit "$(fit 200)" "stack kernels" "$PY" benchmarks/gpu.py --data-dir "$DATA" --device "$DEVICE" "${small[@]}" \
+    --only 1,2 --methods fedavg,fednh --executors batched --conv-as-matmul off,one_channel,all --no-launches \
+    --out "$OUT/kernels.md"
+  limit "$(fit 220)" "compiled" "$PY" benchmarks/gpu.py --data-dir "$DATA" --device "$DEVICE" "${small[@]}" \
+    --only 1,2 --methods fedavg --executors batched --compile --rounds 5 --conv-as-matmul off,all --no-launches \
+    --out "$OUT/compile.md"
+  for k in one_channel all; do
+    limit "$(fit 90)" "profile 2, $k" "$PY" benchmarks/gpu_profile.py --data-dir "$DATA" --device "$DEVICE" \
+      "${small[@]}" --setting 2 --conv-as-matmul "$k" --out "$OUT/profile-2-$k.md"
+  done
+}
 case "$part" in
   1) part1 ;;
   2) part2 "${BUDGET:-540}" ;;
+  3) part3 ;;
   all) part1; part2 $(( ${TOTAL:-570} - SECONDS )) ;;
-  *) echo "usage: benchmarks/gpu_session.sh 1|2|all" >&2; exit 2 ;;
+  *) echo "usage: benchmarks/gpu_session.sh 1|2|3|all" >&2; exit 2 ;;
 esac

@@ -333,6 +333,11 @@ class ExecutionConfig:
     # is a mean over its samples (not Algorithm.couples_samples) on models without BatchNorm;
     # results within float rounding. auto: on a GPU (fewer, larger steps), off on the CPU
     pad_batches: Union[bool, Literal["auto"]] = "auto"
+    # batched: a stack step's convolutions as matrix products of weights and patches
+    # (engine/stack_kernels.py): true = every one, one_channel = those with one input channel
+    # (PyTorch's depthwise kernels under vmap); results within float rounding. false until
+    # a GPU shows where it repays (benchmarks/gpu.py --conv-as-matmul)
+    conv_as_matmul: Union[bool, Literal["one_channel"]] = False
     # sweep / reproduce: the grid's runs in this process, their clients in shared stacks of the
     # batched executor (engine/packed.py; on a GPU, many runs fill it as one run cannot)
     pack_runs: bool = False
@@ -350,6 +355,13 @@ class ExecutionConfig:
     def pads(self) -> bool:
         """``pad_batches`` with ``auto`` resolved: on a GPU, not on the CPU."""
         return self.pad_batches is True or (self.pad_batches == "auto" and self.torch_device != "cpu")
+
+    @property
+    def stack_kernels(self) -> Literal["off", "one_channel", "all"]:
+        """``conv_as_matmul`` as :class:`~protofl.engine.stack_kernels.StackKernels` names it."""
+        if self.conv_as_matmul is True:
+            return "all"
+        return "one_channel" if self.conv_as_matmul == "one_channel" else "off"
 
     def validate(self, section: str) -> None:
         require(self.batch_clients >= 0, f"{section}.batch_clients", self.batch_clients, "must be >= 0")

@@ -31,7 +31,8 @@ def use_batched(cfg: Config) -> bool:
 def batched_executor(sim: Simulation) -> BatchedExecutor:
     """The batched executor of ``sim``'s run, as its ``execution`` section sets it up."""
     ex = sim.cfg.execution
-    return BatchedExecutor(sim.runtime, ex.batch_clients, ex.threads, compile=ex.compile, pad=ex.pads)
+    return BatchedExecutor(sim.runtime, ex.batch_clients, ex.threads, compile=ex.compile, pad=ex.pads,
+                           stack_kernels=ex.stack_kernels)
 
 
 @EXECUTORS.register("local")

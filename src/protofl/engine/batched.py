@@ -8,7 +8,9 @@ time. This executor drives the ``client_update`` coroutines of all of a round's 
   same loss, gradient transform, trainable parameters and settings) run as one stack of
   ``S`` slots. Each slot holds one client's parameters and momentum; one SGD step for the
   whole stack is one ``torch.func.vmap`` over ``functional_call`` of the loss (a
-  convolution becomes one grouped convolution, a linear layer one batched matmul);
+  convolution becomes one grouped convolution, or with ``execution.conv_as_matmul`` a
+  batched matmul of weights and patches (``engine/stack_kernels.py``); a linear layer one
+  batched matmul);
 * **the stack stays full**: clients do not run in lockstep. When a client takes its last
   step, the next client of the round takes its slot (as inference servers do with
   requests), longest clients first; the slot count is chosen so that the stack finishes
@@ -76,6 +78,7 @@ from .client import ClientContext, ClientOutput, ClientRuntime, not_a_request, t
 from .executor import ClientTask, Executor, SequentialExecutor, place_broadcasts
 from .augment import apply, Augment, augment_plan
 from .precision import autocast
+from .stack_kernels import StackKernels, Which
 from ..nn.privacy import NoiseStream, private_gradient
 from .train import (NonFiniteLossError, Objective, TrainSettings, batch_coupled, batch_rows, batch_sizes,
                     embed_batches, masked_mean, optimizer_state, optimizer_step, per_sample, poisson_rows, reset_rows,
@@ -550,12 +553,13 @@ class BatchedExecutor(Executor):
     most ``slots`` clients (0: chosen from the round's clients and the memory)."""
 
     def __init__(self, runtime: ClientRuntime, slots: int = 0, threads: int = 0, compile: bool = False,
-                 pad: bool = False) -> None:
+                 pad: bool = False, stack_kernels: Which = "off") -> None:
         self.runtime = runtime
         self.threads = threads
         self.slots = slots
         self.compile = compile
         self.pad = pad
+        self.stack_kernels = StackKernels(stack_kernels).which  # checked here, one mode per step
         self._compiled: dict[Signature, Callable[..., Any]] = {}
         self._compiled_slots: dict[Signature, int] = {}  # per signature: the most slots chosen so far
         self._unreached_of: dict[Signature, frozenset[str]] = {}  # per signature: parameters its loss does not reach
@@ -575,6 +579,8 @@ class BatchedExecutor(Executor):
             occupancy = self.stats.occupancy
             assert occupancy is not None  # a stack takes at least one slot-step
             out.update(occupancy=round(occupancy, 4), slots=max(self.stats.slots), padded=self.stats.padded > 0)
+            if self.stack_kernels != "off":
+                out["conv_as_matmul"] = self.stack_kernels
         return out
 
     def _note(self, reason: str) -> None:
@@ -905,7 +911,19 @@ class BatchedExecutor(Executor):
             eager = vmap(per_sample(client_loss, rows))
         else:
             eager = vmap(masked_mean(client_loss, rows) if padded else grad_and_value(client_loss))
+        eager = self._with_kernels(eager)
         return {False: eager, True: self._compiled_step(job, eager) if self.compile else eager}
+
+    def _with_kernels(self, step_fn: Callable[..., Any]) -> Callable[..., Any]:
+        """``step_fn`` with its convolutions as ``execution.conv_as_matmul`` asks (:class:`StackKernels`)."""
+        if self.stack_kernels == "off":
+            return step_fn
+        which = self.stack_kernels
+
+        def with_kernels(*args: Any) -> Any:
+            with StackKernels(which):
+                return step_fn(*args)
+        return with_kernels
 
     def _unreached(self, job: _Job, model: nn.Module, fit: Fit, names: list[str], xs: torch.Tensor,
                    ys: torch.Tensor, rows: np.ndarray, per_step: Optional[dict[str, torch.Tensor]]) -> frozenset[str]:

@@ -16,7 +16,9 @@ time per kernel against 9 us on the device). What a round costs there is then ab
 * **seconds**: the round's training time on this machine without the profiler (median of
   rounds 2..R of a separate run), for the CPU's own rule (``pad_batches: auto``);
 * **compilations** (``--compile-rounds N``): graphs ``torch.compile`` compiled in a run of N
-  rounds with ``execution.compile`` (torch._dynamo's ``unique_graphs``), and that run's time.
+  rounds with ``execution.compile`` (torch._dynamo's ``unique_graphs``), that run's time, and
+  its stack steps that took the compiled step (steps of every slot at the full batch size:
+  ``BatchedExecutor.stats.whole``; the others run eagerly).
 
 The round profiled is the second of a 2-round run (the first warms up), on
 ``benchmarks/gpu.py``'s settings: setting 1 is MNIST ``fedavg_cnn``, 100 clients, 10 per
@@ -75,11 +77,22 @@ def compiled(cfg_dict: dict) -> dict:
     """Graphs compiled in a run of ``cfg_dict`` (with ``execution.compile``), and its seconds."""
     from torch._dynamo.utils import counters
 
+    from protofl.engine.backends import batched_executor
+
     torch._dynamo.reset()
     before = counters["stats"]["unique_graphs"]
+    box = {}
+
+    def factory(sim):
+        box["ex"] = batched_executor(sim)
+        return box["ex"]
+
     t0 = time.perf_counter()
-    gpu.Simulation(gpu.from_dict(cfg_dict), run_dir=Path(cfg_dict["output"]["dir"]) / f"compiled-{time.time_ns()}").run()
-    return {"compilations": counters["stats"]["unique_graphs"] - before, "compiled_s": time.perf_counter() - t0}
+    gpu.Simulation(gpu.from_dict(cfg_dict), run_dir=Path(cfg_dict["output"]["dir"]) / f"compiled-{time.time_ns()}",
+                   executor_factory=factory).run()
+    stats = box["ex"].stats
+    return {"compilations": counters["stats"]["unique_graphs"] - before, "compiled_s": time.perf_counter() - t0,
+            "compiled_steps": f"{stats.whole:,} of {stats.steps:,}"}
 
 
 def main() -> int:
@@ -136,8 +149,8 @@ def main() -> int:
              "```", "python " + " ".join(["benchmarks/stack_steps.py", *sys.argv[1:]]), "```", "",
              "| # | setting | per round | method | short batches | client-steps | slot-steps | stack steps "
              "| operators | operators / stack step | operators, padded / grouped | s / round (CPU) "
-             "| compilations in a run (its s) |",
-             "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+             "| compilations in a run (its s) | steps compiled in that run |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for i, s, method, got in rows:
         for pad, r in got.items():
             how = ("padded" if r["padded"] else "grouped (not padded: BatchNorm or a coupled loss)") \
@@ -146,7 +159,8 @@ def main() -> int:
             lines.append(f"| {i} | {s['name']} | {s['m']} | {method} | {how} | {r['busy']:,} | {r['slot_steps']:,} | "
                          f"{r['steps']:,} | {r['ops']:,} | {r['per_step']:.0f} | {ratio} | "
                          f"{gpu.fmt(r['seconds'], '.2f', 'not timed')} | "
-                         + (f"{r['compilations']} ({r['compiled_s']:.0f} s) |" if "compilations" in r else "not run |"))
+                         + (f"{r['compilations']} ({r['compiled_s']:.0f} s) | {r['compiled_steps']} |"
+                            if "compilations" in r else "not run | |"))
     emit(lines, args.out)
     return 0
 

@@ -372,6 +372,59 @@ def test_plan_runs_every_client_step_once_in_order_in_one_slot():
     assert sorted(finished) == [0, 1, 3, 4, 5]
 
 
+def test_a_filled_plan_steps_every_slot_at_every_step_and_the_free_ones_on_padding():
+    """fill (padded stacks, for the compiled step's one shape): the same client-steps in the
+    same order as the plan without it, each step one group of every slot, a slot that no
+    client waits for stepping on padding rows (-1) for its last client, marked not live."""
+    from protofl.engine.batched import plan_stack
+
+    totals, B, S = [9, 2, 6, 0, 4, 7], 3, 3
+    sizes = [[B] * n for n in totals]
+    rows = [np.arange(n * B).reshape(n, B) + 100 * j for j, n in enumerate(totals)]
+    plain, filled = plan_stack(totals, sizes, rows, S), plan_stack(totals, sizes, rows, S, fill=True)
+    assert (filled.busy, filled.slot_steps, len(filled.steps)) == (plain.busy, plain.slot_steps, len(plain.steps))
+    assert filled.loads == plain.loads and filled.finishes == plain.finishes
+    seen = {j: [] for j in range(len(totals))}
+    idle_steps = 0
+    for groups in filled.steps:
+        (g,) = groups
+        assert g.whole and g.slots == list(range(S)) and g.b == B
+        got = filled.rows[g.start:g.start + S * B].reshape(S, B)
+        at = filled.index[g.at:g.at + 4 * S]
+        assert list(at[:S]) == g.slots and list(at[S:2 * S]) == g.jobs and list(at[2 * S:3 * S]) == g.t
+        live = at[3 * S:]
+        assert g.idle == int((live == 0).sum())
+        idle_steps += g.idle > 0
+        for k, (j, t) in enumerate(zip(g.jobs, g.t)):
+            if live[k]:
+                assert np.array_equal(got[k], rows[j][t]) and totals[j] > 0
+                seen[j].append(t)
+            else:
+                assert (got[k] == -1).all()  # padding only, for the slot's last client
+    assert idle_steps == sum(sum(len(g.slots) for g in gs) < S for gs in plain.steps) > 0
+    assert all(seen[j] == list(range(n)) for j, n in enumerate(totals))
+
+
+def test_compiled_padded_stacks_take_every_step_in_one_shape(tmp_path, monkeypatch):
+    """execution.compile on a padded stack: every step, the last ones with free slots
+    included, goes through the compiled step (torch.compile is the identity here), and the
+    run trains what the eager padded run trains: the free slots' losses count for no client,
+    and their weights were handed back before they stepped on padding. With momentum,
+    weight decay and clipping; SCAFFOLD (a gradient transform) and FedGen (per-step extras)."""
+    monkeypatch.setattr(torch, "compile", lambda fn, **kw: fn)
+    for method in ("fedavg", "scaffold", "fedgen"):
+        cfg = cfg_for(tmp_path, f"algorithm.name={method}", "training.weight_decay=0.001", "training.clip_grad=1.0",
+                      "partition.num_clients=6").replace(**{"execution.executor": "batched",
+                                                              "execution.pad_batches": True})
+        eager, e = executor_of(cfg, tmp_path / f"{method}-eager")
+        compiled, c = executor_of(cfg.replace(**{"execution.compile": True, "execution.batch_clients": 4}),
+                                  tmp_path / f"{method}-compiled")
+        assert e.stats.whole < e.stats.steps  # eager: the last steps hold fewer slots
+        assert c.stats.whole == c.stats.steps and c.stats.busy < c.stats.slot_steps  # one shape, free slots in it
+        assert_close_runs(eager, compiled)
+        assert [r["train_samples"] for r in compiled.rows] == [r["train_samples"] for r in eager.rows]
+
+
 def test_slot_count_ends_the_stack_with_its_longest_client():
     from protofl.engine.batched import choose_slots, makespan
 

@@ -326,7 +326,8 @@ class ExecutionConfig:
     executor: Literal["auto", "sequential", "batched"] = "auto"
     batch_clients: int = 0  # batched: at most this many clients at a time (slots); 0 = chosen per stack
     # batched: compile the stack's SGD step with torch.compile (on a GPU with CUDA graphs),
-    # for stacks whose step has one fixed shape; results within float rounding of eager
+    # for stacks whose step has one fixed shape (with pad_batches, every step: the last ones
+    # step free slots on padding); results within float rounding of eager
     compile: bool = False
     # batched: pad a client's short batch (an epoch's last) with masked rows, so that a stack
     # steps all its slots at one batch size instead of once per size: for methods whose loss

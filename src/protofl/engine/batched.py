@@ -184,8 +184,9 @@ def slot_memory_cap(model: nn.Module, batch: int, device: torch.device, sample: 
 class Group:
     """The slots of one stack step that share a batch size ``b``: ``slots`` (G,), their
     clients ``jobs`` and those clients' local step indices ``t``. ``start``: the offset of
-    the group's data rows in :attr:`Plan.rows`; ``at``: of its (slots, jobs, t) in
-    :attr:`Plan.index`; ``whole``: the group is every slot of the stack."""
+    the group's data rows in :attr:`Plan.rows`; ``at``: of its (slots, jobs, t, live) in
+    :attr:`Plan.index`; ``whole``: the group is every slot of the stack; ``idle``: how many
+    of them hold no client (a filled step: their rows are all padding, their ``live`` 0)."""
 
     b: int
     slots: list[int]
@@ -194,6 +195,7 @@ class Group:
     start: int
     at: int
     whole: bool
+    idle: int = 0
 
 
 @dataclass
@@ -202,19 +204,25 @@ class Plan:
     loads: list[list[tuple[int, int]]]  # per stack step, (slot, job) entering before it
     finishes: list[list[tuple[int, int]]]  # per stack step, (slot, job) done after it
     rows: np.ndarray  # (sum of G * b,) data rows of every group, in order
-    index: np.ndarray  # (3 * sum of G,) every group's slots, jobs and t, in order
+    index: np.ndarray  # (4 * sum of G,) every group's slots, jobs, t and live (1: a client's step), in order
     busy: int  # client-steps
     slot_steps: int  # slots x stack steps
     aug: Optional[dict[str, np.ndarray]] = None  # the augmentation draws of those rows: offsets (N, 2), flips (N,)
 
 
 def plan_stack(totals: list[int], sizes: list[list[int]], rows: list[np.ndarray], slots: int,
-               aug: Optional[list[dict[str, np.ndarray]]] = None) -> Plan:
+               aug: Optional[list[dict[str, np.ndarray]]] = None, fill: bool = False) -> Plan:
     """The schedule: clients enter free slots longest first; each step groups the active
     slots by batch size (largest first). ``rows[j]`` (total_j, B) are client j's data rows;
-    ``aug[j]`` its augmentation draws (engine/augment.py), gathered like its rows."""
+    ``aug[j]`` its augmentation draws (engine/augment.py), gathered like its rows.
+    ``fill`` (every batch padded to one size): a step with free slots (the stack's last,
+    once no client waits) is still one group of every slot, the free ones stepping on
+    padding alone (rows -1) for their last client (``live`` 0), so that every step of the
+    stack has one shape. A free slot's weights were handed back when its client finished,
+    and no client enters it again: what those steps do to it is read by no one."""
     order = deque(sorted((j for j in range(len(totals)) if totals[j] > 0), key=lambda j: -totals[j]))
     active: dict[int, list[int]] = {}  # slot -> [job, local step]
+    last: dict[int, int] = {}  # slot -> the job it held last
     steps, loads, finishes, chunks, index = [], [], [], [], []
     drawn: dict[str, list[np.ndarray]] = {"offsets": [], "flips": []}
     pos = at = 0
@@ -229,19 +237,25 @@ def plan_stack(totals: list[int], sizes: list[list[int]], rows: list[np.ndarray]
         for k in sorted(active):
             j, t = active[k]
             by_size[sizes[j][t]].append(k)
+            last[k] = j
+        if fill and len(active) < slots:  # one group of every slot at the one size
+            (b,) = by_size
+            by_size = {b: sorted(last)}
         groups = []
         for b in sorted(by_size, reverse=True):
             ks = by_size[b]
-            js = [active[k][0] for k in ks]
-            ts = [active[k][1] for k in ks]
-            chunks.append(np.stack([rows[j][t, :b] for j, t in zip(js, ts)]).reshape(-1))
+            js = [active[k][0] if k in active else last[k] for k in ks]
+            ts = [active[k][1] if k in active else 0 for k in ks]
+            live = [int(k in active) for k in ks]
+            chunks.append(np.stack([rows[j][t, :b] if v else np.full(b, -1, np.int64)
+                                    for j, t, v in zip(js, ts, live)]).reshape(-1))
             if aug is not None:
                 drawn["offsets"].append(np.concatenate([aug[j]["offsets"][t, :b] for j, t in zip(js, ts)]))
                 drawn["flips"].append(np.concatenate([aug[j]["flips"][t, :b] for j, t in zip(js, ts)]))
-            index += [ks, js, ts]
-            groups.append(Group(b, ks, js, ts, pos, at, whole=len(ks) == slots))
+            index += [ks, js, ts, live]
+            groups.append(Group(b, ks, js, ts, pos, at, whole=len(ks) == slots, idle=len(ks) - sum(live)))
             pos += len(ks) * b
-            at += 3 * len(ks)
+            at += 4 * len(ks)
         steps.append(groups)
         loads.append(pending_loads)
         pending_loads, done = [], []
@@ -299,6 +313,7 @@ class StackStats:
     slots: list[int] = field(default_factory=list)
     steps: int = 0
     padded: int = 0  # stacks whose short batches were padded
+    whole: int = 0  # steps of every slot at the full batch size (the compiled step's one shape)
 
     @property
     def occupancy(self) -> Optional[float]:
@@ -518,16 +533,16 @@ class _StackRun:
         own rows), DP-SGD's clipping and noise, the gradient transform, the optimizer
         update; the loss added to each job's sum."""
         G, B, names, settings, stack = len(g.slots), self.settings.batch_size, self.names, self.settings, self.stack
-        at = self.index[g.at:g.at + 3 * G]
-        slots, clients, t = at[:G], at[G:2 * G], at[2 * G:]
+        at = self.index[g.at:g.at + 4 * G]
+        slots, clients, t = at[:G], at[G:2 * G], at[2 * G:3 * G]
         part = stack.select(None if g.whole else slots)
         xb, yb, extras, valid = self.inputs(g, part, clients, t)
         params = stack.views(part.params)  # the step's values (grad_fn reads them too)
         counts = valid.sum(1) if self.padded and valid is not None else None  # each slot's own batch size
         with autocast(self.precision, xb.device.type):
             fn = self.step_fn[g.whole and g.b == B]
-            if valid is not None and counts is not None:
-                w = valid.to(part.params.dtype) / counts.to(part.params.dtype).unsqueeze(1)
+            if valid is not None and counts is not None:  # (a free slot of a filled step: no row, weights 0)
+                w = valid.to(part.params.dtype) / counts.clamp(min=1).to(part.params.dtype).unsqueeze(1)
                 grads, value = fn(params, part.frozen, part.buffers, extras, xb, yb, w)
             else:
                 grads, value = fn(params, part.frozen, part.buffers, extras, xb, yb)
@@ -545,7 +560,10 @@ class _StackRun:
         optimizer_step([part.params], [flat], part.state, settings)
         _restore(part, self.idle, kept)
         stack.commit(part, None if g.whole else slots)
-        self.loss_sum.index_add_(0, clients, value.detach().to(torch.float64) * (g.b if counts is None else counts))
+        value = value.detach().to(torch.float64) * (g.b if counts is None else counts)
+        if g.idle:  # a free slot's loss (of no sample; its weights are no client's any more) counts for none
+            value = torch.where(at[3 * G:] > 0, value, torch.zeros_like(value))
+        self.loss_sum.index_add_(0, clients, value)
 
 
 class BatchedExecutor(Executor):
@@ -784,12 +802,13 @@ class BatchedExecutor(Executor):
 
         B = d.settings.batch_size
         S = self._slots(d.totals, model, B, data, jobs[0], per_sample=d.dp)
-        plan = plan_stack(d.totals, d.sizes, d.rows, S, d.aug)
+        plan = plan_stack(d.totals, d.sizes, d.rows, S, d.aug, fill=d.padded and self.compile)
         self.stats.busy += plan.busy
         self.stats.slot_steps += plan.slot_steps
         self.stats.stacks += 1
         self.stats.slots.append(S)
         self.stats.steps += sum(len(groups) for groups in plan.steps)
+        self.stats.whole += sum(g.whole and g.b == B for groups in plan.steps for g in groups)
         self.stats.padded += d.padded
 
         per_step = self._per_step(fits, d.samples or d.sizes, d.totals, B)  # {name: (J, steps, B, ...)} or None
@@ -956,7 +975,9 @@ class BatchedExecutor(Executor):
     def _compiled_step(self, job: _Job, step_fn: Callable[..., Any]) -> Callable[..., Any]:
         """``step_fn`` compiled with ``torch.compile`` (with CUDA graphs on a GPU), one per
         signature; it is called only for steps of the whole stack at the full batch size, one
-        fixed shape per stack, and the stack's other groups run eagerly."""
+        fixed shape per stack, and the stack's other groups run eagerly. A padded stack's
+        steps are all of that shape: its last steps, with slots no client waits for, step
+        those slots on padding (``plan_stack``'s ``fill``)."""
         key = self._signature(job)
         if key not in self._compiled:
             mode = "reduce-overhead" if self.runtime.device.type == "cuda" else None

@@ -288,6 +288,7 @@ def measure(cfg_dict: dict, device: str, launches: bool) -> dict:
     return {
         "samples_s": statistics.median(rates) if rates else float("nan"),
         "round_s": statistics.median([r["train_s"] for r in later]),
+        "first_s": rows.rows[0]["train_s"] if rows.rows else float("nan"),  # compilations and warm-up in it
         "samples": int(statistics.median([r["train_samples"] for r in later])),
         "util": util.mean if util is not None else None,
         "peak_mib": torch.cuda.max_memory_allocated(dev) / 2**20 if cuda else None,
@@ -423,9 +424,10 @@ def main() -> int:
              header(f"{args.rounds} rounds per run, medians of rounds 2-{args.rounds}; occupancy over the run, "
                     f"launches per sample in the second round of a separate profiled run.{smoke}"),
              "", "```", "python " + " ".join(["benchmarks/gpu.py", *sys.argv[1:]]), "```", "",
-             "| # | setting | clients | per round | method | executor | samples/s | s/round | occupancy | slots "
-             "| launches / sample | GPU util % | peak GPU MiB | batched / sequential | vs PFLlib | vs 2-core CPU |",
-             "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+             "| # | setting | clients | per round | method | executor | samples/s | s/round | round 1 s | occupancy "
+             "| slots | launches / sample | GPU util % | peak GPU MiB | batched / sequential | vs PFLlib "
+             "| vs 2-core CPU |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for i, s, method, got, peer in table:
         base = got.get("sequential", {}).get("samples_s")
         cpu = CPU_REFERENCE.get((s["model"], s["m"])) if s["data"] == "mnist" and s["clients"] == 100 else None
@@ -436,7 +438,8 @@ def main() -> int:
             label = ex if r["executor"] == ex.split(",")[0] else f"{ex} (ran {r['executor']})"
             label += ", padded" if r["padded"] else ""
             lines.append(f"| {i} | {s['name']} | {s['clients']} | {s['m']} | {method} | {label} | "
-                         f"{fmt(r['samples_s'])} | {fmt(r['round_s'], '.2f')} | {fmt(r['occupancy'], '.2f', '')} | "
+                         f"{fmt(r['samples_s'])} | {fmt(r['round_s'], '.2f')} | {fmt(r['first_s'], '.2f')} | "
+                         f"{fmt(r['occupancy'], '.2f', '')} | "
                          f"{fmt(r['slots'], 'd', '')} | {fmt(r['launches'], '.3f')} | {fmt(r['util'], '.0f')} | "
                          f"{fmt(r['peak_mib'])} | {ratio} | {vs_peer} | {vs_cpu} |")
     peers = [(i, s, peer) for i, s, method, _, peer in table if peer and method == methods[0]]

@@ -40,6 +40,8 @@ def main() -> int:
     p.add_argument("--setting", type=int, default=1, help="gpu.py's setting number (1-based)")
     p.add_argument("--method", default="fedavg")
     p.add_argument("--executor", default="batched")
+    p.add_argument("--compile", action="store_true", help="execution.compile; the profiled round is then the third "
+                                                           "(a second round with more slots compiles again)")
     p.add_argument("--conv-as-matmul", default="off", help="execution.conv_as_matmul: off (false), one_channel, all (true)")
     p.add_argument("--smoke", action="store_true", help="gpu.py's small settings")
     p.add_argument("--top", type=int, default=12)
@@ -47,19 +49,21 @@ def main() -> int:
     args = p.parse_args()
 
     cuda = torch.device(args.device).type == "cuda"
+    at = 3 if args.compile else 2
     s = gpu.settings(args.smoke)[args.setting - 1]
     with tempfile.TemporaryDirectory(prefix="protofl-prof-") as tmp:
         ex = gpu.profiled_round(gpu.config(s, args.executor, args.device, args.data_dir, 2, tmp, args.smoke, 0,
-                                           args.method, stack_kernels=args.conv_as_matmul), at=2, cuda=cuda)
+                                           args.method, args.compile, stack_kernels=args.conv_as_matmul), at=at, cuda=cuda)
     ka = ex.prof.key_averages()
     kernels = [e for e in ex.prof.events() if device_us(e) > 0 and e.device_type != torch.autograd.DeviceType.CPU]
     busy = sum(device_us(e) for e in kernels) / 1e6
     name = torch.cuda.get_device_name() if cuda else "CPU"
-    kernels_note = "" if args.conv_as_matmul == "off" else f", conv as matmul: {args.conv_as_matmul}"
+    kernels_note = ("" if args.conv_as_matmul == "off" else f", conv as matmul: {args.conv_as_matmul}") \
+        + (", compiled" if args.compile else "")
     lines = [f"#### {name}: setting {args.setting} ({s['name']}, {s['m']}/round), {args.method}, {args.executor}"
              f"{kernels_note}", "",
-             header("One round (the second) under torch.profiler (CPU + CUDA activity); the profiler's own cost "
-                    "inflates the wall time."), "", "```",
+             header(f"One round (the {'third' if args.compile else 'second'}) under torch.profiler (CPU + CUDA "
+                    "activity); the profiler's own cost inflates the wall time."), "", "```",
              "python " + " ".join(["benchmarks/gpu_profile.py", *sys.argv[1:]]), "```", "",
              f"round wall {ex.wall:.2f} s, {ex.samples:,} samples ({ex.samples / ex.wall:,.0f} samples/s under the "
              f"profiler); device kernels {len(kernels):,}, summed {busy:.2f} s = "

@@ -308,11 +308,14 @@ def test_compiled_stack_step_equals_eager(tmp_path):
     assert_close_runs(eager, compiled)
 
 
-def test_compiled_stacks_keep_their_slot_count_across_rounds(tmp_path, monkeypatch):
+@pytest.mark.parametrize("decay", [1.0, 0.95])
+def test_compiled_stacks_keep_their_slot_count_across_rounds(tmp_path, monkeypatch, decay):
     """A compiled step is compiled for one slot count. With execution.compile a signature's
     stacks keep the most slots chosen so far (as many as have clients), so later rounds reuse
-    the compiled step where the eager stacks' count moves from round to round. torch.compile
-    is the identity here: what is tested is the slot count the executor asks for."""
+    the compiled step where the eager stacks' count moves from round to round; a learning
+    rate that decays from round to round (lr_decay, the papers' recipe) is no other step:
+    one step is compiled for the run. torch.compile is the identity here: what is tested is
+    the slot count the executor asks for and the steps it compiles."""
     from pathlib import Path
 
     from protofl.engine.backends import EXECUTORS
@@ -323,7 +326,8 @@ def test_compiled_stacks_keep_their_slot_count_across_rounds(tmp_path, monkeypat
                                    "rounds=6", "partition.num_clients=12", "partition.beta=0.2",
                                    "training.batch_size=8", "participation.fraction=0.5", "eval.every=100",
                                    "eval.final_all_clients=false", "output.checkpoint_every=0",
-                                   "execution.executor=batched", f"execution.compile={compile_step}"])
+                                   "execution.executor=batched", f"execution.compile={compile_step}",
+                                   f"training.lr_decay={decay}"])
         box = {}
 
         def factory(sim):
@@ -338,7 +342,7 @@ def test_compiled_stacks_keep_their_slot_count_across_rounds(tmp_path, monkeypat
     eager, kept = slots(False), slots(True)
     assert eager == [4, 6, 5, 5, 4, 5]  # chosen per round from the sampled clients' sizes
     assert kept == [4, 6, 6, 6, 6, 6]  # the most so far: two shapes in six rounds
-    assert compiled and all(kw["dynamic"] is False for kw in compiled)
+    assert len(compiled) == 1 and compiled[0]["dynamic"] is False  # one step for the run's signature
 
 
 # ---------------------------------------------------------------------------------------
@@ -410,11 +414,12 @@ def test_compiled_padded_stacks_take_every_step_in_one_shape(tmp_path, monkeypat
     included, goes through the compiled step (torch.compile is the identity here), and the
     run trains what the eager padded run trains: the free slots' losses count for no client,
     and their weights were handed back before they stepped on padding. With momentum,
-    weight decay and clipping; SCAFFOLD (a gradient transform) and FedGen (per-step extras)."""
+    weight decay, clipping and a decaying learning rate (round 2 reuses round 1's step);
+    SCAFFOLD (a gradient transform) and FedGen (per-step extras)."""
     monkeypatch.setattr(torch, "compile", lambda fn, **kw: fn)
     for method in ("fedavg", "scaffold", "fedgen"):
         cfg = cfg_for(tmp_path, f"algorithm.name={method}", "training.weight_decay=0.001", "training.clip_grad=1.0",
-                      "partition.num_clients=6").replace(**{"execution.executor": "batched",
+                      "training.lr_decay=0.9", "partition.num_clients=6").replace(**{"execution.executor": "batched",
                                                               "execution.pad_batches": True})
         eager, e = executor_of(cfg, tmp_path / f"{method}-eager")
         compiled, c = executor_of(cfg.replace(**{"execution.compile": True, "execution.batch_clients": 4}),

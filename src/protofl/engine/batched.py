@@ -709,20 +709,28 @@ class BatchedExecutor(Executor):
         finally:
             job.rng = torch.get_rng_state()
 
-    def _signature(self, job: _Job) -> Signature:
+    def _signature(self, job: _Job, compiled: bool = False) -> Signature:
         """What jobs must share to train in one stack: the model (architecture, the method
         that adapts it, memory format, precision), the objective and the training settings,
         the augmentation with its padding value, and DP-SGD's noise multiplier (a stack runs
         one of each: packed runs that differ in them train in different stacks). Runs of
         the same method and hyper-parameters share a loss: a bound method counts by its
-        function, since the method class and ``hp`` are part of the model's key."""
+        function, since the method class and ``hp`` are part of the model's key.
+        ``compiled``: what the compiled step depends on, the same less the optimizer's
+        settings, which it does not read (it computes the gradients and losses; the update
+        follows it), so that a learning rate that decays from round to round neither
+        compiles the step again nor moves its slot count: only the batch size and whether
+        it is DP-SGD's per-sample step."""
         req, ctx = job.fit, job.ctx  # only jobs that await a Fit have a signature
         extras = tuple((k, tuple(v.shape), v.dtype) for k, v in _leaves(req.extras))
         rt = ctx.runtime
         augment = (rt.augment, tuple(rt.pad_value.flatten().tolist())) if rt.augment.active else None
         sigma = ctx.privacy.sigma if ctx.privacy is not None and ctx.dp_sgd else None  # fit_settings' dp_noise
+        settings: Any = ctx.training_settings(req.settings)
+        if compiled:
+            settings = (settings.batch_size, settings.dp_clip is not None)
         return (model_key(rt, ctx.cid), _function(req.loss), _function(req.grad), req.trainable,
-                ctx.training_settings(req.settings), extras, req.step_extras is not None, augment, sigma)
+                settings, extras, req.step_extras is not None, augment, sigma)
 
     # -- features ----------------------------------------------------------------------------
     @torch.no_grad()
@@ -887,7 +895,7 @@ class BatchedExecutor(Executor):
         busy = sum(t > 0 for t in totals)  # at least 1: the caller returns early without work
         S = max(1, min(S, busy))
         if self.compile and self.slots == 0:
-            key = self._signature(job)
+            key = self._signature(job, compiled=True)
             self._compiled_slots[key] = S = max(S, self._compiled_slots.get(key, 0))
             S = min(S, busy)
         return S
@@ -978,7 +986,7 @@ class BatchedExecutor(Executor):
         fixed shape per stack, and the stack's other groups run eagerly. A padded stack's
         steps are all of that shape: its last steps, with slots no client waits for, step
         those slots on padding (``plan_stack``'s ``fill``)."""
-        key = self._signature(job)
+        key = self._signature(job, compiled=True)
         if key not in self._compiled:
             mode = "reduce-overhead" if self.runtime.device.type == "cuda" else None
             self._compiled[key] = torch.compile(step_fn, dynamic=False, mode=mode)

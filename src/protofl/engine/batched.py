@@ -577,7 +577,7 @@ class BatchedExecutor(Executor):
         self.slots = slots
         self.compile = compile
         self.pad = pad
-        self.stack_kernels = StackKernels(stack_kernels).which  # checked here, one mode per step
+        self.stack_kernels = StackKernels(stack_kernels).which  # an unknown name fails here; each step enters its own
         self._compiled: dict[Signature, Callable[..., Any]] = {}
         self._compiled_slots: dict[Signature, int] = {}  # per signature: the most slots chosen so far
         self._unreached_of: dict[Signature, frozenset[str]] = {}  # per signature: parameters its loss does not reach

@@ -21,7 +21,8 @@
 # Each part writes markdown under OUT (default gpu-out) as it goes; a part stopped by its
 # time limit keeps what it wrote. DATA: a folder with mnist/ (default data); PFLLIB: a
 # PFLlib checkout prepared as in benchmarks/peers_setup.md, section 5 (optional); PY: the
-# Python (default python3); REPRO: part 2's output folder (default OUT/fednh-table1).
+# Python (default python3); REPRO: part 2's output folder (default OUT/fednh-table1);
+# REPRO_EXTRA: more `key=value` overrides for part 2 (e.g. execution.compile=true).
 # DEVICE=cpu SMOKE=1 runs parts 1 and 3 on gpu.py's small settings on the CPU, a check of
 # this script on any machine. Each part writes at most 8 files under OUT.
 set -uo pipefail
@@ -65,7 +66,7 @@ part2() {  # part2 SECONDS
   local poll=$!
   limit "$1" "fednh-table1 paper packed" "$PY" -m protofl reproduce fednh-table1 --scale paper \
     --data substitute --data-dir "$DATA" --out "$REPRO" execution.device="$DEVICE" \
-    execution.pack_runs=true > "$OUT/reproduce.log" 2>&1
+    execution.pack_runs=true ${REPRO_EXTRA:-} > "$OUT/reproduce.log" 2>&1
   kill "$poll"
   done=$(find "$REPRO" -name summary.json -exec grep -l '"complete"' {} + 2>/dev/null | wc -l)
   echo "[session] runs complete: $done; last progress (s, rounds): $(tail -n 1 "$OUT/progress.log")" \

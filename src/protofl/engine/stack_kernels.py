@@ -5,7 +5,9 @@ Under ``vmap`` a stack's convolution runs as one grouped convolution, one group 
 convolution) then takes PyTorch's depthwise kernels, and cuDNN converts the layout of every
 grouped convolution (NCHW to NHWC and back): on an H200 at 100 clients a round, 311 ms of a
 round's 1.31 s of kernels are the first convolution's depthwise kernels and 87 ms the layout
-conversions (benchmarks/timing.md, "NVIDIA H200, 2026-11-30").
+conversions, and cuDNN runs the grouped convolution one group (one slot) at a time: a
+kernel per client-step for each of its forward, input and weight gradients, 44,370 of the
+round's 82,026 kernels with the conversions (benchmarks/timing.md, "NVIDIA H200, 2026-11-30").
 
 A convolution is a matrix product of its weight with its input's patches (im2col): for an
 input x (n, C, H, W) and a weight w (O, C, kh, kw),

@@ -415,15 +415,17 @@ def test_compiled_padded_stacks_take_every_step_in_one_shape(tmp_path, monkeypat
     run trains what the eager padded run trains: the free slots' losses count for no client,
     and their weights were handed back before they stepped on padding. With momentum,
     weight decay, clipping and a decaying learning rate (round 2 reuses round 1's step);
-    SCAFFOLD (a gradient transform) and FedGen (per-step extras)."""
+    SCAFFOLD (a gradient transform), FedGen (per-step extras) and augmentation (the free
+    slots' rows take draws too)."""
     monkeypatch.setattr(torch, "compile", lambda fn, **kw: fn)
-    for method in ("fedavg", "scaffold", "fedgen"):
+    cases = [("fedavg", []), ("scaffold", []), ("fedgen", []), ("fedavg", ["data.augment={crop: 2, flip: true}"])]
+    for i, (method, extra) in enumerate(cases):
         cfg = cfg_for(tmp_path, f"algorithm.name={method}", "training.weight_decay=0.001", "training.clip_grad=1.0",
-                      "training.lr_decay=0.9", "partition.num_clients=6").replace(**{"execution.executor": "batched",
-                                                              "execution.pad_batches": True})
-        eager, e = executor_of(cfg, tmp_path / f"{method}-eager")
+                      "training.lr_decay=0.9", "partition.num_clients=6", *extra).replace(
+            **{"execution.executor": "batched", "execution.pad_batches": True})
+        eager, e = executor_of(cfg, tmp_path / f"{i}-eager")
         compiled, c = executor_of(cfg.replace(**{"execution.compile": True, "execution.batch_clients": 4}),
-                                  tmp_path / f"{method}-compiled")
+                                  tmp_path / f"{i}-compiled")
         assert e.stats.whole < e.stats.steps  # eager: the last steps hold fewer slots
         assert c.stats.whole == c.stats.steps and c.stats.busy < c.stats.slot_steps  # one shape, free slots in it
         assert_close_runs(eager, compiled)

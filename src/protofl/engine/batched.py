@@ -542,7 +542,8 @@ class _StackRun:
         with autocast(self.precision, xb.device.type):
             fn = self.step_fn[g.whole and g.b == B]
             if valid is not None and counts is not None:  # (a free slot of a filled step: no row, weights 0)
-                w = valid.to(part.params.dtype) / counts.clamp(min=1).to(part.params.dtype).unsqueeze(1)
+                w = valid.to(part.params.dtype) / (counts.clamp(min=1) if g.idle else counts).to(
+                    part.params.dtype).unsqueeze(1)
                 grads, value = fn(params, part.frozen, part.buffers, extras, xb, yb, w)
             else:
                 grads, value = fn(params, part.frozen, part.buffers, extras, xb, yb)

@@ -18,7 +18,10 @@ time per kernel against 9 us on the device). What a round costs there is then ab
 * **compilations** (``--compile-rounds N``): graphs ``torch.compile`` compiled in a run of N
   rounds with ``execution.compile`` (torch._dynamo's ``unique_graphs``), that run's time, and
   its stack steps that took the compiled step (steps of every slot at the full batch size:
-  ``BatchedExecutor.stats.whole``; the others run eagerly).
+  ``BatchedExecutor.stats.whole``; the others run eagerly). ``--compile-lr-decay X`` runs
+  it with ``training.lr_decay`` X; ``--compile-identity`` with ``torch.compile`` as the
+  identity (the steps counted, nothing compiled: quick at full size); ``--compile-no-fill``
+  with ``plan_stack``'s ``fill`` off, the plan before padded stacks filled their last steps.
 
 The round profiled is the second of a 2-round run (the first warms up), on
 ``benchmarks/gpu.py``'s settings: setting 1 is MNIST ``fedavg_cnn``, 100 clients, 10 per
@@ -31,6 +34,7 @@ Not part of the test suite.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import shutil
 import sys
@@ -73,23 +77,35 @@ def profiled(cfg_dict: dict) -> Counted:
     return box["ex"]
 
 
-def compiled(cfg_dict: dict) -> dict:
-    """Graphs compiled in a run of ``cfg_dict`` (with ``execution.compile``), and its seconds."""
+def compiled(cfg_dict: dict, identity: bool = False, fill: bool = True) -> dict:
+    """Graphs compiled in a run of ``cfg_dict`` (with ``execution.compile``), its seconds and
+    its steps that took the compiled step; ``identity``: ``torch.compile`` returns the step
+    as it is; ``fill=False``: ``plan_stack`` never fills a step's free slots."""
+    from unittest import mock
+
     from torch._dynamo.utils import counters
 
+    import protofl.engine.batched as batched
     from protofl.engine.backends import batched_executor
 
-    torch._dynamo.reset()
-    before = counters["stats"]["unique_graphs"]
+    plan = batched.plan_stack
     box = {}
 
     def factory(sim):
         box["ex"] = batched_executor(sim)
         return box["ex"]
 
-    t0 = time.perf_counter()
-    gpu.Simulation(gpu.from_dict(cfg_dict), run_dir=Path(cfg_dict["output"]["dir"]) / f"compiled-{time.time_ns()}",
-                   executor_factory=factory).run()
+    with contextlib.ExitStack() as patches:
+        if identity:
+            patches.enter_context(mock.patch.object(torch, "compile", lambda fn, **kw: fn))
+        if not fill:
+            patches.enter_context(mock.patch.object(batched, "plan_stack",
+                                                    lambda *a, fill=False, **kw: plan(*a, fill=False, **kw)))
+        torch._dynamo.reset()
+        before = counters["stats"]["unique_graphs"]
+        t0 = time.perf_counter()
+        gpu.Simulation(gpu.from_dict(cfg_dict), run_dir=Path(cfg_dict["output"]["dir"]) / f"compiled-{time.time_ns()}",
+                       executor_factory=factory).run()
     stats = box["ex"].stats
     return {"compilations": counters["stats"]["unique_graphs"] - before, "compiled_s": time.perf_counter() - t0,
             "compiled_steps": f"{stats.whole:,} of {stats.steps:,}"}
@@ -107,6 +123,10 @@ def main() -> int:
                                                           "machine's load; the seconds do)")
     p.add_argument("--compile-rounds", type=int, default=0, help="also count compilations in a run of this many "
                                                                  "rounds with execution.compile (0: not)")
+    p.add_argument("--compile-lr-decay", type=float, default=1.0, help="training.lr_decay of the compiled run")
+    p.add_argument("--compile-identity", action="store_true", help="torch.compile as the identity in the compiled "
+                                                                   "run (counts its steps, compiles nothing)")
+    p.add_argument("--compile-no-fill", action="store_true", help="the compiled run without plan_stack's fill")
     p.add_argument("--out", default=None)
     args = p.parse_args()
     if args.threads:
@@ -130,12 +150,15 @@ def main() -> int:
                                     per_step=ops / max(ex.steps, 1), padded=ex.inner.stats.padded > 0,
                                     seconds=None if timed is None else timed["round_s"])
                     if args.compile_rounds:
-                        got[pad].update(compiled(gpu.config(s, "batched", "cpu", args.data_dir, args.compile_rounds,
-                                                            tmp, args.smoke, 0, method, True, pad)))
+                        cc = gpu.config(s, "batched", "cpu", args.data_dir, args.compile_rounds, tmp, args.smoke, 0,
+                                        method, True, pad)
+                        cc["training"] = {**cc["training"], "lr_decay": args.compile_lr_decay}
+                        got[pad].update(compiled(cc, args.compile_identity, not args.compile_no_fill))
                     r = got[pad]
                     print(f"[{i}] {method}, pad {pad}: {r['steps']} stack steps, {r['ops']:,} operators "
-                          f"({r['per_step']:.0f} a step), {gpu.fmt(r['seconds'], '.2f', 'not timed')} s a round",
-                          flush=True)
+                          f"({r['per_step']:.0f} a step), {gpu.fmt(r['seconds'], '.2f', 'not timed')} s a round"
+                          + (f"; compiled run: {r['compilations']} compilations, {r['compiled_steps']} steps compiled"
+                             if "compilations" in r else ""), flush=True)
                 rows.append((i, s, method, got))
     finally:
         shutil.rmtree(tmp, ignore_errors=True)

@@ -133,11 +133,15 @@ def _tiny_cnn(input_shape, num_classes):
 @pytest.mark.parametrize("method", ["fedavg", "fednh"])
 def test_a_batched_run_with_stack_kernels_trains_what_it_trains_without(tmp_path, monkeypatch, method):
     """Padded stacks (a GPU's default) and grouped ones: each choice within float rounding of
-    the run without the rewrite, and the run's summary names it."""
+    the run without the rewrite, and the run's summary names it. Only the training steps'
+    convolutions are rewritten: their batches hold at most training.batch_size (24) rows,
+    where FedNH's features pass and the evaluation forward a client's or the test set's
+    samples in batches of up to 256."""
     monkeypatch.setitem(MODELS._items, "tiny_cnn", _tiny_cnn)
-    calls = []  # the weights' input channels of every convolution rewritten
+    calls, rows = [], []  # the weights' input channels and the batch rows of every convolution rewritten
     real = stack_kernels.conv2d_as_matmul
-    monkeypatch.setattr(stack_kernels, "conv2d_as_matmul", lambda x, w, *a: calls.append(w.shape[1]) or real(x, w, *a))
+    monkeypatch.setattr(stack_kernels, "conv2d_as_matmul",
+                        lambda x, w, *a: calls.append(w.shape[1]) or rows.append(x.shape[0]) or real(x, w, *a))
     cfg = cfg_for(tmp_path, "model.name=tiny_cnn", f"algorithm.name={method}", "training.lr=0.02").replace(
         **{"execution.executor": "batched"})
     for pad in (True, False):
@@ -148,7 +152,9 @@ def test_a_batched_run_with_stack_kernels_trains_what_it_trains_without(tmp_path
             on, _ = executor_of(base.replace(**{"execution.conv_as_matmul": value}), tmp_path / f"{which}-{pad}")
             assert on.summary["execution"]["conv_as_matmul"] == which and on.summary["execution"]["padded"] is pad
             assert set(calls) == channels  # the training steps' convolutions went through the product
+            assert max(rows) <= 24  # and only theirs
             calls.clear()
+            rows.clear()
             assert_close_runs(off, on)
 
 

@@ -150,17 +150,37 @@ NO_WORK = {"aten::view", "aten::_unsafe_view", "aten::_reshape_alias", "aten::re
            "aten::stride", "aten::_has_compatible_shallow_copy_type", "aten::_local_scalar_dense_noop"}
 
 
-def count_launches(prof) -> int:
+def count_launches(prof, outside_compiled: bool = False) -> int:
     """Operators that do work in a profile: ATen operators with no ATen operator below them
-    (what actually runs; a composite op is counted through its parts), less ``NO_WORK``."""
+    (what actually runs; a composite op is counted through its parts), less ``NO_WORK``; and
+    the kernels that ``torch.compile`` generated for the CPU, when it records them
+    (``torch._inductor.config.cpp.enable_kernel_profile``: events ``graph_<n>_cpp_fused_...``),
+    each of which a GPU would launch as one kernel of its own. ``outside_compiled``: only
+    those outside a compiled region (what a CUDA graph of the compiled step would not
+    replay), each compiled region counted as one."""
     n = 0
     for e in prof.events():
+        if outside_compiled and _compiled_region(e):
+            n += e.name.startswith("Torch-Compiled Region")
+            continue
+        if "_cpp_fused_" in e.name:
+            n += 1
+            continue
         if not e.name.startswith("aten::") or e.name in NO_WORK:
             continue
         if any(c.name.startswith("aten::") for c in e.cpu_children):
             continue
         n += 1
     return n
+
+
+def _compiled_region(e) -> bool:
+    """Whether profiler event ``e`` is a compiled region or runs inside one."""
+    while e is not None:
+        if e.name.startswith("Torch-Compiled Region"):
+            return True
+        e = e.cpu_parent
+    return False
 
 
 class Profiled:

@@ -15,6 +15,13 @@ time per kernel against 9 us on the device). What a round costs there is then ab
   allocations), per stack step; on a GPU each launches at least one kernel;
 * **seconds**: the round's training time on this machine without the profiler (median of
   rounds 2..R of a separate run), for the CPU's own rule (``pad_batches: auto``);
+* **compiled** (``--compiled-ops``): the same counts with ``execution.compile`` (a third
+  row per setting): the operators are then those dispatched outside the compiled step, the
+  ATen kernels it calls (convolutions, matrix products) and the kernels ``torch.compile``
+  generated (recorded by ``torch._inductor.config.cpp.enable_kernel_profile``); the round
+  profiled is the second, after the first compiled the step; beside them, the operators
+  outside the compiled step with each call of it counted as one (what remains for the host
+  when a CUDA graph replays the step: a floor of the GPU's launches, not a measurement);
 * **compilations** (``--compile-rounds N``): graphs ``torch.compile`` compiled in a run of N
   rounds with ``execution.compile`` (torch._dynamo's ``unique_graphs``), that run's time, and
   its stack steps that took the compiled step (steps of every slot at the full batch size:
@@ -127,6 +134,8 @@ def main() -> int:
     p.add_argument("--compile-identity", action="store_true", help="torch.compile as the identity in the compiled "
                                                                    "run (counts its steps, compiles nothing)")
     p.add_argument("--compile-no-fill", action="store_true", help="the compiled run without plan_stack's fill")
+    p.add_argument("--compiled-ops", action="store_true", help="also count the operators of the padded stacks "
+                                                               "with execution.compile (a third row)")
     p.add_argument("--out", default=None)
     args = p.parse_args()
     if args.threads:
@@ -140,23 +149,27 @@ def main() -> int:
             s = settings[i - 1]
             for method in [m for m in args.methods.split(",") if m]:
                 got = {}
-                for pad in ("off", "on"):  # side by side, the same clients and batches
+                for pad in ("off", "on") + (("compiled",) if args.compiled_ops else ()):  # the same clients, batches
                     cfg = gpu.config(s, "batched", "cpu", args.data_dir, args.rounds, tmp, args.smoke, 0, method,
-                                     pad=pad)
-                    ex = profiled(cfg)
+                                     pad="on" if pad == "compiled" else pad, compile_step=pad == "compiled")
+                    with torch._inductor.config.patch({"cpp.enable_kernel_profile": pad == "compiled"}):
+                        ex = profiled(cfg)
                     timed = None if args.no_time else gpu.measure(cfg, "cpu", launches=False)
                     ops = gpu.count_launches(ex.prof)
-                    got[pad] = dict(steps=ex.steps, slot_steps=ex.slot_steps, busy=ex.busy, ops=ops,
+                    outside = gpu.count_launches(ex.prof, outside_compiled=True) if pad == "compiled" else None
+                    got[pad] = dict(steps=ex.steps, slot_steps=ex.slot_steps, busy=ex.busy, ops=ops, outside=outside,
                                     per_step=ops / max(ex.steps, 1), padded=ex.inner.stats.padded > 0,
                                     seconds=None if timed is None else timed["round_s"])
-                    if args.compile_rounds:
+                    if args.compile_rounds and pad != "compiled":
                         cc = gpu.config(s, "batched", "cpu", args.data_dir, args.compile_rounds, tmp, args.smoke, 0,
                                         method, True, pad)
                         cc["training"] = {**cc["training"], "lr_decay": args.compile_lr_decay}
                         got[pad].update(compiled(cc, args.compile_identity, not args.compile_no_fill))
                     r = got[pad]
                     print(f"[{i}] {method}, pad {pad}: {r['steps']} stack steps, {r['ops']:,} operators "
-                          f"({r['per_step']:.0f} a step), {gpu.fmt(r['seconds'], '.2f', 'not timed')} s a round"
+                          f"({r['per_step']:.0f} a step"
+                          + (f"; outside the compiled step {r['outside'] / max(r['steps'], 1):.1f}" if r["outside"]
+                             is not None else "") + f"), {gpu.fmt(r['seconds'], '.2f', 'not timed')} s a round"
                           + (f"; compiled run: {r['compilations']} compilations, {r['compiled_steps']} steps compiled"
                              if "compilations" in r else ""), flush=True)
                 rows.append((i, s, method, got))
@@ -171,16 +184,19 @@ def main() -> int:
                     + smoke), "",
              "```", "python " + " ".join(["benchmarks/stack_steps.py", *sys.argv[1:]]), "```", "",
              "| # | setting | per round | method | short batches | client-steps | slot-steps | stack steps "
-             "| operators | operators / stack step | operators, padded / grouped | s / round (CPU) "
-             "| compilations in a run (its s) | steps compiled in that run |",
-             "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+             "| operators | operators / stack step | outside the compiled step / stack step "
+             "| operators, padded / grouped | s / round (CPU) | compilations in a run (its s) "
+             "| steps compiled in that run |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for i, s, method, got in rows:
         for pad, r in got.items():
             how = ("padded" if r["padded"] else "grouped (not padded: BatchNorm or a coupled loss)") \
-                if pad == "on" else "grouped"
-            ratio = f"{r['ops'] / got['off']['ops']:.2f}" if pad == "on" and got["off"]["ops"] else ""
+                if pad != "off" else "grouped"
+            how += ", compiled" if pad == "compiled" else ""
+            ratio = f"{r['ops'] / got['off']['ops']:.2f}" if pad != "off" and got["off"]["ops"] else ""
             lines.append(f"| {i} | {s['name']} | {s['m']} | {method} | {how} | {r['busy']:,} | {r['slot_steps']:,} | "
-                         f"{r['steps']:,} | {r['ops']:,} | {r['per_step']:.0f} | {ratio} | "
+                         f"{r['steps']:,} | {r['ops']:,} | {r['per_step']:.0f} | "
+                         f"{'' if r['outside'] is None else format(r['outside'] / max(r['steps'], 1), '.1f')} | {ratio} | "
                          f"{gpu.fmt(r['seconds'], '.2f', 'not timed')} | "
                          + (f"{r['compilations']} ({r['compiled_s']:.0f} s) | {r['compiled_steps']} |"
                             if "compilations" in r else "not run | |"))

@@ -35,10 +35,13 @@ OPTIMIZERS = {  # name: (protofl's settings, torch's optimizer on the same setti
 }
 
 
+@pytest.mark.parametrize("lr_tensor", [False, True], ids=["lr float", "lr tensor"])
 @pytest.mark.parametrize("name", list(OPTIMIZERS))
-def test_every_optimizer_equals_torchs_step_for_step(name):
+def test_every_optimizer_equals_torchs_step_for_step(name, lr_tensor):
+    """Also with the learning rate given as a 0-d tensor (the compiled step's input)."""
     ours, theirs = OPTIMIZERS[name]
     s = TrainSettings(**ours)
+    lr = torch.tensor(s.lr, dtype=torch.float64) if lr_tensor else None
     g = torch.Generator().manual_seed(0)
     shapes = [(3, 4), (4,)]
     rows = 3  # three clients side by side; the third joins late (its state starts at zero)
@@ -54,7 +57,7 @@ def test_every_optimizer_equals_torchs_step_for_step(name):
             for t, p in zip(params, refs[2]):
                 p.data.copy_(t[2])
             opts[2] = theirs(refs[2])
-        optimizer_step(params, grads, state, s)
+        assert optimizer_step(params, grads, state, s, lr) is None  # no clipping: no norms
         for r in range(rows):
             for p, gr in zip(refs[r], grads):
                 p.grad = gr[r].clone()
@@ -65,6 +68,8 @@ def test_every_optimizer_equals_torchs_step_for_step(name):
 
 
 def test_gradient_clipping_equals_clip_grad_norm():
+    """The step clips each row as clip_grad_norm_ clips that client's gradients, and returns
+    the norms it clipped by (clip_grad_norm_'s return value)."""
     s = TrainSettings(lr=0.1, clip_grad=0.5, optimizer="rmsprop")
     g = torch.Generator().manual_seed(1)
     start = [torch.randn(2, 5, generator=g, dtype=torch.float64), torch.randn(2, 3, 2, generator=g, dtype=torch.float64)]
@@ -74,11 +79,12 @@ def test_gradient_clipping_equals_clip_grad_norm():
     opts = [torch.optim.RMSprop(ps, lr=0.1) for ps in refs]
     for _ in range(10):
         grads = [3 * torch.randn(t.shape, generator=g, dtype=torch.float64) for t in start]
-        optimizer_step(params, grads, state, s)
+        norms = optimizer_step(params, grads, state, s)
         for r in range(2):
             for p, gr in zip(refs[r], grads):
                 p.grad = gr[r].clone()
-            torch.nn.utils.clip_grad_norm_(refs[r], 0.5)
+            total = torch.nn.utils.clip_grad_norm_(refs[r], 0.5)
+            assert norms is not None and norms[r].item() == total.item() > 0.5  # (clipped: 3x unit normals)
             opts[r].step()
     for r in range(2):
         for t, p in zip(params, refs[r]):

@@ -58,6 +58,7 @@ executor, and the run log says so once.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import heapq
 import logging
 import math
@@ -410,7 +411,84 @@ class Stack:
 
     def views(self, flat: torch.Tensor) -> dict[str, torch.Tensor]:
         """The named parameters of rows of a flat (G, n) buffer, as views."""
-        return {k: flat[:, i:j].view(flat.shape[0], *shape) for k, (i, j, shape) in self.layout.items()}
+        return _views(flat, self.layout)
+
+
+Layout = Mapping[str, tuple[int, int, tuple[int, ...]]]  # name -> (start, end, shape) in a flat row
+
+
+def _views(flat: torch.Tensor, layout: Layout) -> dict[str, torch.Tensor]:
+    """The named parameters of rows of a flat (G, n) buffer, as views (:attr:`Stack.layout`)."""
+    return {k: flat[:, i:j].view(flat.shape[0], *shape) for k, (i, j, shape) in layout.items()}
+
+
+@dataclass(frozen=True)
+class StepCode:
+    """What a stack step computes, the same for every stack of a signature (the compiled
+    step is compiled over it once): the vmapped gradients and losses of the slots (``fn``,
+    :meth:`BatchedExecutor._step_fn`; DP-SGD's: of every sample), the gradient transform,
+    the flat row's layout, the optimizer's settings (under ``compile`` the learning rate is
+    an input of the step instead), the precision, and whether short batches are padded."""
+
+    fn: Callable[..., Any]
+    grad_fn: Optional[Callable[..., dict[str, torch.Tensor]]]
+    layout: Layout
+    settings: TrainSettings
+    precision: str
+    padded: bool
+
+
+def train_step(code: StepCode, params: torch.Tensor, state: dict[str, list[torch.Tensor]],
+               frozen: dict[str, torch.Tensor], buffers: dict[str, torch.Tensor], extras: dict[str, Any],
+               step_extras: dict[str, Any], xb: torch.Tensor, yb: torch.Tensor, valid: Optional[torch.Tensor],
+               live: Optional[torch.Tensor], idle: Optional[torch.Tensor], z: Optional[torch.Tensor],
+               lr: Optional[torch.Tensor]) -> tuple[torch.Tensor, Optional[torch.Tensor]]:
+    """One optimizer step of G slots, in place on their tensors (``params`` (G, n) flat, its
+    optimizer ``state``, ``buffers``), on their minibatches ``xb`` (G, b, ...) and ``yb``
+    with ``step_extras`` (their extras with the step's rows; ``extras`` without them, as
+    the gradient transform reads them). Returns each slot's loss times its sample count,
+    (G,) float64, and with clipping each slot's gradient norm before it (G,), else None.
+    (The norms are returned, not only used, because torch 2.13's CPU code generator fails
+    to compile them fused into the in-place momentum update they scale, a KeyError in its
+    outer-loop fusion, unless they are an output of the graph.) Every argument is a tensor
+    or a tree of tensors, so that the step, once compiled, serves every stack and every
+    round of its signature:
+
+    1. gradients and losses of the slots (``code.fn``); with padding (``valid`` (G, b): which
+       rows are samples), each slot's loss the mean over its own rows (weights 1/b on its b
+       rows, 0 on the padding; ``live`` (G,): 0 for a free slot of a filled step, whose
+       weights and loss are no client's);
+    2. DP-SGD (``code.settings.dp_clip``): each sample's gradient clipped, their sum noised
+       (``z`` (G, n): the clients' normal draws) and divided by the expected batch size;
+    3. the gradient transform (SCAFFOLD's correction);
+    4. the optimizer update of the flat rows (``lr``: the rate as a tensor, or None for the
+       settings' own), the columns ``idle`` (parameters the loss does not reach) put back.
+    """
+    s, G, b = code.settings, xb.shape[0], xb.shape[1]
+    views = _views(params, code.layout)  # the step's values (the gradient transform reads them too)
+    counts = valid.sum(1) if code.padded and valid is not None else None  # each slot's own batch size
+    with autocast(code.precision, xb.device.type):
+        if valid is not None and counts is not None:  # (a free slot: no row, its weights 0)
+            w = valid.to(params.dtype) / (counts if live is None else counts.clamp(min=1)).to(
+                params.dtype).unsqueeze(1)
+            grads, value = code.fn(views, frozen, buffers, step_extras, xb, yb, w)
+        else:
+            grads, value = code.fn(views, frozen, buffers, step_extras, xb, yb)
+    names = list(code.layout)
+    if valid is not None and s.dp_clip is not None:  # DP-SGD: per-sample -> private (G, ...)
+        grads = dict(zip(names, private_gradient([grads[k] for k in names], s.dp_clip, s.dp_noise, z, mask=valid,
+                                                 batch=s.batch_size)))
+        value = torch.where(valid, value, torch.zeros_like(value)).sum(1) / b  # the sum, below
+    if code.grad_fn is not None:
+        grads = code.grad_fn(grads, extras, views)
+    flat = torch.cat([grads[k].reshape(G, -1) for k in names], dim=1)  # (G, n)
+    kept = _columns(params, state, idle)
+    norms = optimizer_step([params], [flat], state, s, lr)
+    _restore(params, state, idle, kept)
+    sums: torch.Tensor = value.detach().to(torch.float64) * (b if counts is None else counts)
+    if live is not None:  # a free slot's loss (of no sample) counts for none
+        sums = torch.where(live > 0, sums, torch.zeros_like(sums))
+    return sums, norms
 
 
 # ---------------------------------------------------------------------------------------
@@ -481,7 +559,6 @@ class _StackRun:
     and gradient functions, and the per-job sums the steps add to."""
 
     stack: Stack
-    names: list[str]
     settings: TrainSettings
     xs: torch.Tensor
     ys: torch.Tensor
@@ -490,11 +567,11 @@ class _StackRun:
     index: torch.Tensor
     drawn: Optional[dict[str, torch.Tensor]]
     augmentation: Optional[_Augmentation]
-    step_fn: Any  # {whole full-size step: compiled or plain step function}
-    grad_fn: Optional[Callable[..., dict[str, torch.Tensor]]]
+    code: StepCode
+    compiled: Optional[Callable[..., Any]]  # train_step compiled for the stack's whole full-size steps
+    lr: Optional[torch.Tensor]  # the compiled step's learning rate (0-d)
     idle: Optional[torch.Tensor]
     noise: Optional[list[NoiseStream]]
-    precision: str
     loss_sum: torch.Tensor
     seen: torch.Tensor
     padded: bool = False  # short batches padded with masked rows (-1), the loss a weighted mean
@@ -528,42 +605,29 @@ class _StackRun:
         return xb, self.ys[rows], extras, valid
 
     def step(self, g: Group) -> None:
-        """One optimizer step of group ``g``'s slots: their minibatches (:meth:`inputs`),
-        forward and backward under vmap (with padding, each slot's loss the mean over its
-        own rows), DP-SGD's clipping and noise, the gradient transform, the optimizer
-        update; the loss added to each job's sum."""
-        G, B, names, settings, stack = len(g.slots), self.settings.batch_size, self.names, self.settings, self.stack
+        """One optimizer step of group ``g``'s slots: their minibatches (:meth:`inputs`) and
+        DP-SGD's noise drawn here, the step itself (:func:`train_step`; compiled for a step
+        of the whole stack at the full batch size), the loss added to each job's sum."""
+        G, stack = len(g.slots), self.stack
         at = self.index[g.at:g.at + 4 * G]
         slots, clients, t = at[:G], at[G:2 * G], at[2 * G:3 * G]
         part = stack.select(None if g.whole else slots)
         xb, yb, extras, valid = self.inputs(g, part, clients, t)
-        params = stack.views(part.params)  # the step's values (grad_fn reads them too)
-        counts = valid.sum(1) if self.padded and valid is not None else None  # each slot's own batch size
-        with autocast(self.precision, xb.device.type):
-            fn = self.step_fn[g.whole and g.b == B]
-            if valid is not None and counts is not None:  # (a free slot of a filled step: no row, weights 0)
-                w = valid.to(part.params.dtype) / (counts.clamp(min=1) if g.idle else counts).to(
-                    part.params.dtype).unsqueeze(1)
-                grads, value = fn(params, part.frozen, part.buffers, extras, xb, yb, w)
-            else:
-                grads, value = fn(params, part.frozen, part.buffers, extras, xb, yb)
-        if valid is not None and settings.dp_clip is not None:  # DP-SGD: per-sample -> private (G, ...)
+        z = None
+        if self.dp and valid is not None:
             z = None if self.noise is None else torch.stack(
                 [self.noise[i].normal((part.params.shape[1],)) for i in g.jobs]).to(xb.device)
-            grads = dict(zip(names, private_gradient([grads[k] for k in names], settings.dp_clip,
-                                                     settings.dp_noise, z, mask=valid, batch=B)))
             self.seen.index_add_(0, clients, valid.sum(1).to(torch.float64))
-            value = torch.where(valid, value, torch.zeros_like(value)).sum(1) / g.b  # the sum, below
-        if self.grad_fn is not None:
-            grads = self.grad_fn(grads, part.extras, params)
-        flat = torch.cat([grads[k].reshape(G, -1) for k in names], dim=1)  # (G, n)
-        kept = _columns(part, self.idle)
-        optimizer_step([part.params], [flat], part.state, settings)
-        _restore(part, self.idle, kept)
+        compiled = self.compiled is not None and g.whole and g.b == self.settings.batch_size
+        # a free slot is masked out on a filled step; the compiled step always masks (one graph)
+        live = at[3 * G:] if g.idle or compiled else None
+        args = (part.params, part.state, part.frozen, part.buffers, part.extras, extras, xb, yb, valid, live,
+                self.idle, z)
+        if compiled:
+            value, _ = cast(Callable[..., tuple[torch.Tensor, Any]], self.compiled)(*args, self.lr)
+        else:
+            value, _ = train_step(self.code, *args, None)
         stack.commit(part, None if g.whole else slots)
-        value = value.detach().to(torch.float64) * (g.b if counts is None else counts)
-        if g.idle:  # a free slot's loss (of no sample; its weights are no client's any more) counts for none
-            value = torch.where(at[3 * G:] > 0, value, torch.zeros_like(value))
         self.loss_sum.index_add_(0, clients, value)
 
 
@@ -581,6 +645,7 @@ class BatchedExecutor(Executor):
         self.stack_kernels = StackKernels(stack_kernels).which  # an unknown name fails here; each step enters its own
         self._compiled: dict[Signature, Callable[..., Any]] = {}
         self._compiled_slots: dict[Signature, int] = {}  # per signature: the most slots chosen so far
+        self._stacks: dict[Signature, Stack] = {}  # per compiled signature: its stack's tensors, kept
         self._unreached_of: dict[Signature, frozenset[str]] = {}  # per signature: parameters its loss does not reach
         self.sequential = SequentialExecutor(runtime, threads)
         self.reason = why_not_batched(runtime)
@@ -717,11 +782,9 @@ class BatchedExecutor(Executor):
         one of each: packed runs that differ in them train in different stacks). Runs of
         the same method and hyper-parameters share a loss: a bound method counts by its
         function, since the method class and ``hp`` are part of the model's key.
-        ``compiled``: what the compiled step depends on, the same less the optimizer's
-        settings, which it does not read (it computes the gradients and losses; the update
-        follows it), so that a learning rate that decays from round to round neither
-        compiles the step again nor moves its slot count: only the batch size and whether
-        it is DP-SGD's per-sample step."""
+        ``compiled``: what the compiled step depends on, the same less the learning rate,
+        which the step reads as a tensor, so that a rate that decays from round to round
+        neither compiles the step again nor moves its slot count."""
         req, ctx = job.fit, job.ctx  # only jobs that await a Fit have a signature
         extras = tuple((k, tuple(v.shape), v.dtype) for k, v in _leaves(req.extras))
         rt = ctx.runtime
@@ -729,7 +792,7 @@ class BatchedExecutor(Executor):
         sigma = ctx.privacy.sigma if ctx.privacy is not None and ctx.dp_sgd else None  # fit_settings' dp_noise
         settings: Any = ctx.training_settings(req.settings)
         if compiled:
-            settings = (settings.batch_size, settings.dp_clip is not None)
+            settings = dataclasses.replace(settings, lr=0.0)
         return (model_key(rt, ctx.cid), _function(req.loss), _function(req.grad), req.trainable,
                 settings, extras, req.step_extras is not None, augment, sigma)
 
@@ -827,19 +890,20 @@ class BatchedExecutor(Executor):
         # torch.optim's rule (the sequential driver's): a parameter the loss does not reach has no
         # gradient and is left alone, weight decay and momentum included; vmap gives it zeros
         first = next(i for i, t in enumerate(d.totals) if t)
-        stack = Stack(model, names, S, d.settings, fits[0].extras, dev)
+        stack = self._stack(jobs[0], model, names, S, d.settings, fits[0].extras)
+        code = StepCode(self._step_fn(model, fits[0].loss, d.settings, tuple(per_step or ()), d.padded), grad_fn,
+                        stack.layout, d.settings, jobs[0].ctx.runtime.cfg.execution.precision, d.padded)
         run = _StackRun(
-            stack=stack, names=names, settings=d.settings, xs=xs, ys=ys, per_step=per_step,
+            stack=stack, settings=d.settings, xs=xs, ys=ys, per_step=per_step,
             batch=torch.from_numpy(plan.rows).to(dev),  # every group's data rows, in one transfer
             index=torch.from_numpy(plan.index).to(dev),  # every group's (slots, jobs, steps), in one transfer
             drawn=None if plan.aug is None else {k: torch.from_numpy(v).to(dev) for k, v in plan.aug.items()},
             augmentation=jobs[0].ctx.augmentation,
-            step_fn=self._step_fn(jobs[0], model, fits[0].loss, d.settings, tuple(per_step or ()), d.padded),
-            grad_fn=grad_fn,
+            code=code, compiled=self._compiled_step(jobs[0], code) if self.compile else None,
+            lr=torch.tensor(d.settings.lr, dtype=stack.all.params.dtype, device=dev) if self.compile else None,
             idle=None if d.dp or grad_fn is not None else stack.columns(
                 self._unreached(jobs[0], model, fits[0], names, xs, ys, d.rows[first], per_step)),
             noise=[j.ctx.noise_generator() for j in jobs] if d.settings.dp_noise > 0 else None,  # DP-SGD
-            precision=jobs[0].ctx.runtime.cfg.execution.precision,
             loss_sum=torch.zeros(len(jobs), dtype=torch.float64, device=dev),
             seen=torch.zeros(len(jobs), dtype=torch.float64, device=dev),  # DP-SGD: samples drawn
             padded=d.padded)
@@ -869,6 +933,26 @@ class BatchedExecutor(Executor):
             except NonFiniteLossError as e:
                 answers[i] = e
         return answers
+
+    def _stack(self, job: _Job, model: nn.Module, names: list[str], S: int, settings: TrainSettings,
+               extras: Mapping[str, Any]) -> Stack:
+        """A stack of ``S`` slots for ``job``'s signature. With ``compile`` a signature keeps
+        its stack's tensors from one stack to the next of the same slot count (every slot is
+        loaded before it steps, its optimizer state zeroed): a CUDA graph of the compiled step
+        reads and updates them in place at fixed addresses (marked static for
+        ``torch.compile``), and would be recorded again for every new address."""
+        if not self.compile:
+            return Stack(model, names, S, settings, extras, self.runtime.device)
+        key = self._signature(job, compiled=True)
+        kept = self._stacks.get(key)
+        if kept is None or kept.S != S:
+            kept = self._stacks[key] = Stack(model, names, S, settings, extras, self.runtime.device)
+            if self.runtime.device.type == "cuda":
+                a = kept.all
+                for t in [a.params, *(t for ts in a.state.values() for t in ts), *a.frozen.values(),
+                          *a.buffers.values(), *(t for _, t in _leaves(a.extras))]:
+                    torch._dynamo.mark_static_address(t, guard=False)
+        return kept
 
     def _pads(self, job: _Job, model: nn.Module) -> bool:
         """Whether a stack pads its clients' short batches (``execution.pad_batches``): its
@@ -917,12 +1001,11 @@ class BatchedExecutor(Executor):
                 out[k][i, :v.shape[0], :v.shape[1]] = v.to(dev)
         return out
 
-    def _step_fn(self, job: _Job, model: nn.Module, loss: LossFn, settings: TrainSettings,
-                 rows: tuple[str, ...] = (), padded: bool = False) -> dict[bool, Callable[..., Any]]:
-        """The vmapped step (gradients and loss of every slot), by whether it may be the
-        compiled one (steps of the whole stack at the full batch size: one shape per stack).
-        With DP-SGD (``settings.dp_clip``) the gradients and losses of every sample of every
-        slot, (G, b, ...) and (G, b) (``rows``: the per-step extras, one row per sample).
+    def _step_fn(self, model: nn.Module, loss: LossFn, settings: TrainSettings, rows: tuple[str, ...] = (),
+                 padded: bool = False) -> Callable[..., Any]:
+        """The vmapped gradients and loss of every slot (:attr:`StepCode.fn`). With DP-SGD
+        (``settings.dp_clip``) the gradients and losses of every sample of every slot,
+        (G, b, ...) and (G, b) (``rows``: the per-step extras, one row per sample).
         ``padded``: each slot's loss is the weighted sum of its samples' losses
         (:func:`~protofl.engine.train.masked_mean`; the weights (G, b) an argument)."""
         objective = Objective(model, loss)
@@ -939,8 +1022,7 @@ class BatchedExecutor(Executor):
             eager = vmap(per_sample(client_loss, rows))
         else:
             eager = vmap(masked_mean(client_loss, rows) if padded else grad_and_value(client_loss))
-        eager = self._with_kernels(eager)
-        return {False: eager, True: self._compiled_step(job, eager) if self.compile else eager}
+        return self._with_kernels(eager)
 
     def _with_kernels(self, step_fn: Callable[..., Any]) -> Callable[..., Any]:
         """``step_fn`` with its convolutions as ``execution.conv_as_matmul`` asks (:class:`StackKernels`)."""
@@ -981,39 +1063,46 @@ class BatchedExecutor(Executor):
             self._unreached_of[key] = frozenset(k for k, g in zip(params, grads) if g is None)
         return self._unreached_of[key]
 
-    def _compiled_step(self, job: _Job, step_fn: Callable[..., Any]) -> Callable[..., Any]:
-        """``step_fn`` compiled with ``torch.compile`` (with CUDA graphs on a GPU), one per
-        signature; it is called only for steps of the whole stack at the full batch size, one
-        fixed shape per stack, and the stack's other groups run eagerly. A padded stack's
-        steps are all of that shape: its last steps, with slots no client waits for, step
-        those slots on padding (``plan_stack``'s ``fill``)."""
+    def _compiled_step(self, job: _Job, code: StepCode) -> Callable[..., Any]:
+        """The whole step (:func:`train_step`: forward, backward, DP-SGD's clipping and noise,
+        the gradient transform, the optimizer update) compiled with ``torch.compile`` (with
+        CUDA graphs on a GPU), once per signature less its learning rate, which the step reads
+        as a tensor: every stack and round of the signature replays it. It is called only for
+        steps of the whole stack at the full batch size, one fixed shape per stack, and the
+        stack's other groups run eagerly. A padded stack's steps are all of that shape: its
+        last steps, with slots no client waits for, step those slots on padding
+        (``plan_stack``'s ``fill``). The first stack's ``code`` serves the later ones: their
+        loss and gradient transform are the same functions of the same class and
+        hyper-parameters (the signature), whose values come in through the arguments."""
         key = self._signature(job, compiled=True)
         if key not in self._compiled:
             mode = "reduce-overhead" if self.runtime.device.type == "cuda" else None
-            self._compiled[key] = torch.compile(step_fn, dynamic=False, mode=mode)
+            self._compiled[key] = torch.compile(functools.partial(train_step, code), dynamic=False, mode=mode)
         return self._compiled[key]
 
 
-def _columns(part: Slots, cols: Optional[torch.Tensor]) -> Optional[list[torch.Tensor]]:
-    """Copies of the columns ``cols`` of a selection's flat parameters and optimizer state
+def _columns(params: torch.Tensor, state: dict[str, list[torch.Tensor]],
+             cols: Optional[torch.Tensor]) -> Optional[list[torch.Tensor]]:
+    """Copies of the columns ``cols`` of flat parameters (G, n) and their optimizer state
     (the (G, n) tensors; Adam's per-row step count is not per column), to :func:`_restore`."""
     if cols is None:
         return None
-    return [t.index_select(1, cols) for t in _flat_tensors(part)]
+    return [t.index_select(1, cols) for t in _flat_tensors(params, state)]
 
 
-def _flat_tensors(part: Slots) -> list[torch.Tensor]:
-    """A selection's (G, n) tensors: its flat parameters and their optimizer state."""
-    n = part.params.shape[1]
-    return [t for t in [part.params] + [s for ts in part.state.values() for s in ts] if t.dim() == 2 and t.shape[1] == n]
+def _flat_tensors(params: torch.Tensor, state: dict[str, list[torch.Tensor]]) -> list[torch.Tensor]:
+    """Flat parameters (G, n) and those of their optimizer state's tensors that are (G, n)."""
+    n = params.shape[1]
+    return [t for t in [params] + [s for ts in state.values() for s in ts] if t.dim() == 2 and t.shape[1] == n]
 
 
-def _restore(part: Slots, cols: Optional[torch.Tensor], kept: Optional[list[torch.Tensor]]) -> None:
+def _restore(params: torch.Tensor, state: dict[str, list[torch.Tensor]], cols: Optional[torch.Tensor],
+             kept: Optional[list[torch.Tensor]]) -> None:
     """Put back the columns :func:`_columns` copied: those parameters did not move."""
     if cols is None:
         return
     assert kept is not None  # _columns copied them
-    for t, old in zip(_flat_tensors(part), kept):
+    for t, old in zip(_flat_tensors(params, state), kept):
         t.index_copy_(1, cols, old)
 
 

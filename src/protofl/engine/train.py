@@ -299,9 +299,14 @@ def _rows(v: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
 
 @torch.no_grad()
 def optimizer_step(params: Sequence[torch.Tensor], grads: Sequence[torch.Tensor],
-                   state: Mapping[str, list[torch.Tensor]], s: TrainSettings) -> None:
+                   state: Mapping[str, list[torch.Tensor]], s: TrainSettings,
+                   lr: Optional[torch.Tensor] = None) -> Optional[torch.Tensor]:
     """One step of every row, in place: ``params[i]`` and ``grads[i]`` are (S, ...) with
     one row per client, ``state`` from :func:`optimizer_state` for the same tensors.
+    ``lr``: the learning rate as a 0-d tensor instead of ``s.lr`` (a compiled step reads it
+    as an input, so that a rate that changes from round to round compiles nothing again;
+    the same arithmetic, the rate multiplied in rather than passed as a scalar).
+    Returns each row's gradient norm before clipping, (S,), with ``clip_grad`` (else None).
 
     1. clipping, per row: g <- g min(1, C / (||g|| + 1e-6)), the norm over all of the
        row's tensors, computed as ``clip_grad_norm_`` does (the norm of the per-tensor norms);
@@ -316,6 +321,7 @@ def optimizer_step(params: Sequence[torch.Tensor], grads: Sequence[torch.Tensor]
        Adagrad: g <- g + lambda p; s <- s + g^2; p <- p - lr g / (sqrt(s) + eps), as
        ``torch.optim.Adagrad`` (lr_decay 0, initial accumulator 0).
     """
+    total = None
     if s.clip_grad is not None:
         norms = torch.stack([_row_norms(g) for g in grads], dim=1)  # (S, tensors)
         total = torch.linalg.vector_norm(norms, 2.0, dim=1)  # (S,)
@@ -328,8 +334,8 @@ def optimizer_step(params: Sequence[torch.Tensor], grads: Sequence[torch.Tensor]
                 g = g.add(p, alpha=s.weight_decay)
             if momenta is not None:
                 g = momenta[i].mul_(s.momentum).add_(g)
-            p.add_(g, alpha=-s.lr)
-        return
+            _descend(p, g, s.lr if lr is None else lr)
+        return total
     if s.optimizer in ("rmsprop", "adagrad"):
         acc = state["square_avg" if s.optimizer == "rmsprop" else "sum"]
         momenta = state.get("momentum")
@@ -343,18 +349,19 @@ def optimizer_step(params: Sequence[torch.Tensor], grads: Sequence[torch.Tensor]
             denom = acc[i].sqrt().add_(s.eps)
             if momenta is not None:
                 momenta[i].mul_(s.momentum).addcdiv_(g, denom)
-                p.add_(momenta[i], alpha=-s.lr)
+                _descend(p, momenta[i], s.lr if lr is None else lr)
             else:
-                p.addcdiv_(g, denom, value=-s.lr)
-        return
+                _descend(p, g, s.lr if lr is None else lr, denom)
+        return total
     beta1, beta2 = s.betas
     t = state["t"][0].add_(1.0)  # (S,)
-    step_size = s.lr / (1.0 - beta1 ** t)  # (S,) float64
+    rate = s.lr if lr is None else lr
+    step_size = rate / (1.0 - beta1 ** t)  # (S,) float64
     root2 = torch.sqrt(1.0 - beta2 ** t)
     for i, (p, g) in enumerate(zip(params, grads)):
         if s.weight_decay != 0:
             if s.optimizer == "adamw":
-                p.mul_(1.0 - s.lr * s.weight_decay)
+                p.mul_(1.0 - rate * s.weight_decay)
             else:
                 g = g.add(p, alpha=s.weight_decay)
         m1, m2 = state["exp_avg"][i], state["exp_avg_sq"][i]
@@ -362,6 +369,19 @@ def optimizer_step(params: Sequence[torch.Tensor], grads: Sequence[torch.Tensor]
         m2.mul_(beta2).addcmul_(g, g, value=1.0 - beta2)
         denom = (m2.sqrt() / _rows(root2, m2).to(m2.dtype)).add_(s.eps)
         p.sub_(_rows(step_size, p).to(p.dtype) * (m1 / denom))
+    return total
+
+
+def _descend(p: torch.Tensor, d: torch.Tensor, lr: Union[float, torch.Tensor],
+             denom: Optional[torch.Tensor] = None) -> None:
+    """p <- p - lr d (d / denom with a denominator), in place; ``lr`` a float (torch's
+    scalar form) or a 0-d tensor (:func:`optimizer_step`'s ``lr``)."""
+    if isinstance(lr, torch.Tensor):
+        p.sub_((d if denom is None else d / denom) * lr)
+    elif denom is None:
+        p.add_(d, alpha=-lr)
+    else:
+        p.addcdiv_(d, denom, value=-lr)
 
 
 # ---------------------------------------------------------------------------------------

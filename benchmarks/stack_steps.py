@@ -19,7 +19,9 @@ time per kernel against 9 us on the device). What a round costs there is then ab
   row per setting): the operators are then those dispatched outside the compiled step, the
   ATen kernels it calls (convolutions, matrix products) and the kernels ``torch.compile``
   generated (recorded by ``torch._inductor.config.cpp.enable_kernel_profile``); the round
-  profiled is the second, after the first compiled the step; beside them, the operators
+  profiled is then the third of three, in every row, and one in which a graph was compiled
+  stops the script (the slot count, which a compiled signature keeps at its most so far,
+  may grow in round 2 and compile the step again; the tracing's operators would count); beside them, the operators
   outside the compiled step with each call of it counted as one (what remains for the host
   when a CUDA graph replays the step: a floor of the GPU's launches, not a measurement);
 * **compilations** (``--compile-rounds N``): graphs ``torch.compile`` compiled in a run of N
@@ -30,7 +32,7 @@ time per kernel against 9 us on the device). What a round costs there is then ab
   identity (the steps counted, nothing compiled: quick at full size); ``--compile-no-fill``
   with ``plan_stack``'s ``fill`` off, the plan before padded stacks filled their last steps.
 
-The round profiled is the second of a 2-round run (the first warms up), on
+The round profiled is the second of a 2-round run (the first warms up; with ``--compiled-ops`` the third of 3), on
 ``benchmarks/gpu.py``'s settings: setting 1 is MNIST ``fedavg_cnn``, 100 clients, 10 per
 round, 5 epochs of batch 64; ``--smoke`` takes 1 epoch and a tenth of the clients per round.
 
@@ -61,22 +63,26 @@ class Counted(gpu.Profiled):
     """gpu.Profiled that also keeps the executor's step counts of the profiled round."""
 
     def run(self, tasks):
+        from torch._dynamo.utils import counters
+
         stats = self.inner.stats
-        before = (stats.steps, stats.slot_steps, stats.busy)
+        before = (stats.steps, stats.slot_steps, stats.busy, counters["stats"]["unique_graphs"])
         out = super().run(tasks)
         if self.calls == self.at:
             self.steps, self.slot_steps, self.busy = (stats.steps - before[0], stats.slot_steps - before[1],
                                                       stats.busy - before[2])
+            # a graph compiled in the profiled round would count its tracing's operators too
+            self.compiled_here = counters["stats"]["unique_graphs"] - before[3]
         return out
 
 
-def profiled(cfg_dict: dict) -> Counted:
-    """A 2-round run of ``cfg_dict`` whose second round trains under the profiler."""
-    cfg = gpu.from_dict({**cfg_dict, "rounds": 2})
+def profiled(cfg_dict: dict, rounds: int = 2) -> Counted:
+    """A run of ``rounds`` rounds of ``cfg_dict`` whose last round trains under the profiler."""
+    cfg = gpu.from_dict({**cfg_dict, "rounds": rounds})
     box: dict = {}
 
     def factory(sim):
-        box["ex"] = Counted(gpu.EXECUTORS.get(cfg.execution.backend)(sim), 2)
+        box["ex"] = Counted(gpu.EXECUTORS.get(cfg.execution.backend)(sim), rounds)
         return box["ex"]
 
     gpu.Simulation(cfg, run_dir=Path(cfg.output.dir) / f"steps-{time.time_ns()}",
@@ -153,7 +159,10 @@ def main() -> int:
                     cfg = gpu.config(s, "batched", "cpu", args.data_dir, args.rounds, tmp, args.smoke, 0, method,
                                      pad="on" if pad == "compiled" else pad, compile_step=pad == "compiled")
                     with torch._inductor.config.patch({"cpp.enable_kernel_profile": pad == "compiled"}):
-                        ex = profiled(cfg)
+                        ex = profiled(cfg, 3 if args.compiled_ops else 2)
+                    if ex.compiled_here:  # its count would hold the tracing's operators: not a step's
+                        raise SystemExit(f"[{i}] {method}, pad {pad}: {ex.compiled_here} graph(s) compiled in the "
+                                         "profiled round")
                     timed = None if args.no_time else gpu.measure(cfg, "cpu", launches=False)
                     ops = gpu.count_launches(ex.prof)
                     outside = gpu.count_launches(ex.prof, outside_compiled=True) if pad == "compiled" else None
@@ -178,7 +187,8 @@ def main() -> int:
 
     smoke = " SMOKE settings (1 local epoch, a tenth of the clients per round)." if args.smoke else ""
     lines = ["### Stack steps and operators per round, grouped and padded (CPU)", "",
-             header("The second round of a 2-round run under torch.profiler (counts); seconds: "
+             header(("The third round of a 3-round run" if args.compiled_ops else "The second round of a 2-round run")
+                    + " under torch.profiler (counts); seconds: "
                     + ("not timed (--no-time)." if args.no_time else
                        f"median of rounds 2-{args.rounds} of a separate run without the profiler, on this machine.")
                     + smoke), "",

@@ -298,19 +298,25 @@ def test_cpu_and_cuda_agree(tmp_path):
     assert_close_runs(cpu, gpu, atol=1e-4)
 
 
-@pytest.mark.parametrize("pad", [True, False], ids=["padded", "grouped"])
-def test_compiled_whole_step_equals_eager_and_compiles_once(tmp_path, pad):
+@pytest.mark.parametrize("pad", [True, False, "batchnorm"], ids=["padded", "grouped", "batchnorm"])
+def test_compiled_whole_step_equals_eager_and_compiles_once(tmp_path, pad, monkeypatch):
     """execution.compile with torch.compile itself: the whole step (forward, backward,
     clipping, weight decay, the momentum update) compiled once for a 3-round run whose
     learning rate decays every round (the rate is an input of the step, not a constant of
     it), training what the eager stacks train up to float rounding. Clipping's norm fused
     into the in-place momentum update is what torch 2.13's CPU code generator failed on
-    (the step returns the norms so that it compiles; without them this test fails)."""
+    (the step returns the norms so that it compiles; without them this test fails). With
+    BatchNorm (grouped: its statistics are the batch's) the compiled step updates the running
+    statistics in place too."""
     from torch._dynamo.utils import counters
 
+    extra = []
+    if pad == "batchnorm":
+        monkeypatch.setitem(MODELS._items, "tiny_bn_cnn", _tiny_bn_cnn)
+        extra = ["model.name=tiny_bn_cnn", "training.lr=0.01"]
     cfg = cfg_for(tmp_path, "training.batch_size=16", "rounds=3", "partition.num_clients=6", "training.lr_decay=0.9",
-                  "training.clip_grad=1.0", "training.weight_decay=0.001").replace(
-        **{"execution.executor": "batched", "execution.pad_batches": pad})
+                  "training.clip_grad=1.0", "training.weight_decay=0.001", *extra).replace(
+        **{"execution.executor": "batched", "execution.pad_batches": pad is True})
     eager = run(cfg, run_dir=tmp_path / "eager")
     torch._dynamo.reset()
     before = counters["stats"]["unique_graphs"]
@@ -350,10 +356,22 @@ def test_compiled_stacks_keep_their_slot_count_across_rounds(tmp_path, monkeypat
 
     compiled: list[dict] = []
     monkeypatch.setattr(torch, "compile", lambda fn, **kw: compiled.append(kw) or fn)
-    eager, kept = slots(False), slots(True)
+    from protofl.engine import batched
+
+    made: list[batched.Stack] = []
+    init = batched.Stack.__init__
+    monkeypatch.setattr(batched.Stack, "__init__", lambda self, *a, **kw: made.append(self) or init(self, *a, **kw))
+    eager = slots(False)
+    assert len(made) == 6  # a stack of its own every round
+    made.clear()
+    kept = slots(True)
     assert eager == [4, 6, 5, 5, 4, 5]  # chosen per round from the sampled clients' sizes
     assert kept == [4, 6, 6, 6, 6, 6]  # the most so far: two shapes in six rounds
     assert len(compiled) == 1 and compiled[0]["dynamic"] is False  # one step for the run's signature
+    # compiled: a stack's tensors kept from round to round of one slot count, at static addresses
+    # for a CUDA graph (marked for torch.compile)
+    assert [m.S for m in made] == [4, 6]
+    assert all(getattr(t, "_dynamo_static_input_type", None) == "unguarded" for m in made for t in m.tensors())
 
 
 # ---------------------------------------------------------------------------------------

@@ -325,9 +325,10 @@ class ExecutionConfig:
     # support it, else sequential with a note); auto = batched on a GPU, sequential on the CPU
     executor: Literal["auto", "sequential", "batched"] = "auto"
     batch_clients: int = 0  # batched: at most this many clients at a time (slots); 0 = chosen per stack
-    # batched: compile the stack's SGD step with torch.compile (on a GPU with CUDA graphs),
-    # for stacks whose step has one fixed shape (with pad_batches, every step: the last ones
-    # step free slots on padding); results within float rounding of eager
+    # batched: compile the stack's whole step (forward, backward, clipping, the optimizer's
+    # update) with torch.compile (on a GPU with CUDA graphs), once per run signature (the
+    # learning rate an input), for stacks whose step has one fixed shape (with pad_batches,
+    # every step: the last ones step free slots on padding); results within float rounding
     compile: bool = False
     # batched: pad a client's short batch (an epoch's last) with masked rows, so that a stack
     # steps all its slots at one batch size instead of once per size: for methods whose loss

@@ -404,6 +404,13 @@ class Stack:
         for k, t in a.buffers.items():
             t.index_copy_(0, slots, part.buffers[k])
 
+    def tensors(self) -> list[torch.Tensor]:
+        """Every tensor of the stack: flat parameters, optimizer state, frozen parameters,
+        buffers and extras."""
+        a = self.all
+        return [a.params, *(t for ts in a.state.values() for t in ts), *a.frozen.values(), *a.buffers.values(),
+                *(t for _, t in _leaves(a.extras))]
+
     def columns(self, names: Iterable[str]) -> Optional[torch.Tensor]:
         """The flat row's indices of the parameters ``names`` (None for none)."""
         spans = [torch.arange(*self.layout[k][:2]) for k in names]
@@ -947,11 +954,8 @@ class BatchedExecutor(Executor):
         kept = self._stacks.get(key)
         if kept is None or kept.S != S:
             kept = self._stacks[key] = Stack(model, names, S, settings, extras, self.runtime.device)
-            if self.runtime.device.type == "cuda":
-                a = kept.all
-                for t in [a.params, *(t for ts in a.state.values() for t in ts), *a.frozen.values(),
-                          *a.buffers.values(), *(t for _, t in _leaves(a.extras))]:
-                    torch._dynamo.mark_static_address(t, guard=False)
+            for t in kept.tensors():
+                torch._dynamo.mark_static_address(t, guard=False)  # (no guard: a new stack is no new graph)
         return kept
 
     def _pads(self, job: _Job, model: nn.Module) -> bool:

@@ -789,9 +789,10 @@ class BatchedExecutor(Executor):
         one of each: packed runs that differ in them train in different stacks). Runs of
         the same method and hyper-parameters share a loss: a bound method counts by its
         function, since the method class and ``hp`` are part of the model's key.
-        ``compiled``: what the compiled step depends on, the same less the learning rate,
-        which the step reads as a tensor, so that a rate that decays from round to round
-        neither compiles the step again nor moves its slot count."""
+        ``compiled``: what the compiled step depends on, the same less the settings the step
+        does not read (the epochs, a step count, DP-SGD's released n~) and the learning rate,
+        which it reads as a tensor, so that a rate that decays from round to round neither
+        compiles the step again nor moves its slot count."""
         req, ctx = job.fit, job.ctx  # only jobs that await a Fit have a signature
         extras = tuple((k, tuple(v.shape), v.dtype) for k, v in _leaves(req.extras))
         rt = ctx.runtime
@@ -799,7 +800,7 @@ class BatchedExecutor(Executor):
         sigma = ctx.privacy.sigma if ctx.privacy is not None and ctx.dp_sgd else None  # fit_settings' dp_noise
         settings: Any = ctx.training_settings(req.settings)
         if compiled:
-            settings = dataclasses.replace(settings, lr=0.0)
+            settings = dataclasses.replace(settings, lr=0.0, epochs=0, steps=None, dp_n=None)
         return (model_key(rt, ctx.cid), _function(req.loss), _function(req.grad), req.trainable,
                 settings, extras, req.step_extras is not None, augment, sigma)
 

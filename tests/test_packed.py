@@ -149,3 +149,44 @@ def test_packed_runs_under_dp_sgd_stack_only_with_their_own_noise(tmp_path, monk
                          methods=parse_methods("fedavg"), log=lambda m: None)
     assert not failed
     assert seen and all(len(s) == 1 for s in seen) and len(set().union(*seen)) == 2
+
+
+def test_packed_compiled_runs_with_batchnorm_train_it_in_training_mode(tmp_path, monkeypatch):
+    """execution.compile with packed runs: one compiled step serves every stack of its
+    signature less the learning rate, whichever run's, and was built over the first stack's
+    model object (each run has its own). BatchNorm reads that object's training flag: it
+    must be in training mode whoever's stack steps, even once its own run has stopped (here
+    it diverges at once), or the other runs would train on running statistics. Each run's
+    model is left in eval mode between stacks, as evaluation may leave it. torch.compile is
+    the identity (what is tested is the module the step runs, not the compiler)."""
+    from protofl.engine.batched import BatchedExecutor
+    from protofl.models import MODELS
+    from test_gpu_execution import _tiny_bn_cnn
+
+    monkeypatch.setitem(MODELS._items, "tiny_bn_cnn", _tiny_bn_cnn)
+    monkeypatch.setattr(torch, "compile", lambda fn, **kw: fn)
+    seen, fit = [], BatchedExecutor._fit
+
+    def fit_then_eval(self, jobs):
+        seen.extend(j.ctx.architecture for j in jobs)
+        try:
+            return fit(self, jobs)
+        finally:
+            for m in seen:
+                m.eval()
+    monkeypatch.setattr(BatchedExecutor, "_fit", fit_then_eval)
+    cfg = small(tmp_path, "model.name=tiny_bn_cnn", "training.clip_grad=null").replace(**{"execution.compile": True})
+    methods = parse_methods("fedavg")
+    _, packed, failed = sweep(cfg.replace(**{"execution.pack_runs": True}), {"training.lr": [1e30, 0.01]}, [0],
+                              tmp_path / "packed", methods=methods, log=lambda m: None)
+    assert [r.label for r in failed] == ["fedavg lr=1e+30"]
+    (name,) = [n for n in done(packed) if json.loads((packed / n / "summary.json").read_text())["status"] == "complete"]
+    _, alone, _ = sweep(small(tmp_path, "model.name=tiny_bn_cnn", "training.clip_grad=null", "training.lr=0.01").replace(
+        **{"execution.compile": True}), {}, [0], tmp_path / "alone", methods=methods, jobs=1, log=lambda m: None)
+    (other,) = done(alone)
+    # within float rounding: the stacks' grouped convolutions differ in their slot counts
+    for a, b in zip(rows(alone / other), rows(packed / name), strict=True):
+        assert a["train_samples"] == b["train_samples"] and abs(a["train_loss"] - b["train_loss"]) < 1e-5, (a, b)
+    wa, wb = torch.load(alone / other / "model.pt"), torch.load(packed / name / "model.pt")
+    for k in wa:
+        torch.testing.assert_close(wb[k], wa[k], atol=1e-5, rtol=1e-4, msg=k)

@@ -443,6 +443,7 @@ class StepCode:
     settings: TrainSettings
     precision: str
     padded: bool
+    model: nn.Module  # the module ``fn`` runs (its weights swapped in; BatchNorm reads its training flag)
 
 
 def train_step(code: StepCode, params: torch.Tensor, state: dict[str, list[torch.Tensor]],
@@ -650,7 +651,7 @@ class BatchedExecutor(Executor):
         self.compile = compile
         self.pad = pad
         self.stack_kernels = StackKernels(stack_kernels).which  # an unknown name fails here; each step enters its own
-        self._compiled: dict[Signature, Callable[..., Any]] = {}
+        self._compiled: dict[Signature, tuple[Callable[..., Any], StepCode]] = {}
         self._compiled_slots: dict[Signature, int] = {}  # per signature: the most slots chosen so far
         self._stacks: dict[Signature, Stack] = {}  # per compiled signature: its stack's tensors, kept
         self._unreached_of: dict[Signature, frozenset[str]] = {}  # per signature: parameters its loss does not reach
@@ -900,14 +901,15 @@ class BatchedExecutor(Executor):
         first = next(i for i, t in enumerate(d.totals) if t)
         stack = self._stack(jobs[0], model, names, S, d.settings, fits[0].extras)
         code = StepCode(self._step_fn(model, fits[0].loss, d.settings, tuple(per_step or ()), d.padded), grad_fn,
-                        stack.layout, d.settings, jobs[0].ctx.runtime.cfg.execution.precision, d.padded)
+                        stack.layout, d.settings, jobs[0].ctx.runtime.cfg.execution.precision, d.padded, model)
+        compiled, built = self._compiled_step(jobs[0], code) if self.compile else (None, code)
         run = _StackRun(
             stack=stack, settings=d.settings, xs=xs, ys=ys, per_step=per_step,
             batch=torch.from_numpy(plan.rows).to(dev),  # every group's data rows, in one transfer
             index=torch.from_numpy(plan.index).to(dev),  # every group's (slots, jobs, steps), in one transfer
             drawn=None if plan.aug is None else {k: torch.from_numpy(v).to(dev) for k, v in plan.aug.items()},
             augmentation=jobs[0].ctx.augmentation,
-            code=code, compiled=self._compiled_step(jobs[0], code) if self.compile else None,
+            code=code, compiled=compiled,
             lr=torch.tensor(d.settings.lr, dtype=stack.all.params.dtype, device=dev) if self.compile else None,
             idle=None if d.dp or grad_fn is not None else stack.columns(
                 self._unreached(jobs[0], model, fits[0], names, xs, ys, d.rows[first], per_step)),
@@ -915,8 +917,11 @@ class BatchedExecutor(Executor):
             loss_sum=torch.zeros(len(jobs), dtype=torch.float64, device=dev),
             seen=torch.zeros(len(jobs), dtype=torch.float64, device=dev),  # DP-SGD: samples drawn
             padded=d.padded)
-        was = model.training
-        model.train()
+        # the modules the steps run, in training mode (BatchNorm reads it): this stack's, and the
+        # one the compiled step was built over, another run's when runs are packed
+        modes = [(m, m.training) for m in ([model] if built.model is model else [model, built.model])]
+        for m, _ in modes:
+            m.train()
         try:
             for s, groups in enumerate(plan.steps):
                 for slot, i in plan.loads[s]:
@@ -926,7 +931,8 @@ class BatchedExecutor(Executor):
                 for slot, i in plan.finishes[s]:
                     answers[i] = stack.unload(slot)
         finally:
-            model.train(was)
+            for m, was in modes:
+                m.train(was)
 
         losses = run.loss_sum.cpu().tolist()  # the stack's one wait for the device
         drawn_n = run.seen.cpu().tolist() if d.dp else []
@@ -1068,7 +1074,7 @@ class BatchedExecutor(Executor):
             self._unreached_of[key] = frozenset(k for k, g in zip(params, grads) if g is None)
         return self._unreached_of[key]
 
-    def _compiled_step(self, job: _Job, code: StepCode) -> Callable[..., Any]:
+    def _compiled_step(self, job: _Job, code: StepCode) -> tuple[Callable[..., Any], StepCode]:
         """The whole step (:func:`train_step`: forward, backward, DP-SGD's clipping and noise,
         the gradient transform, the optimizer update) compiled with ``torch.compile`` (with
         CUDA graphs on a GPU), once per signature less its learning rate, which the step reads
@@ -1078,11 +1084,13 @@ class BatchedExecutor(Executor):
         last steps, with slots no client waits for, step those slots on padding
         (``plan_stack``'s ``fill``). The first stack's ``code`` serves the later ones: their
         loss and gradient transform are the same functions of the same class and
-        hyper-parameters (the signature), whose values come in through the arguments."""
+        hyper-parameters (the signature), whose values come in through the arguments, and its
+        module is put in training mode for every stack (``_fit``). Returns the compiled step
+        and the code it was built over."""
         key = self._signature(job, compiled=True)
         if key not in self._compiled:
             mode = "reduce-overhead" if self.runtime.device.type == "cuda" else None
-            self._compiled[key] = torch.compile(functools.partial(train_step, code), dynamic=False, mode=mode)
+            self._compiled[key] = (torch.compile(functools.partial(train_step, code), dynamic=False, mode=mode), code)
         return self._compiled[key]
 
 

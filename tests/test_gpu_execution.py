@@ -672,3 +672,20 @@ def test_features_pass_holds_at_most_feature_rows_and_gives_each_client_its_own(
         assert a.shape == b.shape
         torch.testing.assert_close(a, b, atol=1e-6, rtol=1e-6)
     assert seen_rows and max(seen_rows) <= max(rows, 511)  # a client's batch (at most 2 x 256 - 1 rows) is never cut
+
+
+def test_dp_sgd_steps_run_eagerly_under_compile(tmp_path, monkeypatch):
+    """execution.compile leaves DP-SGD's steps eager: their width is the stack's largest
+    Poisson batch, which differs from stack to stack (each would be a shape to compile),
+    and the run trains as it does without compile."""
+    called: list[str] = []
+
+    def spy(fn, **kw):
+        called.append("compiled")  # not even built
+        return lambda *a: called.append("called") or fn(*a)
+
+    monkeypatch.setattr(torch, "compile", spy)
+    cfg = cfg_for(tmp_path, "privacy.mode=sample", "privacy.noise_multiplier=1.0", "privacy.clip=1.0").replace(
+        **{"execution.executor": "batched", "execution.compile": True})
+    res = run(cfg, run_dir=tmp_path / "dp")
+    assert res.summary["status"] == "complete" and not called

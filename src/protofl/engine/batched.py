@@ -902,7 +902,8 @@ class BatchedExecutor(Executor):
         stack = self._stack(jobs[0], model, names, S, d.settings, fits[0].extras)
         code = StepCode(self._step_fn(model, fits[0].loss, d.settings, tuple(per_step or ()), d.padded), grad_fn,
                         stack.layout, d.settings, jobs[0].ctx.runtime.cfg.execution.precision, d.padded, model)
-        compiled, built = self._compiled_step(jobs[0], code) if self.compile else (None, code)
+        # (DP-SGD's steps run eagerly: their width, the stack's largest Poisson batch, is no fixed shape)
+        compiled, built = self._compiled_step(jobs[0], code) if self.compile and not d.dp else (None, code)
         run = _StackRun(
             stack=stack, settings=d.settings, xs=xs, ys=ys, per_step=per_step,
             batch=torch.from_numpy(plan.rows).to(dev),  # every group's data rows, in one transfer
@@ -1075,8 +1076,8 @@ class BatchedExecutor(Executor):
         return self._unreached_of[key]
 
     def _compiled_step(self, job: _Job, code: StepCode) -> tuple[Callable[..., Any], StepCode]:
-        """The whole step (:func:`train_step`: forward, backward, DP-SGD's clipping and noise,
-        the gradient transform, the optimizer update) compiled with ``torch.compile`` (with
+        """The whole step (:func:`train_step`: forward, backward, the gradient transform,
+        clipping and the optimizer update) compiled with ``torch.compile`` (with
         CUDA graphs on a GPU), once per signature less its learning rate, which the step reads
         as a tensor: every stack and round of the signature replays it. It is called only for
         steps of the whole stack at the full batch size, one fixed shape per stack, and the

@@ -21,9 +21,10 @@ time per kernel against 9 us on the device). What a round costs there is then ab
   generated (recorded by ``torch._inductor.config.cpp.enable_kernel_profile``); the round
   profiled is then the third of three, in every row, and one in which a graph was compiled
   stops the script (the slot count, which a compiled signature keeps at its most so far,
-  may grow in round 2 and compile the step again; the tracing's operators would count); beside them, the operators
-  outside the compiled step with each call of it counted as one (what remains for the host
-  when a CUDA graph replays the step: a floor of the GPU's launches, not a measurement);
+  may grow in round 2 and compile the step again; the tracing's operators would count);
+  beside them, the operators outside the compiled step with each call of it counted as one
+  (what remains for the host when a CUDA graph replays the step: a floor of the GPU's
+  launches, not a measurement);
 * **compilations** (``--compile-rounds N``): graphs ``torch.compile`` compiled in a run of N
   rounds with ``execution.compile`` (torch._dynamo's ``unique_graphs``), that run's time, and
   its stack steps that took the compiled step (steps of every slot at the full batch size:

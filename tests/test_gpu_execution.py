@@ -676,8 +676,8 @@ def test_features_pass_holds_at_most_feature_rows_and_gives_each_client_its_own(
 
 def test_dp_sgd_steps_run_eagerly_under_compile(tmp_path, monkeypatch):
     """execution.compile leaves DP-SGD's steps eager: their width is the stack's largest
-    Poisson batch, which differs from stack to stack (each would be a shape to compile),
-    and the run trains as it does without compile."""
+    Poisson batch, which differs from stack to stack (each would be a shape to compile); the
+    compiled step is not even built, and the run completes."""
     called: list[str] = []
 
     def spy(fn, **kw):

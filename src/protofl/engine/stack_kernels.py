@@ -38,15 +38,10 @@ import torch
 import torch.nn.functional as F
 from torch.overrides import TorchFunctionMode
 
+from ..models.zoo import pair
+
 Which = Literal["off", "one_channel", "all"]
 WHICH: tuple[str, ...] = ("off", "one_channel", "all")
-
-
-def _pair(v: Union[int, Sequence[int]]) -> tuple[int, int]:
-    if isinstance(v, int):
-        return (v, v)
-    a, b = v
-    return (int(a), int(b))
 
 
 def conv2d_as_matmul(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor] = None,
@@ -54,7 +49,7 @@ def conv2d_as_matmul(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch
                      dilation: Union[int, Sequence[int]] = 1) -> torch.Tensor:
     """``F.conv2d(x, weight, bias, stride, padding, dilation)`` (groups 1, zero padding) as
     the product of the weight with the input's patches; ``x`` is (n, C, H, W)."""
-    s, p, d = _pair(stride), _pair(padding), _pair(dilation)
+    s, p, d = pair(stride), pair(padding), pair(dilation)
     out_channels, _, kh, kw = weight.shape
     n, _, h, w = x.shape
     ho = (h + 2 * p[0] - d[0] * (kh - 1) - 1) // s[0] + 1

@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 import math
-from typing import Callable, Literal, Optional, Sequence
+from typing import Any, Callable, Literal, Optional, Sequence
 
 from torch import nn
 
@@ -48,7 +48,8 @@ def _image_shape(name: str, input_shape: Sequence[int]) -> tuple[int, int, int]:
     return int(shape[0]), int(shape[1]), int(shape[2])
 
 
-def _pair(v) -> tuple[int, int]:
+def pair(v: Any) -> tuple[int, int]:
+    """A 2-d convolution or pooling argument (an int, or a tuple or list of two) as (height, width)."""
     return (int(v[0]), int(v[1])) if isinstance(v, (tuple, list)) else (int(v), int(v))
 
 
@@ -57,12 +58,12 @@ def _spatial_out(n: int, layers: Sequence[nn.Module], axis: int) -> int:
     would get an empty or too small input. Only Conv2d / MaxPool2d / AvgPool2d change it."""
     for m in layers:
         if isinstance(m, (nn.Conv2d, nn.MaxPool2d, nn.AvgPool2d)):
-            k = _pair(m.kernel_size)[axis]
-            s = _pair(m.stride if m.stride is not None else m.kernel_size)[axis]
+            k = pair(m.kernel_size)[axis]
+            s = pair(m.stride if m.stride is not None else m.kernel_size)[axis]
             if m.padding == "same":  # a conv with padding="same" keeps the size
                 continue
-            p = 0 if m.padding == "valid" else _pair(m.padding)[axis]
-            d = _pair(getattr(m, "dilation", 1))[axis]
+            p = 0 if m.padding == "valid" else pair(m.padding)[axis]
+            d = pair(getattr(m, "dilation", 1))[axis]
             if getattr(m, "ceil_mode", False):
                 n = -((n + 2 * p - d * (k - 1) - 1) // -s) + 1
             else:

@@ -57,6 +57,7 @@ executor, and the run log says so once.
 """
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import functools
 import heapq
@@ -316,6 +317,16 @@ class StackStats:
     padded: int = 0  # stacks whose short batches were padded
     whole: int = 0  # steps of every slot at the full batch size (the compiled step's one shape)
 
+    def add(self, plan: Plan, S: int, B: int, padded: bool) -> None:
+        """Count a stack of ``S`` slots and batch size ``B`` that runs ``plan``."""
+        self.busy += plan.busy
+        self.slot_steps += plan.slot_steps
+        self.stacks += 1
+        self.slots.append(S)
+        self.steps += sum(len(groups) for groups in plan.steps)
+        self.whole += sum(g.whole and g.b == B for groups in plan.steps for g in groups)
+        self.padded += padded
+
     @property
     def occupancy(self) -> Optional[float]:
         return self.busy / self.slot_steps if self.slot_steps else None
@@ -564,10 +575,10 @@ def _draw(jobs: list[_Job], fits: list[Fit], model: nn.Module, names: list[str],
 class _StackRun:
     """What one stack's training steps read: the stack, its data on the device (rows and
     (slot, job, step) index of every group, augmentation draws, per-step extras), the step
-    and gradient functions, and the per-job sums the steps add to."""
+    (its settings and whether it pads are the step's: ``code``), and the per-job sums the
+    steps add to."""
 
     stack: Stack
-    settings: TrainSettings
     xs: torch.Tensor
     ys: torch.Tensor
     per_step: Optional[dict[str, torch.Tensor]]
@@ -582,7 +593,15 @@ class _StackRun:
     noise: Optional[list[NoiseStream]]
     loss_sum: torch.Tensor
     seen: torch.Tensor
-    padded: bool = False  # short batches padded with masked rows (-1), the loss a weighted mean
+
+    @property
+    def settings(self) -> TrainSettings:
+        return self.code.settings
+
+    @property
+    def padded(self) -> bool:
+        """Short batches padded with masked rows (-1), the loss a weighted mean."""
+        return self.code.padded
 
     @property
     def dp(self) -> bool:
@@ -882,15 +901,10 @@ class BatchedExecutor(Executor):
             return answers
 
         B = d.settings.batch_size
-        S = self._slots(d.totals, model, B, data, jobs[0], per_sample=d.dp)
+        compiled_key = self._signature(jobs[0], compiled=True) if self.compile else None  # what the compiled step is for
+        S = self._slots(d.totals, model, B, data, compiled_key, per_sample=d.dp)
         plan = plan_stack(d.totals, d.sizes, d.rows, S, d.aug, fill=d.padded and self.compile)
-        self.stats.busy += plan.busy
-        self.stats.slot_steps += plan.slot_steps
-        self.stats.stacks += 1
-        self.stats.slots.append(S)
-        self.stats.steps += sum(len(groups) for groups in plan.steps)
-        self.stats.whole += sum(g.whole and g.b == B for groups in plan.steps for g in groups)
-        self.stats.padded += d.padded
+        self.stats.add(plan, S, B, d.padded)
 
         per_step = self._per_step(fits, d.samples or d.sizes, d.totals, B)  # {name: (J, steps, B, ...)} or None
         xs = torch.cat([x for x, _ in data]).to(dev)
@@ -899,31 +913,28 @@ class BatchedExecutor(Executor):
         # torch.optim's rule (the sequential driver's): a parameter the loss does not reach has no
         # gradient and is left alone, weight decay and momentum included; vmap gives it zeros
         first = next(i for i, t in enumerate(d.totals) if t)
-        stack = self._stack(jobs[0], model, names, S, d.settings, fits[0].extras)
+        stack = self._stack(compiled_key, model, names, S, d.settings, fits[0].extras)
         code = StepCode(self._step_fn(model, fits[0].loss, d.settings, tuple(per_step or ()), d.padded), grad_fn,
                         stack.layout, d.settings, jobs[0].ctx.runtime.cfg.execution.precision, d.padded, model)
         # (DP-SGD's steps run eagerly: their width, the stack's largest Poisson batch, is no fixed shape)
-        compiled, built = self._compiled_step(jobs[0], code) if self.compile and not d.dp else (None, code)
+        compiled, built = (self._compiled_step(compiled_key, code) if compiled_key is not None and not d.dp
+                           else (None, code))
         run = _StackRun(
-            stack=stack, settings=d.settings, xs=xs, ys=ys, per_step=per_step,
+            stack=stack, xs=xs, ys=ys, per_step=per_step,
             batch=torch.from_numpy(plan.rows).to(dev),  # every group's data rows, in one transfer
             index=torch.from_numpy(plan.index).to(dev),  # every group's (slots, jobs, steps), in one transfer
             drawn=None if plan.aug is None else {k: torch.from_numpy(v).to(dev) for k, v in plan.aug.items()},
             augmentation=jobs[0].ctx.augmentation,
             code=code, compiled=compiled,
-            lr=torch.tensor(d.settings.lr, dtype=stack.all.params.dtype, device=dev) if self.compile else None,
+            lr=None if compiled is None else torch.tensor(d.settings.lr, dtype=stack.all.params.dtype, device=dev),
             idle=None if d.dp or grad_fn is not None else stack.columns(
                 self._unreached(jobs[0], model, fits[0], names, xs, ys, d.rows[first], per_step)),
             noise=[j.ctx.noise_generator() for j in jobs] if d.settings.dp_noise > 0 else None,  # DP-SGD
             loss_sum=torch.zeros(len(jobs), dtype=torch.float64, device=dev),
-            seen=torch.zeros(len(jobs), dtype=torch.float64, device=dev),  # DP-SGD: samples drawn
-            padded=d.padded)
-        # the modules the steps run, in training mode (BatchNorm reads it): this stack's, and the
-        # one the compiled step was built over, another run's when runs are packed
-        modes = [(m, m.training) for m in ([model] if built.model is model else [model, built.model])]
-        for m, _ in modes:
-            m.train()
-        try:
+            seen=torch.zeros(len(jobs), dtype=torch.float64, device=dev))  # DP-SGD: samples drawn
+        # the modules the steps run: this stack's, and the one the compiled step was built over,
+        # another run's when runs are packed
+        with _training(model, built.model):
             for s, groups in enumerate(plan.steps):
                 for slot, i in plan.loads[s]:
                     stack.load(slot, fits[i])
@@ -931,9 +942,6 @@ class BatchedExecutor(Executor):
                     run.step(g)
                 for slot, i in plan.finishes[s]:
                     answers[i] = stack.unload(slot)
-        finally:
-            for m, was in modes:
-                m.train(was)
 
         losses = run.loss_sum.cpu().tolist()  # the stack's one wait for the device
         drawn_n = run.seen.cpu().tolist() if d.dp else []
@@ -949,16 +957,15 @@ class BatchedExecutor(Executor):
                 answers[i] = e
         return answers
 
-    def _stack(self, job: _Job, model: nn.Module, names: list[str], S: int, settings: TrainSettings,
+    def _stack(self, key: Optional[Signature], model: nn.Module, names: list[str], S: int, settings: TrainSettings,
                extras: Mapping[str, Any]) -> Stack:
-        """A stack of ``S`` slots for ``job``'s signature. With ``compile`` a signature keeps
-        its stack's tensors from one stack to the next of the same slot count (every slot is
-        loaded before it steps, its optimizer state zeroed): a CUDA graph of the compiled step
-        reads and updates them in place at fixed addresses (marked static for
+        """A stack of ``S`` slots. With ``compile`` (``key``: the signature of the compiled step)
+        a signature keeps its stack's tensors from one stack to the next of the same slot count
+        (every slot is loaded before it steps, its optimizer state zeroed): a CUDA graph of the
+        compiled step reads and updates them in place at fixed addresses (marked static for
         ``torch.compile``), and would be recorded again for every new address."""
-        if not self.compile:
+        if key is None:
             return Stack(model, names, S, settings, extras, self.runtime.device)
-        key = self._signature(job, compiled=True)
         kept = self._stacks.get(key)
         if kept is None or kept.S != S:
             kept = self._stacks[key] = Stack(model, names, S, settings, extras, self.runtime.device)
@@ -976,11 +983,12 @@ class BatchedExecutor(Executor):
         return self.pad and not job.ctx.runtime.algorithm.couples_samples and not batch_coupled(model)
 
     def _slots(self, totals: list[int], model: nn.Module, B: int, data: list[tuple[torch.Tensor, torch.Tensor]],
-               job: _Job, per_sample: bool = False) -> int:
+               compiled_key: Optional[Signature], per_sample: bool = False) -> int:
         """The stack's slot count: ``execution.batch_clients``, else the fewest that finish in
         about the longest client's time, within what fits in memory. A compiled step serves
-        one slot count, so with ``compile`` a signature's stacks keep the most slots chosen so
-        far, so that later rounds reuse it instead of compiling again for a count that moved."""
+        one slot count, so with ``compile`` (``compiled_key``: the signature of the compiled
+        step) a signature's stacks keep the most slots chosen so far, so that later rounds
+        reuse it instead of compiling again for a count that moved."""
         if self.slots > 0:
             S = self.slots
         else:
@@ -991,9 +999,8 @@ class BatchedExecutor(Executor):
             S = choose_slots(totals, self._cap[key])
         busy = sum(t > 0 for t in totals)  # at least 1: the caller returns early without work
         S = max(1, min(S, busy))
-        if self.compile and self.slots == 0:
-            key = self._signature(job, compiled=True)
-            self._compiled_slots[key] = S = max(S, self._compiled_slots.get(key, 0))
+        if compiled_key is not None and self.slots == 0:
+            self._compiled_slots[compiled_key] = S = max(S, self._compiled_slots.get(compiled_key, 0))
             S = min(S, busy)
         return S
 
@@ -1075,7 +1082,7 @@ class BatchedExecutor(Executor):
             self._unreached_of[key] = frozenset(k for k, g in zip(params, grads) if g is None)
         return self._unreached_of[key]
 
-    def _compiled_step(self, job: _Job, code: StepCode) -> tuple[Callable[..., Any], StepCode]:
+    def _compiled_step(self, key: Signature, code: StepCode) -> tuple[Callable[..., Any], StepCode]:
         """The whole step (:func:`train_step`: forward, backward, the gradient transform,
         clipping and the optimizer update) compiled with ``torch.compile`` (with
         CUDA graphs on a GPU), once per signature less its learning rate, which the step reads
@@ -1087,12 +1094,24 @@ class BatchedExecutor(Executor):
         loss and gradient transform are the same functions of the same class and
         hyper-parameters (the signature), whose values come in through the arguments, and its
         module is put in training mode for every stack (``_fit``). Returns the compiled step
-        and the code it was built over."""
-        key = self._signature(job, compiled=True)
+        and the code it was built over (``key``: its signature, :meth:`_signature` ``compiled``)."""
         if key not in self._compiled:
             mode = "reduce-overhead" if self.runtime.device.type == "cuda" else None
             self._compiled[key] = (torch.compile(functools.partial(train_step, code), dynamic=False, mode=mode), code)
         return self._compiled[key]
+
+
+@contextlib.contextmanager
+def _training(*modules: nn.Module) -> Iterator[None]:
+    """``modules`` in training mode (BatchNorm reads it), each set back as it was after."""
+    modes = {id(m): (m, m.training) for m in modules}
+    for m, _ in modes.values():
+        m.train()
+    try:
+        yield
+    finally:
+        for m, was in modes.values():
+            m.train(was)
 
 
 def _columns(params: torch.Tensor, state: dict[str, list[torch.Tensor]],

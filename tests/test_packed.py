@@ -190,3 +190,14 @@ def test_packed_compiled_runs_with_batchnorm_train_it_in_training_mode(tmp_path,
     wa, wb = torch.load(alone / other / "model.pt"), torch.load(packed / name / "model.pt")
     for k in wa:
         torch.testing.assert_close(wb[k], wa[k], atol=1e-5, rtol=1e-4, msg=k)
+
+
+def test_packed_runs_that_differ_in_epochs_or_learning_rate_share_one_compiled_step(tmp_path, monkeypatch):
+    """The compiled step does not read the epochs or the learning rate (an input of it): packed
+    runs that differ only in them train in stacks of their own, compiled once between them."""
+    compiled: list[dict] = []
+    monkeypatch.setattr(torch, "compile", lambda fn, **kw: compiled.append(kw) or fn)
+    cfg = small(tmp_path).replace(**{"execution.compile": True, "execution.pack_runs": True})
+    _, out, failed = sweep(cfg, {"training.epochs": [1, 2], "training.lr": [0.05, 0.02]}, [0], tmp_path / "packed",
+                           methods=parse_methods("fedavg"), log=lambda m: None)
+    assert not failed and len(done(out)) == 4 and len(compiled) == 1

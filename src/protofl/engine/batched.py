@@ -79,12 +79,11 @@ from ..messages import Record
 from .client import ClientContext, ClientOutput, ClientRuntime, not_a_request, trainable_names
 from .executor import ClientTask, Executor, SequentialExecutor, place_broadcasts
 from .augment import apply, Augment, augment_plan
-from .precision import autocast
 from .stack_kernels import StackKernels, Which
-from ..nn.privacy import NoiseStream, private_gradient
-from .train import (NonFiniteLossError, Objective, TrainSettings, batch_coupled, batch_rows, batch_sizes,
-                    embed_batches, masked_mean, optimizer_state, optimizer_step, per_sample, poisson_rows, reset_rows,
-                    total_steps)
+from ..nn.privacy import NoiseStream
+from .train import (Layout, NonFiniteLossError, Objective, StepCode, TrainSettings, batch_coupled, batch_rows,
+                    batch_sizes, embed_batches, flat_views, masked_mean, optimizer_state, per_sample, poisson_rows,
+                    reset_rows, total_steps, train_step)
 
 log = logging.getLogger("protofl")
 
@@ -358,11 +357,11 @@ class Stack:
         params = dict(model.named_parameters())
         self.order = list(model.state_dict().keys())  # state-dict order of the weights handed back
         self.names = names  # the trainable parameters, in the flat row's order
-        self.layout: dict[str, tuple[int, int, tuple[int, ...]]] = {}  # name -> (start, end, shape) in a row
-        o = 0
+        layout, o = {}, 0
         for k in names:
-            self.layout[k] = (o, o + params[k].numel(), tuple(params[k].shape))
+            layout[k] = (o, o + params[k].numel(), tuple(params[k].shape))
             o += params[k].numel()
+        self.layout: Layout = layout  # name -> (start, end, shape) in a row
         like = model.state_dict()
         self.all = Slots(
             params=torch.zeros(S, o, dtype=params[names[0]].dtype, device=device),
@@ -429,82 +428,26 @@ class Stack:
 
     def views(self, flat: torch.Tensor) -> dict[str, torch.Tensor]:
         """The named parameters of rows of a flat (G, n) buffer, as views."""
-        return _views(flat, self.layout)
+        return flat_views(flat, self.layout)
 
 
-Layout = Mapping[str, tuple[int, int, tuple[int, ...]]]  # name -> (start, end, shape) in a flat row
-
-
-def _views(flat: torch.Tensor, layout: Layout) -> dict[str, torch.Tensor]:
-    """The named parameters of rows of a flat (G, n) buffer, as views (:attr:`Stack.layout`)."""
-    return {k: flat[:, i:j].view(flat.shape[0], *shape) for k, (i, j, shape) in layout.items()}
-
-
-@dataclass(frozen=True)
-class StepCode:
-    """What a stack step computes, the same for every stack of a signature (the compiled
-    step is compiled over it once): the vmapped gradients and losses of the slots (``fn``,
-    :meth:`BatchedExecutor._step_fn`; DP-SGD's: of every sample), the gradient transform,
-    the flat row's layout, the optimizer's settings (under ``compile`` the learning rate is
-    an input of the step instead), the precision, and whether short batches are padded."""
-
-    fn: Callable[..., Any]
-    grad_fn: Optional[Callable[..., dict[str, torch.Tensor]]]
-    layout: Layout
-    settings: TrainSettings
-    precision: str
-    padded: bool
-    model: nn.Module  # the module ``fn`` runs (its weights swapped in; BatchNorm reads its training flag)
-
-
-def train_step(code: StepCode, params: torch.Tensor, state: dict[str, list[torch.Tensor]],
+def stack_step(code: StepCode, params: torch.Tensor, state: dict[str, list[torch.Tensor]],
                frozen: dict[str, torch.Tensor], buffers: dict[str, torch.Tensor], extras: dict[str, Any],
                step_extras: dict[str, Any], xb: torch.Tensor, yb: torch.Tensor, valid: Optional[torch.Tensor],
                live: Optional[torch.Tensor], idle: Optional[torch.Tensor], z: Optional[torch.Tensor],
                lr: Optional[torch.Tensor]) -> tuple[torch.Tensor, Optional[torch.Tensor]]:
-    """One optimizer step of G slots, in place on their tensors (``params`` (G, n) flat, its
-    optimizer ``state``, ``buffers``), on their minibatches ``xb`` (G, b, ...) and ``yb``
-    with ``step_extras`` (their extras with the step's rows; ``extras`` without them, as
-    the gradient transform reads them). Returns each slot's loss times its sample count,
-    (G,) float64, and with clipping each slot's gradient norm before it (G,), else None.
-    (The norms are returned, not only used, because torch 2.13's CPU code generator fails
-    to compile them fused into the in-place momentum update they scale, a KeyError in its
-    outer-loop fusion, unless they are an output of the graph.) Every argument is a tensor
-    or a tree of tensors, so that the step, once compiled, serves every stack and every
-    round of its signature:
-
-    1. gradients and losses of the slots (``code.fn``); with padding (``valid`` (G, b): which
-       rows are samples), each slot's loss the mean over its own rows (weights 1/b on its b
-       rows, 0 on the padding; ``live`` (G,): 0 for a free slot of a filled step, whose
-       weights and loss are no client's);
-    2. DP-SGD (``code.settings.dp_clip``): each sample's gradient clipped, their sum noised
-       (``z`` (G, n): the clients' normal draws) and divided by the expected batch size;
-    3. the gradient transform (SCAFFOLD's correction);
-    4. the optimizer update of the flat rows (``lr``: the rate as a tensor, or None for the
-       settings' own), the columns ``idle`` (parameters the loss does not reach) put back.
-    """
-    s, G, b = code.settings, xb.shape[0], xb.shape[1]
-    views = _views(params, code.layout)  # the step's values (the gradient transform reads them too)
+    """The engine's one training step (:func:`~protofl.engine.train.train_step`) of a stack's
+    G slots, their parameters flat rows ``params`` (G, n), and each slot's loss times its
+    sample count, (G,) float64, to add to its client's sum (a free slot's, of no sample, 0).
+    Also returns the step's gradient norms (None without clipping; see ``train_step``). The
+    function ``execution.compile`` compiles, once per signature."""
+    value, norms = train_step(code, [params], state, frozen, buffers, extras, step_extras, xb, yb, valid, live, idle,
+                              z, lr)
+    b = xb.shape[1]
+    if code.settings.dp_clip is not None and valid is not None:  # per-sample losses: the sum, below
+        value = torch.where(valid, value, torch.zeros_like(value)).sum(1) / b
     counts = valid.sum(1) if code.padded and valid is not None else None  # each slot's own batch size
-    with autocast(code.precision, xb.device.type):
-        if valid is not None and counts is not None:  # (a free slot: no row, its weights 0)
-            w = valid.to(params.dtype) / (counts if live is None else counts.clamp(min=1)).to(
-                params.dtype).unsqueeze(1)
-            grads, value = code.fn(views, frozen, buffers, step_extras, xb, yb, w)
-        else:
-            grads, value = code.fn(views, frozen, buffers, step_extras, xb, yb)
-    names = list(code.layout)
-    if valid is not None and s.dp_clip is not None:  # DP-SGD: per-sample -> private (G, ...)
-        grads = dict(zip(names, private_gradient([grads[k] for k in names], s.dp_clip, s.dp_noise, z, mask=valid,
-                                                 batch=s.batch_size)))
-        value = torch.where(valid, value, torch.zeros_like(value)).sum(1) / b  # the sum, below
-    if code.grad_fn is not None:
-        grads = code.grad_fn(grads, extras, views)
-    flat = torch.cat([grads[k].reshape(G, -1) for k in names], dim=1)  # (G, n)
-    kept = _columns(params, state, idle)
-    norms = optimizer_step([params], [flat], state, s, lr)
-    _restore(params, state, idle, kept)
-    sums: torch.Tensor = value.detach().to(torch.float64) * (b if counts is None else counts)
+    sums: torch.Tensor = value.to(torch.float64) * (b if counts is None else counts)
     if live is not None:  # a free slot's loss (of no sample) counts for none
         sums = torch.where(live > 0, sums, torch.zeros_like(sums))
     return sums, norms
@@ -587,7 +530,7 @@ class _StackRun:
     drawn: Optional[dict[str, torch.Tensor]]
     augmentation: Optional[_Augmentation]
     code: StepCode
-    compiled: Optional[Callable[..., Any]]  # train_step compiled for the stack's whole full-size steps
+    compiled: Optional[Callable[..., Any]]  # stack_step compiled for the stack's whole full-size steps
     lr: Optional[torch.Tensor]  # the compiled step's learning rate (0-d)
     idle: Optional[torch.Tensor]
     noise: Optional[list[NoiseStream]]
@@ -633,7 +576,7 @@ class _StackRun:
 
     def step(self, g: Group) -> None:
         """One optimizer step of group ``g``'s slots: their minibatches (:meth:`inputs`) and
-        DP-SGD's noise drawn here, the step itself (:func:`train_step`; compiled for a step
+        DP-SGD's noise drawn here, the step itself (:func:`stack_step`; compiled for a step
         of the whole stack at the full batch size), the loss added to each job's sum."""
         G, stack = len(g.slots), self.stack
         at = self.index[g.at:g.at + 4 * G]
@@ -653,7 +596,7 @@ class _StackRun:
         if compiled:
             value, _ = cast(Callable[..., tuple[torch.Tensor, Any]], self.compiled)(*args, self.lr)
         else:
-            value, _ = train_step(self.code, *args, None)
+            value, _ = stack_step(self.code, *args, None)
         stack.commit(part, None if g.whole else slots)
         self.loss_sum.index_add_(0, clients, value)
 
@@ -915,7 +858,7 @@ class BatchedExecutor(Executor):
         first = next(i for i, t in enumerate(d.totals) if t)
         stack = self._stack(compiled_key, model, names, S, d.settings, fits[0].extras)
         code = StepCode(self._step_fn(model, fits[0].loss, d.settings, tuple(per_step or ()), d.padded), grad_fn,
-                        stack.layout, d.settings, jobs[0].ctx.runtime.cfg.execution.precision, d.padded, model)
+                        tuple(stack.layout), stack.layout, d.settings, jobs[0].ctx.runtime.cfg.execution.precision, d.padded, model)
         # (DP-SGD's steps run eagerly: their width, the stack's largest Poisson batch, is no fixed shape)
         compiled, built = (self._compiled_step(compiled_key, code) if compiled_key is not None and not d.dp
                            else (None, code))
@@ -1083,7 +1026,7 @@ class BatchedExecutor(Executor):
         return self._unreached_of[key]
 
     def _compiled_step(self, key: Signature, code: StepCode) -> tuple[Callable[..., Any], StepCode]:
-        """The whole step (:func:`train_step`: forward, backward, the gradient transform,
+        """The whole step (:func:`stack_step`: forward, backward, the gradient transform,
         clipping and the optimizer update) compiled with ``torch.compile`` (with
         CUDA graphs on a GPU), once per signature less its learning rate, which the step reads
         as a tensor: every stack and round of the signature replays it. It is called only for
@@ -1097,7 +1040,7 @@ class BatchedExecutor(Executor):
         and the code it was built over (``key``: its signature, :meth:`_signature` ``compiled``)."""
         if key not in self._compiled:
             mode = "reduce-overhead" if self.runtime.device.type == "cuda" else None
-            self._compiled[key] = (torch.compile(functools.partial(train_step, code), dynamic=False, mode=mode), code)
+            self._compiled[key] = (torch.compile(functools.partial(stack_step, code), dynamic=False, mode=mode), code)
         return self._compiled[key]
 
 
@@ -1112,31 +1055,6 @@ def _training(*modules: nn.Module) -> Iterator[None]:
     finally:
         for m, was in modes.values():
             m.train(was)
-
-
-def _columns(params: torch.Tensor, state: dict[str, list[torch.Tensor]],
-             cols: Optional[torch.Tensor]) -> Optional[list[torch.Tensor]]:
-    """Copies of the columns ``cols`` of flat parameters (G, n) and their optimizer state
-    (the (G, n) tensors; Adam's per-row step count is not per column), to :func:`_restore`."""
-    if cols is None:
-        return None
-    return [t.index_select(1, cols) for t in _flat_tensors(params, state)]
-
-
-def _flat_tensors(params: torch.Tensor, state: dict[str, list[torch.Tensor]]) -> list[torch.Tensor]:
-    """Flat parameters (G, n) and those of their optimizer state's tensors that are (G, n)."""
-    n = params.shape[1]
-    return [t for t in [params] + [s for ts in state.values() for s in ts] if t.dim() == 2 and t.shape[1] == n]
-
-
-def _restore(params: torch.Tensor, state: dict[str, list[torch.Tensor]], cols: Optional[torch.Tensor],
-             kept: Optional[list[torch.Tensor]]) -> None:
-    """Put back the columns :func:`_columns` copied: those parameters did not move."""
-    if cols is None:
-        return
-    assert kept is not None  # _columns copied them
-    for t, old in zip(_flat_tensors(params, state), kept):
-        t.index_copy_(1, cols, old)
 
 
 def model_key(rt: ClientRuntime, cid: int) -> tuple[Any, ...]:

@@ -477,6 +477,186 @@ def sample_gradients(model: nn.Module, loss: LossFn, names: Sequence[str], x: to
 
 
 # ---------------------------------------------------------------------------------------
+# the training step: of one client (the sequential driver) or of a stack of them (the batched one)
+# ---------------------------------------------------------------------------------------
+Layout = Mapping[str, tuple[int, int, tuple[int, ...]]]  # name -> (start, end, shape) in a flat row
+
+
+def flat_views(flat: torch.Tensor, layout: Layout) -> dict[str, torch.Tensor]:
+    """The named parameters of rows of a flat (G, n) buffer, as views."""
+    return {k: flat[:, i:j].view(flat.shape[0], *shape) for k, (i, j, shape) in layout.items()}
+
+
+@dataclass(frozen=True)
+class StepCode:
+    """What :func:`train_step` computes, the same for every step of one client's fit (the
+    sequential driver) or of every stack of a signature (the batched driver, whose compiled
+    step is compiled over it once):
+
+    * ``fn(views, frozen, buffers, step_extras, xb, yb[, w])``: the gradients by name, (G, ...)
+      each, and the losses, (G,), of G slots; with DP-SGD those of every sample, (G, b, ...)
+      and (G, b). One client's by autograd on the live model (:func:`live_gradients`; a
+      parameter the loss does not reach: None), a stack's vmapped over its slots
+      (``BatchedExecutor._step_fn``; the weights ``w`` an argument when ``padded``);
+    * ``grad_fn(grads, extras, views)``: the gradient transform, on (G, ...) tensors;
+    * ``layout``: where each of ``names`` lies in a flat (G, n) row (a stack), or None: the
+      parameters are one (1, ...) row tensor each, in ``names`` order (the live model's);
+    * the optimizer's settings (under ``compile`` the learning rate is an input of the step
+      instead), the precision, and the module ``fn`` runs (BatchNorm reads its training flag).
+    """
+
+    fn: Callable[..., Any]
+    grad_fn: Optional[Callable[..., dict[str, torch.Tensor]]]
+    names: tuple[str, ...]
+    layout: Optional[Layout]
+    settings: TrainSettings
+    precision: str
+    padded: bool
+    model: nn.Module
+
+    def views(self, params: Sequence[torch.Tensor]) -> dict[str, torch.Tensor]:
+        """The slots' parameters by name, (G, ...) views of ``params``."""
+        return dict(zip(self.names, params)) if self.layout is None else flat_views(params[0], self.layout)
+
+
+def train_step(code: StepCode, params: Sequence[torch.Tensor], state: Mapping[str, list[torch.Tensor]],
+               frozen: dict[str, torch.Tensor], buffers: dict[str, torch.Tensor], extras: Mapping[str, Any],
+               step_extras: Mapping[str, Any], xb: torch.Tensor, yb: torch.Tensor, valid: Optional[torch.Tensor],
+               live: Optional[torch.Tensor], idle: Optional[torch.Tensor], z: Optional[torch.Tensor],
+               lr: Optional[torch.Tensor]) -> tuple[torch.Tensor, Optional[torch.Tensor]]:
+    """One optimizer step of G slots, in place on their ``params`` (:attr:`StepCode.layout`),
+    their optimizer ``state`` and ``buffers``, on their minibatches ``xb`` (G, b, ...) and
+    ``yb`` with ``step_extras`` (their extras with the step's rows; ``extras`` without them,
+    as the gradient transform reads them). Returns the slots' losses, detached ((G,); with
+    DP-SGD (G, b), per sample), and with clipping each slot's gradient norm before it (G,),
+    else None. (The norms are returned, not only used, because torch 2.13's CPU code
+    generator fails to compile them fused into the in-place momentum update they scale, a
+    KeyError in its outer-loop fusion, unless they are an output of the graph.) Every
+    argument is a tensor or a tree of tensors, so that the step, once compiled, serves every
+    stack and every round of its signature:
+
+    1. gradients and losses of the slots (``code.fn``, under the precision's autocast); with
+       padding (``valid`` (G, b): which rows are samples), each slot's loss the mean over its
+       own rows (weights 1/b on its b rows, 0 on the padding; ``live`` (G,): 0 for a free slot
+       of a filled step, whose weights and loss are no client's);
+    2. DP-SGD (``code.settings.dp_clip``): each sample's gradient clipped, their sum noised
+       (``z`` (G, n): the clients' normal draws) and divided by the expected batch size
+       (``valid``: which rows are samples; None: all);
+    3. the gradient transform (SCAFFOLD's correction);
+    4. the optimizer update (``lr``: the rate as a tensor, or None for the settings' own). A
+       parameter the loss does not reach stays where it is, weight decay and momentum
+       included, as ``torch.optim`` leaves a parameter without a gradient: a flat row's
+       columns ``idle`` are put back after the update; a row tensor without a gradient is
+       left out of it.
+    """
+    s, G = code.settings, xb.shape[0]
+    views = code.views(params)  # the step's values (the gradient transform reads them too)
+    counts = valid.sum(1) if code.padded and valid is not None else None  # each slot's own batch size
+    with autocast(code.precision, xb.device.type):
+        if valid is not None and counts is not None:  # (a free slot: no row, its weights 0)
+            w = valid.to(params[0].dtype) / (counts if live is None else counts.clamp(min=1)).to(
+                params[0].dtype).unsqueeze(1)
+            grads, value = code.fn(views, frozen, buffers, step_extras, xb, yb, w)
+        else:
+            grads, value = code.fn(views, frozen, buffers, step_extras, xb, yb)
+    if s.dp_clip is not None:  # DP-SGD: per-sample -> private (G, ...)
+        grads = dict(zip(code.names, private_gradient([grads[k] for k in code.names], s.dp_clip, s.dp_noise, z,
+                                                      mask=valid, batch=s.batch_size)))
+    if code.grad_fn is not None:
+        grads = code.grad_fn(grads, extras, views)
+    if code.layout is not None:  # one flat row per slot
+        flat = torch.cat([grads[k].reshape(G, -1) for k in code.names], dim=1)  # (G, n)
+        kept = _columns(params[0], state, idle)
+        norms = optimizer_step(params, [flat], state, s, lr)
+        _restore(params[0], state, idle, kept)
+    else:  # a row tensor per parameter: those with a gradient step
+        moving = [i for i, k in enumerate(code.names) if grads[k] is not None]
+        norms = optimizer_step([params[i] for i in moving], [grads[code.names[i]] for i in moving],
+                               {k: [v[i] for i in moving] if k != "t" else v for k, v in state.items()}, s, lr)
+    return value.detach(), norms
+
+
+def live_gradients(model: nn.Module, loss: LossFn, names: Sequence[str]) -> Callable[..., Any]:
+    """:attr:`StepCode.fn` of one client on the live ``model``: the loss of its minibatch
+    (``xb`` (1, b, ...)) and the gradients of the parameters ``names`` by autograd, plain ops
+    (no ``vmap``), each (1, ...), None for a parameter the loss does not reach. The backward
+    pass runs outside autocast (the precision's autocast covers the forward)."""
+    named = dict(model.named_parameters())
+    params = [named[k] for k in names]
+
+    def fn(views: dict[str, torch.Tensor], frozen: dict[str, torch.Tensor], buffers: dict[str, torch.Tensor],
+           extras: Mapping[str, Any], xb: torch.Tensor, yb: torch.Tensor) -> tuple[dict[str, Any], torch.Tensor]:
+        value = loss(as_parts(model), xb[0], yb[0], extras)
+        for p in params:
+            p.grad = None
+        if torch.is_autocast_enabled(xb.device.type):
+            with torch.autocast(xb.device.type, enabled=False):
+                value.backward()
+        else:
+            value.backward()
+        grads = {k: None if p.grad is None else p.grad.unsqueeze(0) for k, p in zip(names, params)}
+        return grads, value.detach().unsqueeze(0)
+
+    return fn
+
+
+def live_sample_gradients(model: nn.Module, loss: LossFn, names: Sequence[str]) -> Callable[..., Any]:
+    """:attr:`StepCode.fn` of one client under DP-SGD: the gradient and the loss of each
+    sample of its minibatch (``xb`` (1, b, ...)) by :func:`sample_gradients`, (1, b, ...)
+    and (1, b); a step that sampled nobody (b = 0) has empty ones."""
+    named = dict(model.named_parameters())
+
+    def fn(views: dict[str, torch.Tensor], frozen: dict[str, torch.Tensor], buffers: dict[str, torch.Tensor],
+           extras: Mapping[str, Any], xb: torch.Tensor, yb: torch.Tensor) -> tuple[dict[str, Any], torch.Tensor]:
+        if xb.shape[1] == 0:
+            return ({k: torch.zeros((1, 0, *named[k].shape), dtype=named[k].dtype, device=named[k].device)
+                     for k in names}, torch.zeros((1, 0), device=xb.device))
+        per, value = sample_gradients(model, loss, names, xb[0], yb[0], extras)
+        return {k: g.unsqueeze(0) for k, g in zip(names, per)}, value.unsqueeze(0)
+
+    return fn
+
+
+def one_client(grad: GradFn) -> Callable[..., dict[str, torch.Tensor]]:
+    """A method's gradient transform of one client (``grad(grads, extras, values)`` on the
+    parameters' own shapes) as :attr:`StepCode.grad_fn`, on (1, ...) rows; a parameter the
+    loss does not reach comes to it as zeros."""
+
+    def fn(grads: Mapping[str, Optional[torch.Tensor]], extras: Mapping[str, Any],
+           views: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        new = grad({k: torch.zeros_like(views[k][0]) if g is None else g[0] for k, g in grads.items()}, extras,
+                   {k: v[0] for k, v in views.items()})
+        return {k: new[k].unsqueeze(0) for k in grads}
+
+    return fn
+
+
+def _columns(params: torch.Tensor, state: Mapping[str, list[torch.Tensor]],
+             cols: Optional[torch.Tensor]) -> Optional[list[torch.Tensor]]:
+    """Copies of the columns ``cols`` of flat parameters (G, n) and their optimizer state
+    (the (G, n) tensors; Adam's per-row step count is not per column), to :func:`_restore`."""
+    if cols is None:
+        return None
+    return [t.index_select(1, cols) for t in _flat_tensors(params, state)]
+
+
+def _flat_tensors(params: torch.Tensor, state: Mapping[str, list[torch.Tensor]]) -> list[torch.Tensor]:
+    """Flat parameters (G, n) and those of their optimizer state's tensors that are (G, n)."""
+    n = params.shape[1]
+    return [t for t in [params] + [s for ts in state.values() for s in ts] if t.dim() == 2 and t.shape[1] == n]
+
+
+def _restore(params: torch.Tensor, state: Mapping[str, list[torch.Tensor]], cols: Optional[torch.Tensor],
+             kept: Optional[list[torch.Tensor]]) -> None:
+    """Put back the columns :func:`_columns` copied: those parameters did not move."""
+    if cols is None:
+        return
+    assert kept is not None  # _columns copied them
+    for t, old in zip(_flat_tensors(params, state), kept):
+        t.index_copy_(1, cols, old)
+
+
+# ---------------------------------------------------------------------------------------
 # the sequential driver (and DP-SGD's)
 # ---------------------------------------------------------------------------------------
 def minibatch(x: torch.Tensor, y: torch.Tensor, rows: np.ndarray, step: int, b: int,
@@ -528,32 +708,18 @@ def fit(model: nn.Module, x: torch.Tensor, y: torch.Tensor, *, loss: LossFn, ext
     rows = batch_rows(n, settings.batch_size, total, cast(torch.Generator, generator), drop)  # no DP-SGD: torch's
     sizes = batch_sizes(n, settings.batch_size, total, drop)
     plan = augment_plan(augment[0], total, settings.batch_size, augment[1]) if augment else None
-    as_rows = [p.unsqueeze(0) for p in params]  # the live parameters as one row each
-    # what ``grad`` reads as the current values: detached views, which the optimizer's
-    # in-place steps keep current
-    values = {k: p.detach() for k, p in zip(names, params)}
+    as_rows = [p.detach().unsqueeze(0) for p in params]  # the live parameters as one row each, moved in place
+    code = StepCode(live_gradients(model, loss, names), None if grad is None else one_client(grad), tuple(names), None,
+                    settings, precision, False, model)
     state = optimizer_state(settings, as_rows)
     model.train()
     loss_sum = torch.zeros((), dtype=torch.float64, device=y.device)  # no host sync per step
     for step, b in enumerate(sizes):
         xb, yb = minibatch(x, y, rows, step, b, plan, augment, channels_last)
         ex = extras if per_step is None else {**extras, **{k: v[step, :b] for k, v in per_step.items()}}
-        with autocast(precision, x.device.type):
-            value = loss(as_parts(model), xb, yb, ex)
-        for p in params:
-            p.grad = None
-        value.backward()
-        if grad is not None:
-            new = grad({k: torch.zeros_like(p) if p.grad is None else p.grad for k, p in zip(names, params)}, extras,
-                       values)
-            live = list(range(len(params)))
-            grads = [new[k] for k in names]
-        else:
-            live = [i for i, p in enumerate(params) if p.grad is not None]
-            grads = cast("list[torch.Tensor]", [params[i].grad for i in live])  # those with a gradient
-        optimizer_step([as_rows[i] for i in live], [g.unsqueeze(0) for g in grads],
-                       {k: [v[i] for i in live] if k != "t" else v for k, v in state.items()}, settings)
-        loss_sum += value.detach() * b
+        value, _ = train_step(code, as_rows, state, {}, {}, extras, ex, xb.unsqueeze(0), yb.unsqueeze(0),
+                              valid=None, live=None, idle=None, z=None, lr=None)
+        loss_sum += value[0] * b
     for p in params:
         p.grad = None
     return TrainStats(loss=float(loss_sum) / sum(sizes), steps=total, samples=sum(sizes))
@@ -582,29 +748,20 @@ def private_fit(model: nn.Module, x: torch.Tensor, y: torch.Tensor, *, loss: Los
         return TrainStats(loss=0.0, steps=0, samples=0)
     rows = poisson_rows(len(y), settings.dp_rate, total, generator)
     plan = augment_plan(augment[0], total, rows.shape[1], augment[1]) if augment else None
-    as_rows = [p.unsqueeze(0) for p in params]
-    values = {k: p.detach() for k, p in zip(names, params)}
+    as_rows = [p.detach().unsqueeze(0) for p in params]
+    code = StepCode(live_sample_gradients(model, loss, names), None if grad is None else one_client(grad),
+                    tuple(names), None, settings, precision, False, model)
     state = optimizer_state(settings, as_rows)
     model.train()
     loss_sum = torch.zeros((), dtype=torch.float64, device=y.device)
     seen = 0
     for step in range(total):
-        b = int((rows[step] >= 0).sum())
-        if b:
-            xb, yb = minibatch(x, y, rows, step, b, plan, augment, channels_last)
-            with autocast(precision, x.device.type):
-                per, value = sample_gradients(model, loss, names, xb, yb, extras)
-            per = [g.unsqueeze(0) for g in per]  # (1, b, ...)
-            loss_sum += value.detach().double().sum()
-            seen += b
-        else:  # nobody sampled: the step is the noise alone
-            per = [torch.zeros((1, 0, *p.shape), dtype=p.dtype, device=p.device) for p in params]
+        b = int((rows[step] >= 0).sum())  # nobody sampled (b = 0): the step is the noise alone
+        xb, yb = minibatch(x, y, rows, step, b, plan, augment, channels_last) if b else (x[:0], y[:0])
         z = (cast(NoiseStream, noise).normal((sum(p.numel() for p in params),)).to(y.device).unsqueeze(0)
              if settings.dp_noise > 0 else None)
-        grads = [g[0] for g in private_gradient(per, cast(float, settings.dp_clip), settings.dp_noise, z,
-                                                batch=settings.batch_size)]
-        if grad is not None:  # after the noise: a transform of the private gradient
-            new = grad(dict(zip(names, grads)), extras, values)
-            grads = [new[k] for k in names]
-        optimizer_step(as_rows, [g.unsqueeze(0) for g in grads], state, settings)
+        value, _ = train_step(code, as_rows, state, {}, {}, extras, extras, xb.unsqueeze(0), yb.unsqueeze(0),
+                              valid=None, live=None, idle=None, z=z, lr=None)
+        loss_sum += value.double().sum()
+        seen += b
     return TrainStats(loss=float(loss_sum) / max(seen, 1), steps=total, samples=seen)

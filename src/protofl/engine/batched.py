@@ -34,11 +34,14 @@ Each client still computes what the sequential executor computes (``engine/train
   samples (not ``couples_samples``) on models without BatchNorm; else grouped: the
   active slots are grouped by their batch size and each group runs as one stack
   (BatchNorm statistics and the mean of the loss are exactly those of that client's batch);
-* optimizer: the same row-wise step (:func:`~protofl.engine.train.optimizer_step`) on one
-  flat (slots, parameters) buffer, so an update is a handful of kernels whatever the
-  number of layers; the optimizer state of a slot is zeroed when a client enters it; a
-  parameter the loss does not reach (no gradient under autograd, zeros under vmap) keeps
-  its value and state through the step, as ``torch.optim`` leaves it;
+* the step: the engine's one training step (:func:`~protofl.engine.train.train_step`:
+  gradients, DP-SGD, the gradient transform, clipping and the optimizer update), the step
+  the sequential driver takes with one slot on the live model; here with the gradients of
+  every slot vmapped and the update on one flat (slots, parameters) buffer, so that an
+  update is a handful of kernels whatever the number of layers (:func:`stack_step`); the
+  optimizer state of a slot is zeroed when a client enters it; a parameter the loss does
+  not reach (no gradient under autograd, zeros under vmap) keeps its value and state
+  through the step, as ``torch.optim`` leaves it;
 * its gradient transform (SCAFFOLD), per-step extras (FedGen's draws) and the run's
   precision (bf16 autocast);
 * DP-SGD (``privacy.mode: sample``): each client's Poisson-sampled batches drawn from its

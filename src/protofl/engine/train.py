@@ -19,8 +19,12 @@
   (the same draws in both executors);
 * **features** (:func:`embed_batches`): the inference batches of ``ctx.features``.
 
-:func:`fit` is the sequential driver: the minibatch gradient by autograd on the live
-model, then the shared step. The batched driver is ``engine/batched.py``.
+**One training step** (:func:`train_step`, what :class:`StepCode` says it computes): the
+gradients and losses of G slots, DP-SGD's clipping and noise, the gradient transform and
+the optimizer update. Both executors take it: :func:`fit` (and :func:`private_fit`), the
+sequential driver, with one slot, the live model's parameters as rows and plain autograd
+(:func:`live_gradients`: no ``vmap``); the batched driver (``engine/batched.py``) with a
+stack of slots, vmapped, on flat rows, and compiled whole under ``execution.compile``.
 ``precision="bf16"`` runs the loss (the forward pass) under bfloat16 autocast; backward
 and the step stay float32 (:mod:`protofl.engine.precision`).
 """
@@ -617,15 +621,15 @@ def live_sample_gradients(model: nn.Module, loss: LossFn, names: Sequence[str]) 
     return fn
 
 
-def one_client(grad: GradFn) -> Callable[..., dict[str, torch.Tensor]]:
+def one_client(grad: GradFn, values: Mapping[str, torch.Tensor]) -> Callable[..., dict[str, torch.Tensor]]:
     """A method's gradient transform of one client (``grad(grads, extras, values)`` on the
     parameters' own shapes) as :attr:`StepCode.grad_fn`, on (1, ...) rows; a parameter the
-    loss does not reach comes to it as zeros."""
+    loss does not reach comes to it as zeros. ``values``: the parameters it reads, detached
+    views of the live ones (the step moves them in place: they stay current)."""
 
     def fn(grads: Mapping[str, Optional[torch.Tensor]], extras: Mapping[str, Any],
            views: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-        new = grad({k: torch.zeros_like(views[k][0]) if g is None else g[0] for k, g in grads.items()}, extras,
-                   {k: v[0] for k, v in views.items()})
+        new = grad({k: torch.zeros_like(values[k]) if g is None else g[0] for k, g in grads.items()}, extras, values)
         return {k: new[k].unsqueeze(0) for k in grads}
 
     return fn
@@ -708,9 +712,10 @@ def fit(model: nn.Module, x: torch.Tensor, y: torch.Tensor, *, loss: LossFn, ext
     rows = batch_rows(n, settings.batch_size, total, cast(torch.Generator, generator), drop)  # no DP-SGD: torch's
     sizes = batch_sizes(n, settings.batch_size, total, drop)
     plan = augment_plan(augment[0], total, settings.batch_size, augment[1]) if augment else None
-    as_rows = [p.detach().unsqueeze(0) for p in params]  # the live parameters as one row each, moved in place
-    code = StepCode(live_gradients(model, loss, names), None if grad is None else one_client(grad), tuple(names), None,
-                    settings, precision, False, model)
+    values = {k: p.detach() for k, p in zip(names, params)}  # views: the step moves them in place
+    as_rows = [v.unsqueeze(0) for v in values.values()]  # the live parameters as one row each
+    code = StepCode(live_gradients(model, loss, names), None if grad is None else one_client(grad, values),
+                    tuple(names), None, settings, precision, False, model)
     state = optimizer_state(settings, as_rows)
     model.train()
     loss_sum = torch.zeros((), dtype=torch.float64, device=y.device)  # no host sync per step
@@ -748,8 +753,9 @@ def private_fit(model: nn.Module, x: torch.Tensor, y: torch.Tensor, *, loss: Los
         return TrainStats(loss=0.0, steps=0, samples=0)
     rows = poisson_rows(len(y), settings.dp_rate, total, generator)
     plan = augment_plan(augment[0], total, rows.shape[1], augment[1]) if augment else None
-    as_rows = [p.detach().unsqueeze(0) for p in params]
-    code = StepCode(live_sample_gradients(model, loss, names), None if grad is None else one_client(grad),
+    values = {k: p.detach() for k, p in zip(names, params)}
+    as_rows = [v.unsqueeze(0) for v in values.values()]
+    code = StepCode(live_sample_gradients(model, loss, names), None if grad is None else one_client(grad, values),
                     tuple(names), None, settings, precision, False, model)
     state = optimizer_state(settings, as_rows)
     model.train()

@@ -116,10 +116,10 @@ def test_both_executors_take_the_same_step(transform):
     idle = None if transform else stack.columns(["spare.weight", "spare.bias"])
     for step in range(3):
         idx = torch.arange(step * 12, step * 12 + 12)
-        v1, n1 = train_step(one, rows, one_state, {}, {}, {}, {}, x[idx].unsqueeze(0), y[idx].unsqueeze(0),
-                            None, None, None, None, None)
-        v2, n2 = train_step(many, [flat], many_state, {}, {}, {}, {}, x[idx].expand(2, -1, -1),
-                            y[idx].expand(2, -1), None, None, idle, None, None)
+        v1, _, n1 = train_step(one, rows, one_state, {}, {}, {}, {}, x[idx].unsqueeze(0), y[idx].unsqueeze(0),
+                               None, None, None, None, None)
+        v2, _, n2 = train_step(many, [flat], many_state, {}, {}, {}, {}, x[idx].expand(2, -1, -1),
+                               y[idx].expand(2, -1), None, None, idle, None, None)
         torch.testing.assert_close(v2, v1.expand(2), rtol=1e-6, atol=1e-7)
         torch.testing.assert_close(n2, n1.expand(2), rtol=1e-6, atol=1e-7)
     for slot in (0, 1):

@@ -444,12 +444,11 @@ def stack_step(code: StepCode, params: torch.Tensor, state: dict[str, list[torch
     sample count, (G,) float64, to add to its client's sum (a free slot's, of no sample, 0).
     Also returns the step's gradient norms (None without clipping; see ``train_step``). The
     function ``execution.compile`` compiles, once per signature."""
-    value, norms = train_step(code, [params], state, frozen, buffers, extras, step_extras, xb, yb, valid, live, idle,
-                              z, lr)
+    value, counts, norms = train_step(code, [params], state, frozen, buffers, extras, step_extras, xb, yb, valid, live,
+                                      idle, z, lr)
     b = xb.shape[1]
     if code.settings.dp_clip is not None and valid is not None:  # per-sample losses: the sum, below
         value = torch.where(valid, value, torch.zeros_like(value)).sum(1) / b
-    counts = valid.sum(1) if code.padded and valid is not None else None  # each slot's own batch size
     sums: torch.Tensor = value.to(torch.float64) * (b if counts is None else counts)
     if live is not None:  # a free slot's loss (of no sample) counts for none
         sums = torch.where(live > 0, sums, torch.zeros_like(sums))

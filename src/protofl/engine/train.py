@@ -527,13 +527,13 @@ def train_step(code: StepCode, params: Sequence[torch.Tensor], state: Mapping[st
                frozen: dict[str, torch.Tensor], buffers: dict[str, torch.Tensor], extras: Mapping[str, Any],
                step_extras: Mapping[str, Any], xb: torch.Tensor, yb: torch.Tensor, valid: Optional[torch.Tensor],
                live: Optional[torch.Tensor], idle: Optional[torch.Tensor], z: Optional[torch.Tensor],
-               lr: Optional[torch.Tensor]) -> tuple[torch.Tensor, Optional[torch.Tensor]]:
+               lr: Optional[torch.Tensor]) -> tuple[torch.Tensor, Optional[torch.Tensor], Optional[torch.Tensor]]:
     """One optimizer step of G slots, in place on their ``params`` (:attr:`StepCode.layout`),
     their optimizer ``state`` and ``buffers``, on their minibatches ``xb`` (G, b, ...) and
     ``yb`` with ``step_extras`` (their extras with the step's rows; ``extras`` without them,
     as the gradient transform reads them). Returns the slots' losses, detached ((G,); with
-    DP-SGD (G, b), per sample), and with clipping each slot's gradient norm before it (G,),
-    else None. (The norms are returned, not only used, because torch 2.13's CPU code
+    DP-SGD (G, b), per sample), with padding each slot's own batch size (G,) (else None),
+    and with clipping each slot's gradient norm before it (G,) (else None). (The norms are returned, not only used, because torch 2.13's CPU code
     generator fails to compile them fused into the in-place momentum update they scale, a
     KeyError in its outer-loop fusion, unless they are an output of the graph.) Every
     argument is a tensor or a tree of tensors, so that the step, once compiled, serves every
@@ -577,7 +577,7 @@ def train_step(code: StepCode, params: Sequence[torch.Tensor], state: Mapping[st
         moving = [i for i, k in enumerate(code.names) if grads[k] is not None]
         norms = optimizer_step([params[i] for i in moving], [grads[code.names[i]] for i in moving],
                                {k: [v[i] for i in moving] if k != "t" else v for k, v in state.items()}, s, lr)
-    return value.detach(), norms
+    return value.detach(), counts, norms
 
 
 def live_gradients(model: nn.Module, loss: LossFn, names: Sequence[str]) -> Callable[..., Any]:
@@ -621,7 +621,7 @@ def live_sample_gradients(model: nn.Module, loss: LossFn, names: Sequence[str]) 
     return fn
 
 
-def one_client(grad: GradFn, values: Mapping[str, torch.Tensor]) -> Callable[..., dict[str, torch.Tensor]]:
+def one_client(grad: GradFn, values: dict[str, torch.Tensor]) -> Callable[..., dict[str, torch.Tensor]]:
     """A method's gradient transform of one client (``grad(grads, extras, values)`` on the
     parameters' own shapes) as :attr:`StepCode.grad_fn`, on (1, ...) rows; a parameter the
     loss does not reach comes to it as zeros. ``values``: the parameters it reads, detached
@@ -722,8 +722,8 @@ def fit(model: nn.Module, x: torch.Tensor, y: torch.Tensor, *, loss: LossFn, ext
     for step, b in enumerate(sizes):
         xb, yb = minibatch(x, y, rows, step, b, plan, augment, channels_last)
         ex = extras if per_step is None else {**extras, **{k: v[step, :b] for k, v in per_step.items()}}
-        value, _ = train_step(code, as_rows, state, {}, {}, extras, ex, xb.unsqueeze(0), yb.unsqueeze(0),
-                              valid=None, live=None, idle=None, z=None, lr=None)
+        value, _, _ = train_step(code, as_rows, state, {}, {}, extras, ex, xb.unsqueeze(0), yb.unsqueeze(0),
+                                 valid=None, live=None, idle=None, z=None, lr=None)
         loss_sum += value[0] * b
     for p in params:
         p.grad = None
@@ -766,8 +766,8 @@ def private_fit(model: nn.Module, x: torch.Tensor, y: torch.Tensor, *, loss: Los
         xb, yb = minibatch(x, y, rows, step, b, plan, augment, channels_last) if b else (x[:0], y[:0])
         z = (cast(NoiseStream, noise).normal((sum(p.numel() for p in params),)).to(y.device).unsqueeze(0)
              if settings.dp_noise > 0 else None)
-        value, _ = train_step(code, as_rows, state, {}, {}, extras, extras, xb.unsqueeze(0), yb.unsqueeze(0),
-                              valid=None, live=None, idle=None, z=z, lr=None)
+        value, _, _ = train_step(code, as_rows, state, {}, {}, extras, extras, xb.unsqueeze(0), yb.unsqueeze(0),
+                                 valid=None, live=None, idle=None, z=z, lr=None)
         loss_sum += value.double().sum()
         seen += b
     return TrainStats(loss=float(loss_sum) / max(seen, 1), steps=total, samples=seen)

@@ -860,7 +860,8 @@ class BatchedExecutor(Executor):
         first = next(i for i, t in enumerate(d.totals) if t)
         stack = self._stack(compiled_key, model, names, S, d.settings, fits[0].extras)
         code = StepCode(self._step_fn(model, fits[0].loss, d.settings, tuple(per_step or ()), d.padded), grad_fn,
-                        tuple(stack.layout), stack.layout, d.settings, jobs[0].ctx.runtime.cfg.execution.precision, d.padded, model)
+                        tuple(stack.layout), stack.layout, d.settings, jobs[0].ctx.runtime.cfg.execution.precision,
+                        d.padded, model)
         # (DP-SGD's steps run eagerly: their width, the stack's largest Poisson batch, is no fixed shape)
         compiled, built = (self._compiled_step(compiled_key, code) if compiled_key is not None and not d.dp
                            else (None, code))

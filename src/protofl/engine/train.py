@@ -533,11 +533,12 @@ def train_step(code: StepCode, params: Sequence[torch.Tensor], state: Mapping[st
     ``yb`` with ``step_extras`` (their extras with the step's rows; ``extras`` without them,
     as the gradient transform reads them). Returns the slots' losses, detached ((G,); with
     DP-SGD (G, b), per sample), with padding each slot's own batch size (G,) (else None),
-    and with clipping each slot's gradient norm before it (G,) (else None). (The norms are returned, not only used, because torch 2.13's CPU code
-    generator fails to compile them fused into the in-place momentum update they scale, a
-    KeyError in its outer-loop fusion, unless they are an output of the graph.) Every
-    argument is a tensor or a tree of tensors, so that the step, once compiled, serves every
-    stack and every round of its signature:
+    and with clipping each slot's gradient norm before it (G,) (else None). (The norms are
+    returned, not only used, because torch 2.13's CPU code generator fails to compile them
+    fused into the in-place momentum update they scale, a KeyError in its outer-loop fusion,
+    unless they are an output of the graph.) Every argument is a tensor or a tree of
+    tensors, so that the step, once compiled, serves every stack and every round of its
+    signature:
 
     1. gradients and losses of the slots (``code.fn``, under the precision's autocast); with
        padding (``valid`` (G, b): which rows are samples), each slot's loss the mean over its

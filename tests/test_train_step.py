@@ -23,10 +23,12 @@ from protofl.models.base import FLModel
 from conftest import DIGITS
 
 
-def _model(seed: int = 0) -> FLModel:
-    """A small MLP whose ``spare`` layer no loss reaches (autograd gives it no gradient)."""
+def _model(seed: int = 0, bn: bool = False) -> FLModel:
+    """A small MLP (with ``bn``, BatchNorm in its body) whose ``spare`` layer no loss reaches
+    (autograd gives it no gradient)."""
     torch.manual_seed(seed)
-    model = FLModel(nn.Sequential(nn.Flatten(), nn.Linear(12, 8), nn.ReLU()), nn.Linear(8, 3), 8, 3)
+    body = [nn.Flatten(), nn.Linear(12, 8)] + ([nn.BatchNorm1d(8)] if bn else []) + [nn.ReLU()]
+    model = FLModel(nn.Sequential(*body), nn.Linear(8, 3), 8, 3)
     model.spare = nn.Linear(2, 2)
     return model
 
@@ -41,25 +43,31 @@ def _transform(grads, extras, params):
     return {k: g + 0.01 * params[k] for k, g in grads.items()}
 
 
+@pytest.mark.parametrize("bn", [False, True], ids=["mlp", "batchnorm, a batch of one"])
 @pytest.mark.parametrize("transform", [False, True], ids=["no transform", "transform"])
-def test_fit_is_torchs_own_loop_bit_for_bit(transform):
+def test_fit_is_torchs_own_loop_bit_for_bit(transform, bn):
     """fit (train_step with one slot on the live model) against the loop a user would write:
     the same batches, backward, the transform, clip_grad_norm_, torch.optim.SGD with momentum
     and weight decay. Without a transform the spare layer gets no gradient and torch.optim
-    leaves it alone (weight decay included); with one it gets zeros, transformed, and moves."""
-    x, y = _data()
-    s = TrainSettings(lr=0.1, momentum=0.9, weight_decay=0.01, batch_size=16, epochs=3, clip_grad=0.5)
-    ours, ref = _model(), _model()
+    leaves it alone (weight decay included); with one it gets zeros, transformed, and moves.
+    With BatchNorm, 41 samples in batches of 8 end each epoch in a batch of one, which the
+    schedule leaves out (BatchNorm cannot train on it); the running statistics must match too."""
+    n = 41 if bn else 40
+    x, y = _data(n)
+    s = TrainSettings(lr=0.1, momentum=0.9, weight_decay=0.01, batch_size=8 if bn else 16, epochs=3, clip_grad=0.5)
+    ours, ref = _model(bn=bn), _model(bn=bn)
     names = [k for k, _ in ours.named_parameters()]
     stats = fit(ours, x, y, loss=cross_entropy, extras={}, names=names, settings=s,
                 generator=torch.Generator().manual_seed(7), grad=_transform if transform else None)
 
     params = dict(ref.named_parameters())
     opt = torch.optim.SGD(ref.parameters(), lr=0.1, momentum=0.9, weight_decay=0.01)
-    total = 3 * 3  # 3 epochs of ceil(40 / 16) batches
-    rows = batch_rows(40, 16, total, torch.Generator().manual_seed(7))
+    sizes = batch_sizes(n, s.batch_size, 3 * (5 if bn else 3), drop_single=bn)  # 3 epochs
+    assert (1 in sizes) is False and len(sizes) == (15 if bn else 9)
+    rows = batch_rows(n, s.batch_size, len(sizes), torch.Generator().manual_seed(7), drop_single=bn)
+    ref.train()
     loss_sum = torch.zeros((), dtype=torch.float64)
-    for step, b in enumerate(batch_sizes(40, 16, total)):
+    for step, b in enumerate(sizes):
         idx = torch.from_numpy(rows[step, :b])
         opt.zero_grad(set_to_none=True)
         value = cross_entropy(ref, x[idx], y[idx], {})
@@ -72,10 +80,10 @@ def test_fit_is_torchs_own_loop_bit_for_bit(transform):
         torch.nn.utils.clip_grad_norm_(ref.parameters(), 0.5)
         opt.step()
         loss_sum += value.detach() * b
-    for (k, p), q in zip(ours.named_parameters(), ref.parameters()):
-        assert torch.equal(p, q), k
-    assert torch.equal(ours.spare.weight, _model().spare.weight) != transform  # moved only with the transform
-    assert stats.loss == float(loss_sum) / 120 and stats.steps == total and stats.samples == 120
+    for (k, v), w in zip(ours.state_dict().items(), ref.state_dict().values()):  # parameters and BatchNorm's buffers
+        assert torch.equal(v, w), k
+    assert torch.equal(ours.spare.weight, _model(bn=bn).spare.weight) != transform  # moved only with the transform
+    assert stats.loss == float(loss_sum) / sum(sizes) and stats.steps == len(sizes) and stats.samples == sum(sizes)
 
 
 def _batched(model: nn.Module) -> BatchedExecutor:

@@ -326,6 +326,7 @@ def optimizer_step(params: Sequence[torch.Tensor], grads: Sequence[torch.Tensor]
        ``torch.optim.Adagrad`` (lr_decay 0, initial accumulator 0).
     """
     total = None
+    rate = s.lr if lr is None else lr
     if s.clip_grad is not None:
         norms = torch.stack([_row_norms(g) for g in grads], dim=1)  # (S, tensors)
         total = torch.linalg.vector_norm(norms, 2.0, dim=1)  # (S,)
@@ -338,7 +339,7 @@ def optimizer_step(params: Sequence[torch.Tensor], grads: Sequence[torch.Tensor]
                 g = g.add(p, alpha=s.weight_decay)
             if momenta is not None:
                 g = momenta[i].mul_(s.momentum).add_(g)
-            _descend(p, g, s.lr if lr is None else lr)
+            _descend(p, g, rate)
         return total
     if s.optimizer in ("rmsprop", "adagrad"):
         acc = state["square_avg" if s.optimizer == "rmsprop" else "sum"]
@@ -353,13 +354,12 @@ def optimizer_step(params: Sequence[torch.Tensor], grads: Sequence[torch.Tensor]
             denom = acc[i].sqrt().add_(s.eps)
             if momenta is not None:
                 momenta[i].mul_(s.momentum).addcdiv_(g, denom)
-                _descend(p, momenta[i], s.lr if lr is None else lr)
+                _descend(p, momenta[i], rate)
             else:
-                _descend(p, g, s.lr if lr is None else lr, denom)
+                _descend(p, g, rate, denom)
         return total
     beta1, beta2 = s.betas
     t = state["t"][0].add_(1.0)  # (S,)
-    rate = s.lr if lr is None else lr
     step_size = rate / (1.0 - beta1 ** t)  # (S,) float64
     root2 = torch.sqrt(1.0 - beta2 ** t)
     for i, (p, g) in enumerate(zip(params, grads)):

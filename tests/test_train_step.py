@@ -86,7 +86,7 @@ def test_fit_is_torchs_own_loop_bit_for_bit(transform, bn):
     assert stats.loss == float(loss_sum) / sum(sizes) and stats.steps == len(sizes) and stats.samples == sum(sizes)
 
 
-def _batched(model: nn.Module) -> BatchedExecutor:
+def _batched() -> BatchedExecutor:
     cfg = load_config(DIGITS, ["output.progress=false", "execution.threads=1"])
     fed = build_federated(cfg)
     info = TaskInfo(num_classes=10, num_clients=fed.num_clients, feature_dim=64, input_shape=(1, 8, 8),
@@ -113,7 +113,7 @@ def test_both_executors_take_the_same_step(transform):
     one_state = optimizer_state(s, rows)
 
     stacked = _model()
-    ex = _batched(stacked)
+    ex = _batched()
     stack = Stack(stacked, names, 2, s, {}, torch.device("cpu"))
     for slot in (0, 1):
         stack.all.params[slot] = torch.cat([start[k].reshape(-1) for k in names])

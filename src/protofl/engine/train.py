@@ -762,11 +762,12 @@ def private_fit(model: nn.Module, x: torch.Tensor, y: torch.Tensor, *, loss: Los
     model.train()
     loss_sum = torch.zeros((), dtype=torch.float64, device=y.device)
     seen = 0
+    n_params = sum(p.numel() for p in params)  # the length of each step's noise draw
     for step in range(total):
         b = int((rows[step] >= 0).sum())  # nobody sampled (b = 0): the step is the noise alone
         xb, yb = minibatch(x, y, rows, step, b, plan, augment, channels_last) if b else (x[:0], y[:0])
-        z = (cast(NoiseStream, noise).normal((sum(p.numel() for p in params),)).to(y.device).unsqueeze(0)
-             if settings.dp_noise > 0 else None)
+        z = (cast(NoiseStream, noise).normal((n_params,)).to(y.device).unsqueeze(0) if settings.dp_noise > 0
+             else None)
         value, _, _ = train_step(code, as_rows, state, {}, {}, extras, extras, xb.unsqueeze(0), yb.unsqueeze(0),
                                  valid=None, live=None, idle=None, z=z, lr=None)
         loss_sum += value.double().sum()
